@@ -1,0 +1,56 @@
+"""`glmstack <command>`: one table of commands, each a thin call into the module that owns the work.
+
+Every entry names `module:function`; the function takes the remaining argv and returns an exit code. Modules
+are imported only when their command runs, so `glmstack --help` stays instant.
+
+    glmstack --help
+    glmstack speedrun --minutes 15
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# name -> (target "module:function", one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "speedrun": ("glmstack.recipes.speedrun:main", "the whole recipe at tiny scale on the embedded corpus, with a report"),
+    "data": ("glmstack.data.cli:main", "run the data pipeline into token shards"),
+    "tokenizer": ("glmstack.tokenizer:main", "train or inspect a byte-level BPE tokenizer"),
+    "pretrain": ("glmstack.train.pretrain:main", "pre-train a GLM MoE with MTP (Muon, loss-free balancing)"),
+    "midtrain": ("glmstack.train.midtrain:main", "mid-train: longer context, repo-level code, best-fit packing"),
+    "generate": ("glmstack.inference.cli:generate_main", "generate text from a checkpoint (MTP speculative decoding)"),
+    "chat": ("glmstack.inference.cli:chat_main", "chat with a checkpoint in the terminal (GLM chat format)"),
+    "convert": ("glmstack.model.convert:main", "re-shard a checkpoint and change its dtype"),
+    "sandbox": ("glmstack.sandbox.cli:main", "run a code snippet in the sandbox"),
+    "bench": ("glmstack.bench_cli:main", "list or run the benchmarks in bench/"),
+}
+
+
+def _usage() -> str:
+    width = max(map(len, COMMANDS))
+    rows = "\n".join(f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items())
+    return f"usage: glmstack <command> [options]\n\ncommands:\n{rows}\n\n`glmstack <command> --help` for its options."
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0
+    if argv[0] in ("-V", "--version"):
+        from glmstack import __version__
+
+        print(__version__)
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"glmstack: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module, func = COMMANDS[name][0].split(":")
+    code = getattr(importlib.import_module(module), func)(rest)
+    return int(code or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,15 @@
+"""Shared pytest setup: GPU-only tests skip without CUDA; tests run single-threaded torch for repeatability."""
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
