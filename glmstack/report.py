@@ -1,0 +1,210 @@
+"""The run report: report.md and plots drawn from the stages' metrics.jsonl files and a summary of figures.
+
+Plots come from the metrics files, never from hooks in the training code (CONVENTIONS §11), so a report can
+be redrawn for any run folder at any time:
+
+    python -m glmstack.report runs/speedrun            # rewrites runs/speedrun/report.md and plots/
+
+`write_report(run_dir, summary)` is what `glmstack speedrun` calls. `summary` (also saved as summary.json) holds
+what the metrics files do not: `figures` (name -> number, deterministic for one seed), `timings` (stage ->
+seconds, excluded from comparisons), `samples` (prompt/completion pairs), `perplexity_by_position`
+(curve name -> list of NLL per position), `speculative` (accepted-length histogram and mean), `config`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+STAGES = ("pretrain", "midtrain")  # training stages whose metrics.jsonl the report reads, in order
+BALANCE_KEYS = ("load_imbalance", "maxvio", "expert_load_maxvio", "router/maxvio")  # scalar per step if logged
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    """One dict per line of a metrics.jsonl; a half-written last line (run killed mid-write) is skipped."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def _series(rows: list[dict], key: str, offset: int = 0) -> tuple[list[int], list[float]]:
+    pts = [(r.get("step", i) + offset, r[key]) for i, r in enumerate(rows) if isinstance(r.get(key), (int, float))]
+    return [p[0] for p in pts], [float(p[1]) for p in pts]
+
+
+def imbalance(row: dict) -> float | None:
+    """Expert load imbalance of one metrics row: max load / mean load (1.0 = perfectly balanced)."""
+    for key in BALANCE_KEYS:
+        if isinstance(row.get(key), (int, float)):
+            return float(row[key])
+    load = row.get("expert_load")
+    if not isinstance(load, list) or not load:
+        return None
+    layers = load if isinstance(load[0], list) else [load]
+    ratios = [max(l) / (sum(l) / len(l)) for l in layers if l and sum(l) > 0]
+    return sum(ratios) / len(ratios) if ratios else None
+
+
+def _stage_rows(run_dir: Path) -> dict[str, list[dict]]:
+    return {s: read_metrics(run_dir / s / "metrics.jsonl") for s in STAGES}
+
+
+def _plot(path: Path, title: str, xlabel: str, ylabel: str, curves, boundaries=(), logy=False) -> bool:
+    """Draw `curves` [(label, xs, ys, style)] into `path`; False (nothing drawn) when every curve is empty."""
+    curves = [c for c in curves if c[1]]
+    if not curves:
+        return False
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=100)
+    for label, xs, ys, style in curves:
+        ax.plot(xs, ys, style, label=label, markersize=3)
+    for x, name in boundaries:
+        ax.axvline(x, color="grey", linestyle=":", linewidth=1)
+        ax.text(x, ax.get_ylim()[1], f" {name}", va="top", fontsize=8, color="grey")
+    if logy:
+        ax.set_yscale("log")
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+def plot_training(run_dir: Path, plots: Path) -> list[str]:
+    """Losses, learning rate and expert balance over pre-training then mid-training (one step axis)."""
+    rows, offset, boundaries = _stage_rows(run_dir), 0, []
+    loss, lr, bal = [], [], []
+    for stage, rs in rows.items():
+        if not rs:
+            continue
+        if offset:
+            boundaries.append((offset, stage))
+        for key, style in (("loss", "-"), ("lm_loss", "-"), ("mtp_loss", "--"), ("val_loss", "o-")):
+            xs, ys = _series(rs, key, offset)
+            loss.append((f"{stage} {key}", xs, ys, style))
+        lr.append((stage, *_series(rs, "lr", offset), "-"))
+        pts = [(r.get("step", i) + offset, imbalance(r)) for i, r in enumerate(rs)]
+        pts = [p for p in pts if p[1] is not None]
+        bal.append((stage, [p[0] for p in pts], [p[1] for p in pts], "-"))
+        offset += max((r.get("step", 0) for r in rs), default=0)
+    drawn = []
+    if _plot(plots / "losses.png", "Loss", "step", "cross-entropy (nats)", loss, boundaries):
+        drawn.append("losses.png")
+    if _plot(plots / "lr.png", "Learning rate", "step", "lr", lr, boundaries):
+        drawn.append("lr.png")
+    if _plot(plots / "expert_load.png", "Expert load balance (max / mean, 1 = even)", "step", "imbalance", bal,
+             boundaries):
+        drawn.append("expert_load.png")
+    return drawn
+
+
+def plot_perplexity(curves: dict[str, list[float]], plots: Path) -> list[str]:
+    """NLL by token position per checkpoint, smoothed over windows so tiny evals stay readable."""
+    lines = []
+    for name, nll in curves.items():
+        w = max(1, len(nll) // 32)
+        xs = list(range(0, len(nll) - w + 1, w))
+        ys = [sum(nll[x : x + w]) / w for x in xs]
+        lines.append((name, xs, ys, "-"))
+    ok = _plot(plots / "perplexity_by_position.png", "Loss by token position (held-out code)", "position",
+               "NLL (nats)", lines)
+    return ["perplexity_by_position.png"] if ok else []
+
+
+def plot_accepted(spec: dict, plots: Path) -> list[str]:
+    """Histogram of tokens accepted per MTP speculative step (1 = draft rejected, only the verified token)."""
+    hist = {int(k): v for k, v in (spec.get("histogram") or {}).items()}
+    if not hist:
+        return []
+    fig, ax = plt.subplots(figsize=(5, 3.2), dpi=100)
+    ks = sorted(hist)
+    ax.bar(ks, [hist[k] for k in ks], color="tab:green")
+    ax.set(title=f"MTP speculative decoding: mean accepted length {spec.get('mean_accepted', float('nan')):.2f}",
+           xlabel="tokens per verify step", ylabel="steps", xticks=ks)
+    ax.title.set_fontsize(10)
+    fig.tight_layout()
+    fig.savefig(plots / "accepted_length.png")
+    plt.close(fig)
+    return ["accepted_length.png"]
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return "nan" if math.isnan(v) else f"{v:.4g}"
+    return str(v)
+
+
+def _markdown(summary: dict, drawn: list[str]) -> str:
+    out = [f"# {summary.get('title', 'glmstack run report')}", ""]
+    if summary.get("intro"):
+        out += [summary["intro"], ""]
+    out += ["## Figures", "", "| figure | value |", "|---|---|"]
+    out += [f"| {k} | {_fmt(v)} |" for k, v in summary.get("figures", {}).items()]
+    if summary.get("timings"):
+        out += ["", "## Wall-clock time", "", "| stage | seconds |", "|---|---|"]
+        out += [f"| {k} | {v:.1f} |" for k, v in summary["timings"].items()]
+    captions = {
+        "losses.png": "Training loss (solid), MTP loss (dashed) and held-out loss (dots); the dotted line marks "
+        "the start of mid-training.",
+        "lr.png": "Learning rate schedule of each stage.",
+        "expert_load.png": "Router balance: max expert load over mean load, averaged over MoE layers. Loss-free "
+        "balancing (a bias per expert, no auxiliary loss gradient) pulls it towards 1.",
+        "perplexity_by_position.png": "Held-out loss at each token position before and after mid-training.",
+        "accepted_length.png": "Tokens produced per verify step with the MTP layer drafting.",
+    }
+    out += ["", "## Plots", ""]
+    for name in drawn:
+        out += [f"![{name}](plots/{name})", "", captions.get(name, ""), ""]
+    if summary.get("samples"):
+        out += ["## Samples", ""]
+        for s in summary["samples"]:
+            out += [f"**{s.get('model', 'model')}**, prompt `{s['prompt'].strip()[:60]}`:", "", "```python",
+                    s["prompt"] + s["completion"], "```", ""]
+    if summary.get("config"):
+        out += ["## Configuration", "", "```json", json.dumps(summary["config"], indent=2), "```", ""]
+    if summary.get("missing"):
+        out += ["## Not run", ""] + [f"- {m}" for m in summary["missing"]] + [""]
+    return "\n".join(out)
+
+
+def write_report(run_dir: str | Path, summary: dict | None = None) -> Path:
+    """Draw plots into run_dir/plots and write run_dir/report.md; `summary` defaults to run_dir/summary.json."""
+    run_dir = Path(run_dir)
+    if summary is None:
+        path = run_dir / "summary.json"
+        summary = json.loads(path.read_text()) if path.exists() else {}
+    plots = run_dir / "plots"
+    plots.mkdir(parents=True, exist_ok=True)
+    drawn = plot_training(run_dir, plots)
+    drawn += plot_perplexity(summary.get("perplexity_by_position", {}), plots)
+    drawn += plot_accepted(summary.get("speculative", {}), plots)
+    report = run_dir / "report.md"
+    report.write_text(_markdown(summary, drawn))
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m glmstack.report", description=__doc__.split("\n")[0])
+    p.add_argument("run_dir", help="run folder holding <stage>/metrics.jsonl and summary.json")
+    args = p.parse_args(argv)
+    print(write_report(args.run_dir))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
