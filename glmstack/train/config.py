@@ -1,0 +1,121 @@
+"""TrainConfig: everything one training stage (pretrain, midtrain, later SFT/RL) is configured by.
+
+Plain `@dataclass(kw_only=True)` data; recipes (glmstack/recipes/) are Python functions returning one, and
+`--set optim.lr=3e-4` overrides go through glmstack.config.apply_overrides (unknown keys list the valid ones).
+The resolved config is written next to every checkpoint; resuming compares it with the new one field by field
+(RESUME_MAY_CHANGE lists what may differ).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+@dataclass(kw_only=True)
+class OptimConfig:
+    lr: float = 2.5e-4  # peak lr for Muon and AdamW alike (match_rms_adamw makes them share it; GLM-4.5 §2.4)
+    adamw_lr: float | None = None  # separate AdamW peak lr; None = lr
+    weight_decay: float = 0.1  # decoupled, Muon matrices, embeddings and the head (GLM-4.5)
+    adamw_weight_decay_1d: float = 0.0  # biases and norm gains: decaying a gain towards 0 only hurts
+    momentum: float = 0.95  # Muon momentum μ (Nesterov)
+    nesterov: bool = True  # Nesterov momentum in Muon
+    ns_steps: int = 5  # Newton–Schulz iterations (Moonlight: 10 is no better than 5)
+    adjust_lr: Literal["match_rms_adamw", "original"] = "match_rms_adamw"  # Muon update scale: 0.2·sqrt(max(A,B))
+    adamw_betas: list[float] = field(default_factory=lambda: [0.9, 0.95])  # AdamW (β1, β2)
+    adamw_eps: float = 1e-8  # AdamW ε
+    lm_head: Literal["adamw", "muon"] = "adamw"  # see glmstack/optim/groups.py for why AdamW
+    router: Literal["adamw", "muon"] = "muon"  # MoE router weight; Muon per GLM-4.5's wording
+    muon_split: dict[str, int] = field(default_factory=dict)  # param-name suffix -> heads (GLM-5 Muon Split)
+    grad_clip: float = 1.0  # max global grad norm; 0 disables
+
+
+@dataclass(kw_only=True)
+class ScheduleConfig:
+    lr: Literal["cosine", "wsd", "constant"] = "cosine"  # shape after warm-up
+    warmup_steps: int = 10  # linear lr warm-up
+    total_steps: int | None = None  # steps the decay spans (in offset steps); None = this stage's end
+    step_offset: int = 0  # added to the stage step: mid-training continues pre-training's decay
+    final_lr_frac: float = 0.1  # lr at the end / peak (GLM-4.5: 2.5e-5 / 2.5e-4)
+    wsd_decay_frac: float = 0.2  # WSD: fraction of the steps spent decaying
+    batch_warmup_start_tokens: int = 0  # tokens/step at step 0 (0 = no batch-size warm-up)
+    batch_warmup_steps: int = 0  # steps to reach the full batch
+    mtp_weight: list[list[float]] = field(default_factory=lambda: [[0, 0.3]])  # [[from_step, λ]]: GLM-4.5 0.3 then 0.1
+    balance_rate: list[list[float]] = field(default_factory=lambda: [[0, 1e-3]])  # [[from_step, u]]: 1e-3 then 0
+    aux_loss_weight: float = 1e-4  # sequence-wise balance loss α (GLM-4.5, DeepSeek-V3 Eq. 17)
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    kind: Literal["synthetic", "shards"] = "synthetic"  # synthetic = glmstack/train/synthetic.py
+    path: str = ""  # token shard folder (kind=shards)
+    mixture: dict[str, float] = field(default_factory=dict)  # source -> weight (kind=shards)
+    packing: str = "concat"  # packing mode understood by the data loader (pretrain concat, midtrain best-fit)
+    val_path: str = ""  # validation shards; "" = a held-out synthetic/shard stream
+    options: dict[str, Any] = field(default_factory=dict)  # extra keyword arguments for the loader
+
+
+@dataclass(kw_only=True)
+class CheckpointConfig:
+    every: int = 100  # steps between checkpoints (0 = only at the end)
+    keep_last: int = 3  # complete checkpoints kept; older ones are deleted
+    resume: str = "auto"  # auto = from `latest` if present; never; or a step folder path
+
+
+@dataclass(kw_only=True)
+class LogConfig:
+    every: int = 1  # steps between log lines / metrics.jsonl rows
+    val_every: int = 0  # steps between validation losses (0 = never)
+    val_batches: int = 4  # micro-batches per validation
+    tensorboard: bool = False  # also write TensorBoard scalars
+    plots: bool = True  # PNG plots from metrics.jsonl at the end
+    progress: bool = True  # tqdm bar on rank 0
+    peak_flops: float = 989e12  # accelerator bf16 peak for MFU (H100 SXM dense); 0 disables MFU
+
+
+@dataclass(kw_only=True)
+class GuardConfig:
+    spike_factor: float = 0.0  # skip a step whose loss > factor × running mean (0 = only NaN/inf skip)
+    max_bad_steps: int = 5  # stop (with a checkpoint) after this many skipped steps in a row
+
+
+@dataclass(kw_only=True)
+class DistConfig:
+    dp: Literal["auto", "none", "ddp", "fsdp"] = "auto"  # data parallel under torchrun (auto: ddp if world > 1)
+    expert_parallel: bool = False  # shard routed experts over ranks, all-to-all dispatch/combine
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    run: str = "tiny"  # runs/<run>/<stage>/
+    stage: str = "pretrain"  # stage folder name
+    out_dir: str = "runs"  # root of run folders
+    model: str = "tiny"  # ModelConfig preset name
+    model_overrides: dict[str, Any] = field(default_factory=dict)  # HF-named ModelConfig fields to change
+    init_from: str = ""  # HF folder (or run/stage) of the previous stage's checkpoint; "" = fresh init
+    rope_theta: float = 0.0  # RoPE base for this stage (0 = keep the model's); midtrain raises it (GLM-4.5 1e4 -> 1e6)
+    seq_len: int = 128  # tokens per sequence
+    micro_batch_size: int = 4  # sequences per micro-batch per rank
+    grad_accum: int = 1  # micro-batches per step at full batch size
+    steps: int = 100  # optimizer steps in this stage
+    seed: int = 0  # init, data order and every RNG
+    device: str = "auto"  # auto = cuda if available, else cpu
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # autocast dtype: auto = bf16 on GPU, fp32 on CPU
+    optim: OptimConfig = field(default_factory=OptimConfig)  # optimiser
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)  # per-step tables
+    data: DataConfig = field(default_factory=DataConfig)  # what to train on
+    ckpt: CheckpointConfig = field(default_factory=CheckpointConfig)  # checkpoints and resume
+    log: LogConfig = field(default_factory=LogConfig)  # logging, validation, plots
+    guard: GuardConfig = field(default_factory=GuardConfig)  # NaN / loss-spike guard
+    dist: DistConfig = field(default_factory=DistConfig)  # torchrun parallelism
+
+
+# Fields that may differ between the config a checkpoint was written with and the one resuming from it.
+RESUME_MAY_CHANGE = ("steps", "ckpt.", "log.", "guard.", "device", "dist.", "data.path", "data.val_path")
+
+
+def resume_conflicts(old: dict, new: dict) -> list[str]:
+    """Dotted fields that differ between two config dicts and would make a resume silently wrong."""
+    from glmstack.config import diff_fields
+
+    return [f for f in diff_fields(old, new) if not any(f == k or f.startswith(k) for k in RESUME_MAY_CHANGE)]
