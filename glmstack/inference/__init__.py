@@ -1,0 +1,1 @@
+"""Inference: preallocated KV cache, batched sampling, MTP speculative decoding (see docs/inference.md)."""

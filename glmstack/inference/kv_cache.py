@@ -1,0 +1,135 @@
+"""Preallocated KV cache with per-row lengths: the one cache interface GQA and MLA attention write through.
+
+Why: batched generation needs rows of different prompt lengths (left padding) and MTP speculative decoding
+accepts a different number of draft tokens per row, so every row keeps its own length and can be rolled
+back on its own. Buffers are allocated once per generate call (no torch.cat per step, which is quadratic).
+
+How (see docs/CONTRACTS.md "KV cache"): attention layer `i` calls
+
+    k_all, v_all = cache.update(i, k_new, v_new)   # (B, H, T_new, Dh) each -> (B, H, T_all, Dh) views
+    mask = cache.attention_mask(i, T_new)          # after update: bool (B, 1, T_new, T_all), True = attend; or None
+
+Each layer has its own lengths, so the main model (layers 0..L-1) and the MTP layers (L + d) can be at
+different positions. The buffers' shapes come from the first update of each layer, so MLA stores its
+latent (B, 1, T, kv_lora_rank) as "k" and its rope key (B, 1, T, rope_dim) as "v" through the same call.
+`rewind(drop)` forgets the last `drop` positions of each row (int or (B,) tensor) — speculative rollback.
+
+Row b's positions [0, start[b]) are left padding and never attended. Row b's query at cache index j attends
+keys in [start[b], j]. Shape legend: B batch, H kv heads, S preallocated length, T new tokens, Dh head dim.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(self, batch_size: int, max_len: int, *, start: torch.Tensor | None = None, device=None, dtype=None):
+        self.batch_size, self.max_len = batch_size, max_len
+        self.device, self.dtype = device, dtype  # None: take them from the first update
+        # (B,) number of left-pad positions per row; never attended
+        self.start = start if start is not None else torch.zeros(batch_size, dtype=torch.long, device=device)
+        self.padded = bool((self.start > 0).any()) if start is not None else False
+        self._k: dict[int, torch.Tensor] = {}  # layer -> (B, H, S, Dh)
+        self._v: dict[int, torch.Tensor] = {}
+        self._len: dict[int, torch.Tensor] = {}  # layer -> (B,) long, positions stored per row
+        self._max: dict[int, int] = {}  # host copy of max(_len[i]) so the hot path never syncs
+        self._uniform: dict[int, bool] = {}  # all rows of layer i have the same length
+        # layers with equal signatures have equal lengths, so they share one mask per forward
+        self._sig: dict[int, tuple] = {}
+        self._masks: dict[tuple, torch.Tensor] = {}
+        self._n_rewinds = 0
+
+    # ---- queries ----------------------------------------------------------------------------------------
+    @property
+    def seq_len(self) -> int:
+        """Positions stored by the first layer (max over rows); 0 before any update."""
+        return self._max[min(self._max)] if self._max else 0
+
+    def length(self, i: int) -> int:
+        return self._max.get(i, 0)
+
+    def lengths(self, i: int) -> torch.Tensor:
+        """(B,) positions stored per row of layer i."""
+        if i not in self._len:
+            return torch.zeros(self.batch_size, dtype=torch.long, device=self.start.device)
+        return self._len[i]
+
+    # ---- the contract -----------------------------------------------------------------------------------
+    def _allocate(self, i: int, k_new: torch.Tensor, v_new: torch.Tensor) -> None:
+        B, S = self.batch_size, self.max_len
+        dtype, device = self.dtype or k_new.dtype, self.device or k_new.device
+        # zeros, not empty: masked positions still enter the matmul and 0 * NaN would poison the output
+        self._k[i] = torch.zeros(B, k_new.shape[1], S, k_new.shape[3], dtype=dtype, device=device)
+        self._v[i] = torch.zeros(B, v_new.shape[1], S, v_new.shape[3], dtype=dtype, device=device)
+        self._len[i] = torch.zeros(B, dtype=torch.long, device=device)
+        self._max[i], self._uniform[i], self._sig[i] = 0, True, ()
+        if self.start.device != device:
+            self.start = self.start.to(device)
+
+    def update(self, i: int, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append (B, H, T, Dh) k/v at each row's length; return the (B, H, T_all, Dh) windows."""
+        if i not in self._k:
+            self._allocate(i, k_new, v_new)
+        T, off = k_new.shape[2], self._max[i]
+        if off + T > self.max_len:
+            raise ValueError(f"KV cache full: layer {i} has {off} positions, +{T} > max_len {self.max_len}")
+        k_buf, v_buf = self._k[i], self._v[i]
+        if self._uniform[i]:  # fast path: one slice write
+            k_buf[:, :, off : off + T] = k_new
+            v_buf[:, :, off : off + T] = v_new
+        else:  # rows at different lengths: scatter row b to [len_b, len_b + T)
+            pos_BT = self._len[i][:, None] + torch.arange(T, device=k_buf.device)
+            rows_BT = torch.arange(self.batch_size, device=k_buf.device)[:, None].expand(-1, T)
+            k_buf[rows_BT, :, pos_BT] = k_new.transpose(1, 2).to(k_buf.dtype)  # (B, T, H, Dh) at [b, :, pos]
+            v_buf[rows_BT, :, pos_BT] = v_new.transpose(1, 2).to(v_buf.dtype)
+        self._len[i] += T
+        self._max[i] = off + T
+        self._sig[i] = (self._sig[i], T)
+        return k_buf[:, :, : off + T], v_buf[:, :, : off + T]
+
+    def attention_mask(self, i: int, T_new: int) -> torch.Tensor | None:
+        """Bool (B, 1, T_new, T_all) for the last update of layer i, or None when plain causal is exact.
+
+        None is returned only when the new block is square-causal (a fresh unpadded prefill) or a single
+        query that may see every stored key, so callers may use is_causal=(T_new > 1) with it.
+        """
+        T_all = self._max[i]
+        if not self.padded and self._uniform[i] and (T_new == 1 or T_new == T_all):
+            return None
+        key = (self._sig[i], T_new)
+        mask = self._masks.get(key)
+        if mask is None:
+            if len(self._masks) > 16:
+                self._masks.clear()
+            mask = self._build_mask(self._len[i], T_new, T_all)
+            self._masks[key] = mask
+        return mask
+
+    def _build_mask(self, len_B: torch.Tensor, T_new: int, T_all: int) -> torch.Tensor:
+        dev = len_B.device
+        q_pos_BT = len_B[:, None] - T_new + torch.arange(T_new, device=dev)  # cache index of each new query
+        k_pos_S = torch.arange(T_all, device=dev)
+        causal_BTS = k_pos_S[None, None, :] <= q_pos_BT[:, :, None]
+        not_pad_BS = k_pos_S[None, :] >= self.start[:, None]
+        return (causal_BTS & not_pad_BS[:, None, :])[:, None]  # (B, 1, T_new, T_all)
+
+    # ---- rollback -----------------------------------------------------------------------------------------
+    def rewind(self, drop: int | torch.Tensor, layers=None) -> None:
+        """Forget the last `drop` positions (int, or (B,) per row) of the given layers (default: all)."""
+        layers = list(self._k) if layers is None else [i for i in layers if i in self._k]
+        self._n_rewinds += 1
+        uniform_drop = isinstance(drop, int)
+        if not uniform_drop:
+            drop_list = drop.tolist()
+            uniform_drop = len(set(drop_list)) == 1
+        for i in layers:
+            self._len[i] -= drop if isinstance(drop, int) else drop.to(self._len[i].device)
+            if uniform_drop and self._uniform[i]:
+                self._max[i] -= drop if isinstance(drop, int) else drop_list[0]
+            else:  # rows diverge: refresh the host copies (one sync, speculative path only)
+                lens = self._len[i].tolist()
+                self._max[i], self._uniform[i] = max(lens), len(set(lens)) == 1
+            if min(self._len[i].tolist()) < 0:
+                raise ValueError(f"rewind below zero on layer {i}")
+            self._sig[i] = (self._sig[i], "rewind", self._n_rewinds)
