@@ -1,0 +1,194 @@
+"""DeepSeek Sparse Attention (DSA): the lightning indexer, top-k selection and IndexShare, as in GLM-5.
+
+What: a small multi-head scorer (`index_n_heads` x `index_head_dim`, one key shared by its heads) rates every
+earlier token s for query t,  I[t,s] = Σ_j w[t,j] · ReLU(q[t,j]·k[s] / sqrt(E)),  and the main MLA attends only
+to the `index_topk` best (DeepSeek-V3.2 Eq. 1–2; research/arch-math.md §1). Names and maths follow transformers'
+`GlmMoeDsaIndexer` (interleaved RoPE on the first `qk_rope_head_dim` dims, LayerNorm'd key, no Hadamard/FP8).
+
+Why a training mode (HF's indexer is `@torch.no_grad` and cannot learn; arch-math.md §1.3–1.4):
+  * "warmup"  dense warm-up: attention stays dense, the indexer learns KL(p ‖ softmax(I)) where p is the main
+              attention summed over heads and L1-normalised; the recipe freezes everything else.
+  * "sparse"  sparse adaptation: top-k selection on, the same KL restricted to the selected keys, and the
+              indexer's inputs detached so it learns only from its KL and the model only from the LM loss.
+  * "select"  (default, also inference and GLM-5 RL) selection without any indexer loss; `freeze_indexers`
+              also turns its gradients off, as GLM-5 does in RL.
+The KL is added to the gradient by `attach_loss` (the value never enters the LM loss, so the training loop needs
+no change; the indexer's `last_loss` holds it for logging). Selection is `torch.topk`, deterministic: GLM-5 found
+non-deterministic top-k collapsed RL.
+
+IndexShare (IndexCache, arXiv 2603.12201; GLM-5.2): "full" layers run their indexer and publish top-k, "shared"
+layers reuse the last full layer's choice (`indexer_types` from the config, HF rule in `is_full_indexer_layer`).
+
+Shape legend: B batch, T queries, S keys, I indexer heads, E indexer head dim, R rope dims, K top-k, Q q_lora_rank.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from glmstack.model.indexer_loss import indexer_kl
+
+MODES = ("select", "warmup", "sparse")
+
+
+def is_full_indexer_layer(cfg, layer_idx: int) -> bool:
+    """True when layer `layer_idx` runs its own indexer; layers beyond the list (MTP) are full."""
+    types = getattr(cfg, "indexer_types", None)
+    if not types or layer_idx >= len(types):
+        return True
+    return types[layer_idx] == "full"
+
+
+def indexer_types_from_pattern(n_layers: int, freq: int = 1, offset: int = 2, pattern: str | None = None) -> list:
+    """HF `GlmMoeDsaConfig` rule: an "F"/"S" pattern, else layer i is full iff max(i - offset + 1, 0) % freq == 0."""
+    if pattern is not None:
+        return [{"F": "full", "S": "shared"}[c] for c in pattern]
+    freq = max(freq, 1)
+    return ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(n_layers)]
+
+
+def index_scores(q_BTIE: torch.Tensor, k_BSE: torch.Tensor, w_BTI: torch.Tensor, scale: float) -> torch.Tensor:
+    """I[b,t,s] = Σ_i w[b,t,i] ReLU(q[b,t,i]·k[b,s] · scale), in fp32 -> (B, T, S). Same op order as HF."""
+    scores_BTIS = F.relu(torch.matmul(q_BTIE.float(), k_BSE.transpose(-1, -2).float().unsqueeze(1)) * scale)
+    return torch.matmul(w_BTI.float().unsqueeze(-2), scores_BTIS).squeeze(-2)
+
+
+def select_topk(scores_BTS: torch.Tensor, mask_BTS: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices (B, T, min(k, S)) of the best allowed keys (deterministic torch.topk; masked keys score -inf)."""
+    scores_BTS = scores_BTS.masked_fill(~mask_BTS, float("-inf"))
+    return scores_BTS.topk(min(k, scores_BTS.shape[-1]), dim=-1).indices
+
+
+def sparse_mask(topk_BTK: torch.Tensor, mask_B1TS: torch.Tensor) -> torch.Tensor:
+    """mask ∧ selected: top-k may name masked (future) keys when fewer than k are allowed; they stay masked."""
+    B, T, _ = topk_BTK.shape
+    S = mask_B1TS.shape[-1]
+    selected_BTS = torch.zeros(B, T, S, dtype=torch.bool, device=topk_BTK.device).scatter(-1, topk_BTK.long(), True)
+    return mask_B1TS & selected_BTS[:, None]
+
+
+class _AttachLoss(torch.autograd.Function):
+    """Identity on `out`; in backward, gives `loss` the gradient `coeff` (MCORE's DSAIndexerLossAutoScaler)."""
+
+    @staticmethod
+    def forward(ctx, out, loss, coeff: float):
+        ctx.coeff = coeff
+        ctx.loss_shape = loss.shape
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return grad_out, torch.full(ctx.loss_shape, ctx.coeff, device=grad_out.device), None
+
+
+class Indexer(nn.Module):
+    """The lightning indexer of one layer; `mode` selects the training stage (see module docstring)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        D = cfg.hidden_size
+        self.n_heads, self.head_dim = cfg.index_n_heads, cfg.index_head_dim
+        self.rope_dim, self.topk = cfg.qk_rope_head_dim, cfg.index_topk
+        self.interleave = bool(getattr(cfg, "indexer_rope_interleave", True))
+        self.wq_b = nn.Linear(cfg.q_lora_rank, self.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(D, self.head_dim, bias=False)
+        self.k_norm = nn.LayerNorm(self.head_dim, eps=1e-6)
+        self.weights_proj = nn.Linear(D, self.n_heads, bias=False)
+        self.scale = self.head_dim**-0.5
+        self.mode = "select"
+        self.loss_coeff = 1.0  # gradient weight of the KL (MCORE dsa_indexer_loss_coeff)
+        self.pending_loss: torch.Tensor | None = None
+        self.last_loss: torch.Tensor | None = None  # detached, for logging
+
+    def _rope(self, x, cos_sin, unsqueeze: bool):
+        from glmstack.model.mla import apply_rope  # mla imports this module; import late to avoid a cycle
+
+        cos, sin = cos_sin
+        if unsqueeze:
+            cos, sin = cos[:, :, None], sin[:, :, None]
+        x_rot, x_pass = x.split([self.rope_dim, x.shape[-1] - self.rope_dim], dim=-1)
+        return torch.cat([apply_rope(x_rot, cos, sin, self.interleave), x_pass], dim=-1)
+
+    def _input(self, x):
+        """Training modes detach the indexer's inputs: it learns only from its KL (DSV3.2 §2.1)."""
+        return x.detach() if self.mode != "select" else x
+
+    def keys(self, x_BTD: torch.Tensor, cos_sin) -> torch.Tensor:
+        """The single shared indexer key per token, after RoPE -> (B, T, E). Cached beside MLA's latent."""
+        with torch.set_grad_enabled(torch.is_grad_enabled() and self.mode != "select"):
+            return self._rope(self.k_norm(self.wk(self._input(x_BTD))), cos_sin, unsqueeze=False)
+
+    def scores(self, x_BTD, q_resid_BTQ, cos_sin, k_BSE) -> torch.Tensor:
+        """Index scores (B, T, S), fp32."""
+        B, T, _ = x_BTD.shape
+        x_BTD, q_resid_BTQ = self._input(x_BTD), self._input(q_resid_BTQ)
+        q_BTIE = self._rope(self.wq_b(q_resid_BTQ).view(B, T, self.n_heads, self.head_dim), cos_sin, unsqueeze=True)
+        w_BTI = self.weights_proj(x_BTD.to(self.weights_proj.weight.dtype)).float() * self.n_heads**-0.5
+        return index_scores(q_BTIE, k_BSE, w_BTI, self.scale)
+
+    def forward(self, x_BTD, q_resid_BTQ, cos_sin, k_BSE, mask_B1TS, teacher=None):
+        """Top-k indices (B, T, K), or None in dense warm-up; in training modes also sets `pending_loss`.
+
+        teacher(mask_B1TS) -> (B, H, T, S) detached main-attention probabilities under that mask.
+        """
+        self.pending_loss = None
+        if self.mode == "warmup" and not torch.is_grad_enabled():
+            return None  # warm-up evaluation: attention stays dense
+        if self.mode == "select" or not torch.is_grad_enabled():
+            with torch.no_grad():
+                return select_topk(self.scores(x_BTD, q_resid_BTQ, cos_sin, k_BSE), mask_B1TS[:, 0], self.topk)
+        scores_BTS = self.scores(x_BTD, q_resid_BTQ, cos_sin, k_BSE)
+        topk_BTK = None
+        loss_mask_B1TS = mask_B1TS
+        if self.mode == "sparse":
+            topk_BTK = select_topk(scores_BTS.detach(), mask_B1TS[:, 0], self.topk)
+            loss_mask_B1TS = sparse_mask(topk_BTK, mask_B1TS)
+        if teacher is not None:
+            self.pending_loss = indexer_kl(teacher(loss_mask_B1TS), scores_BTS, loss_mask_B1TS)
+            self.last_loss = self.pending_loss.detach()
+        return topk_BTK
+
+    def attach_loss(self, out: torch.Tensor) -> torch.Tensor:
+        """Route the pending KL's gradient (× loss_coeff) through `out`, then clear it."""
+        loss, self.pending_loss = self.pending_loss, None
+        return _AttachLoss.apply(out, loss, float(self.loss_coeff))
+
+
+# ---------------------------------------------------------------------------------------------------- stages
+
+
+def indexers(model: nn.Module) -> list[Indexer]:
+    return [m for m in model.modules() if isinstance(m, Indexer)]
+
+
+def set_indexer_mode(model: nn.Module, mode: str, loss_coeff: float | None = None) -> None:
+    """Put every indexer of `model` in `mode` ("select", "warmup" or "sparse")."""
+    if mode not in MODES:
+        raise ValueError(f"indexer mode {mode!r} is not one of {MODES}")
+    for ix in indexers(model):
+        ix.mode = mode
+        if loss_coeff is not None:
+            ix.loss_coeff = loss_coeff
+
+
+def freeze_all_but_indexers(model: nn.Module) -> None:
+    """Dense warm-up: only the indexers train (DSV3.2 §2.1; GLM-5 App. A)."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for ix in indexers(model):
+        ix.requires_grad_(True)
+
+
+def freeze_indexers(model: nn.Module) -> None:
+    """GLM-5 RL: indexers frozen, selection kept, no indexer loss."""
+    set_indexer_mode(model, "select")
+    for ix in indexers(model):
+        ix.requires_grad_(False)
+
+
+def indexer_loss(model: nn.Module) -> torch.Tensor | None:
+    """Mean of the last forward's indexer KLs over layers (detached, for logging); None if none was computed."""
+    losses = [ix.last_loss for ix in indexers(model) if ix.last_loss is not None]
+    return torch.stack(losses).mean() if losses else None
