@@ -1,0 +1,14 @@
+"""Sandboxed execution of model-written Python for code RL rewards, HumanEval and the agentic Python tool.
+
+    from glmstack.sandbox import run, run_batch, run_tests
+    run("print(1 + 1)").stdout                        # '2\\n'
+    run_tests(program, tests, "entry_point").ok      # HumanEval-style check
+    run_batch(["print(1)", "while True: pass"], concurrency=2)
+
+See docs/sandbox.md for the isolation layers per host and `glmstack sandbox --help` to try a snippet.
+"""
+
+from glmstack.sandbox.limits import Limits
+from glmstack.sandbox.run import Result, run
+
+__all__ = ["Limits", "Result", "run"]

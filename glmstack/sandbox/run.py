@@ -1,0 +1,181 @@
+"""Run one piece of model-written Python in the sandbox and report what happened.
+
+    from glmstack.sandbox import run
+    r = run("print(input()[::-1])", stdin="abc", timeout_s=2)
+    r.stdout, r.exit_code, r.timed_out, r.oom, r.output_truncated, r.duration_s, r.layers
+
+Each call starts a fresh sandbox (isolation.py), sends it the program, files and stdin through a payload on
+its stdin (boot.py unpacks them inside), and reads stdout and stderr until it exits, the wall clock passes
+`timeout_s` or an output passes `max_output_bytes`; in the last two cases it kills the whole sandbox. It
+always leaves no process and no work dir behind, whatever the program did.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import selectors
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+
+from glmstack.sandbox import isolation
+from glmstack.sandbox.limits import Limits
+
+OOM_MARKERS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory")
+
+
+@dataclass(kw_only=True)
+class Result:
+    """What one execution did. `exit_code` is negative (-signal) when the process was killed."""
+
+    stdout: str
+    stderr: str
+    exit_code: int | None
+    timed_out: bool  # the wall clock passed timeout_s and the sandbox was killed
+    oom: bool  # the program ran out of its address space (MemoryError or an allocator failure)
+    output_truncated: bool  # stdout or stderr passed max_output_bytes and the sandbox was killed
+    duration_s: float
+    mode: str  # bwrap | unshare | plain
+    layers: tuple[str, ...]  # isolation layers that applied (see docs/sandbox.md)
+
+    @property
+    def ok(self) -> bool:
+        """Exited 0 on its own, within every limit."""
+        return self.exit_code == 0 and not (self.timed_out or self.oom or self.output_truncated)
+
+    def flags(self) -> str:
+        names = [n for n in ("timed_out", "oom", "output_truncated") if getattr(self, n)]
+        return ",".join(names) or "-"
+
+
+def _as_bytes(data: str | bytes | None) -> bytes:
+    if data is None:
+        return b""
+    return data.encode() if isinstance(data, str) else data
+
+
+def _payload(code: str, stdin, files, argv, rlimits: dict, uid: int | None) -> bytes:
+    body = json.dumps({
+        "code": code, "argv": list(argv), "uid": uid, "rlimits": rlimits,
+        "stdin": base64.b64encode(_as_bytes(stdin)).decode(),
+        "files": {name: base64.b64encode(_as_bytes(data)).decode() for name, data in (files or {}).items()},
+    }).encode()
+    return b"%d\n" % len(body) + body
+
+
+def _user_process_count() -> int:
+    uid = os.getuid()
+    return sum(1 for p in os.listdir("/proc") if p.isdigit() and _owner(p) == uid)
+
+
+def _owner(pid: str) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """SIGKILL the launcher's process group; bwrap/unshare's death takes their PID namespace with it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _pump(proc, payload: bytes, limits: Limits) -> tuple[bytes, bytes, bool, bool]:
+    """Feed the payload and collect output until exit, timeout or overflow; returns (out, err, timed_out, trunc)."""
+    deadline = time.monotonic() + limits.timeout_s
+    out, err = bytearray(), bytearray()
+    bufs = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
+    sel = selectors.DefaultSelector()
+    for fd in bufs:
+        sel.register(fd, selectors.EVENT_READ)
+    stdin_fd = proc.stdin.fileno()
+    os.set_blocking(stdin_fd, False)
+    sel.register(stdin_fd, selectors.EVENT_WRITE)
+    sent, open_outputs = 0, 2
+    try:
+        while open_outputs:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return bytes(out), bytes(err), True, False
+            for key, _ in sel.select(left):
+                fd = key.fd
+                if fd == stdin_fd:
+                    try:
+                        sent += os.write(fd, payload[sent:sent + (1 << 16)])
+                    except BlockingIOError:
+                        continue
+                    except BrokenPipeError:  # the sandbox died before reading it all; its output says why
+                        sent = len(payload)
+                    if sent >= len(payload):
+                        sel.unregister(fd)
+                        proc.stdin.close()
+                    continue
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    sel.unregister(fd)
+                    open_outputs -= 1
+                    continue
+                bufs[fd] += chunk
+                if len(bufs[fd]) > limits.max_output_bytes:
+                    del bufs[fd][limits.max_output_bytes:]
+                    return bytes(out), bytes(err), False, True
+        return bytes(out), bytes(err), False, False
+    finally:
+        sel.close()
+
+
+def _finish(proc, kill: bool, grace_s: float) -> int:
+    """Reap the launcher (killing it first if asked, or if it outlives `grace_s`), then its process group."""
+    if kill:
+        _kill(proc)
+    try:
+        code = proc.wait(timeout=max(grace_s, 0.05))
+    except subprocess.TimeoutExpired:
+        _kill(proc)
+        code = proc.wait()
+    _kill(proc)  # stragglers that stayed in the group after closing their output (plain mode)
+    for f in (proc.stdin, proc.stdout, proc.stderr):
+        if not f.closed:
+            f.close()
+    return code
+
+
+def run(code: str, *, stdin: str | bytes | None = None, files: dict[str, str | bytes] | None = None,
+        argv: tuple[str, ...] = (), limits: Limits | None = None, mode: str = "auto", site: bool = False,
+        extra_ro: tuple[str, ...] = (), timeout_s: float | None = None, memory_mb: int | None = None,
+        max_output_bytes: int | None = None, max_processes: int | None = None) -> Result:
+    """Run `code` as `python main.py *argv` in a fresh sandbox; keywords override fields of `limits`.
+
+    `files` (relative path -> content) are written into the empty work dir first; `site=True` adds the base
+    interpreter's site-packages; `extra_ro` are host paths bound read-only (bwrap) for the program to read.
+    """
+    limits = (limits or Limits()).replace(timeout_s=timeout_s, memory_mb=memory_mb,
+                                          max_output_bytes=max_output_bytes, max_processes=max_processes)
+    mode = isolation.resolve(mode)
+    launch = isolation.prepare(mode, limits.work_dir_mb, site=site, extra_ro=tuple(extra_ro))
+    # Without our own uid, RLIMIT_NPROC counts every process of the caller's user: allow those plus ours.
+    nproc = None if launch.uid is not None or os.geteuid() == 0 else _user_process_count() + limits.max_processes
+    payload = _payload(code, stdin, files, argv, limits.rlimits(nproc), launch.uid)
+    start = time.monotonic()
+    try:
+        proc = subprocess.Popen(launch.argv, cwd=launch.cwd, env=launch.env, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        out, err, timed_out, truncated = b"", b"", True, False
+        try:
+            out, err, timed_out, truncated = _pump(proc, payload, limits)
+        finally:  # also on KeyboardInterrupt: nothing may outlive this call
+            grace = limits.timeout_s - (time.monotonic() - start)
+            exit_code = _finish(proc, kill=timed_out or truncated, grace_s=grace)
+    finally:
+        launch.cleanup()
+    duration = time.monotonic() - start
+    stdout, stderr = out.decode(errors="replace"), err.decode(errors="replace")
+    oom = not timed_out and any(m in stderr[-4096:] for m in OOM_MARKERS)
+    return Result(stdout=stdout, stderr=stderr, exit_code=exit_code, timed_out=timed_out, oom=oom,
+                  output_truncated=truncated, duration_s=duration, mode=mode, layers=launch.layers)
