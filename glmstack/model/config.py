@@ -1,0 +1,224 @@
+"""ModelConfig: the GLM-4.5 family's architecture, with Hugging Face `glm4_moe` field names, and its presets.
+
+Field names are exactly those of `config.json` (`transformers.Glm4MoeConfig`), so `from_hf` / `to_hf` are a flat
+map; RoPE is kept flat here (`rope_theta`, `partial_rotary_factor`) and folded into transformers 5's
+`rope_parameters` on the way out. A few glmstack-only training fields (`mtp_loss_weight`, ...) follow the HF
+fields and never reach `config.json`. Released values: arXiv 2508.06471 Table 1 and the zai-org config files
+(see /work/shared/research/glm-formats.md §6.1).
+
+    cfg = ModelConfig.preset("glm-4.5-air")
+    cfg = ModelConfig.from_hf("path/to/checkpoint")      # folder, config.json path or dict
+    d = cfg.to_hf()                                      # what save_hf writes as config.json
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from glmstack.config import ConfigError, from_dict
+
+# HF keys that describe the file, not the architecture: kept verbatim in `hf_metadata` and written back.
+HF_METADATA_KEYS = {
+    "architectures", "torch_dtype", "dtype", "transformers_version", "bos_token_id", "eos_token_id",
+    "pad_token_id", "_name_or_path", "use_cache", "output_attentions", "output_hidden_states",
+    "output_router_logits", "return_dict", "id2label", "label2id", "problem_type", "chunk_size_feed_forward",
+    "is_encoder_decoder", "tie_encoder_decoder", "quantization_config", "router_aux_loss_coef",
+}
+# HF keys we accept only with the one value our model implements (anything else would silently compute wrong).
+HF_FIXED_KEYS = {
+    "hidden_act": "silu", "attention_dropout": 0.0, "scoring_func": "sigmoid", "topk_method": "noaux_tc",
+    "moe_router_dtype": "float32", "rope_scaling": None, "moe_layer_freq": 1, "ep_size": 1, "pretraining_tp": 1,
+}
+HF_ALIASES = {"num_mtp_layers": "num_nextn_predict_layers", "num_local_experts": "n_routed_experts"}
+MODEL_TYPES = ("glm4_moe",)  # glm_moe_dsa (GLM-5) joins with mla.py / dsa.py
+TRAINING_FIELDS = ("mtp_loss_weight", "aux_loss_weight", "use_grouped_mm")
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    model_type: str = "glm4_moe"  # HF model_type; selects the attention kind (see model.make_attention)
+    vocab_size: int = 151552  # embedding rows (= LM-head rows)
+    hidden_size: int = 4096  # residual width D
+    intermediate_size: int = 10944  # SwiGLU width of the dense MLP in the first `first_k_dense_replace` layers
+    moe_intermediate_size: int = 1408  # SwiGLU width of each routed expert (shared expert: x n_shared_experts)
+    num_hidden_layers: int = 46  # decoder layers, MTP layers not counted
+    num_attention_heads: int = 96  # query heads (GLM-4.5 uses 2.5x more heads than usual for its width)
+    num_key_value_heads: int = 8  # GQA key/value heads
+    head_dim: int = 128  # per-head width; q width = heads * head_dim may differ from hidden_size
+    partial_rotary_factor: float = 0.5  # RoPE rotates the first partial_rotary_factor * head_dim dims of a head
+    rope_theta: float = 1_000_000.0  # RoPE base (GLM-4.5 pre-trains at 1e4 and moves to 1e6 at 32K context)
+    rms_norm_eps: float = 1e-5  # epsilon of every RMSNorm (incl. QK-Norm)
+    attention_bias: bool = True  # bias on q/k/v projections (never on o_proj)
+    use_qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE (GLM-4.5/4.6/4.7 yes, Air no)
+    n_routed_experts: int = 128  # routed experts E per MoE layer
+    n_shared_experts: int = 1  # always-on experts, fused into one SwiGLU of width moe_intermediate_size * this
+    num_experts_per_tok: int = 8  # experts K chosen per token
+    n_group: int = 1  # expert groups for group-limited routing (DeepSeek-V3: 8; every GLM: 1)
+    topk_group: int = 1  # groups kept per token
+    norm_topk_prob: bool = True  # renormalise the K gate values to sum to 1 before scaling
+    routed_scaling_factor: float = 1.0  # multiplies the routed gate values (GLM-4.5: 2.5, Air: 1.0)
+    first_k_dense_replace: int = 1  # the first k layers use a dense MLP, the rest MoE
+    num_nextn_predict_layers: int = 1  # MTP layers, stored in HF at layer index num_hidden_layers + d
+    tie_word_embeddings: bool = False  # LM head shares the embedding matrix
+    max_position_embeddings: int = 131072  # longest context the checkpoint was trained for (metadata for RoPE)
+    initializer_range: float = 0.02  # std of the normal init of every matrix
+    hf_metadata: dict[str, Any] = field(default_factory=dict)  # eos/pad ids, dtype, ... : kept, written back
+    # --- glmstack training fields (never written to config.json) ---
+    mtp_loss_weight: float = 0.3  # lambda on mean MTP loss (GLM-4.5: 0.3 for 15T tokens, then 0.1)
+    aux_loss_weight: float = 1e-4  # alpha on the sequence-wise balance loss (GLM-4.5: 1e-4)
+    use_grouped_mm: bool = True  # experts via torch._grouped_mm (False: the plain per-expert loop reference)
+
+    def __post_init__(self):
+        problems = self.problems()
+        if problems:
+            raise ConfigError("invalid ModelConfig: " + "; ".join(problems))
+
+    # ---------------------------------------------------------------- validation
+    def problems(self) -> list[str]:
+        """One message per bad field (empty when the config is consistent)."""
+        p = []
+        positive = ("vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
+                    "num_attention_heads", "num_key_value_heads", "head_dim", "n_routed_experts",
+                    "num_experts_per_tok", "n_group", "topk_group", "max_position_embeddings")
+        p += [f"{k} must be > 0, got {getattr(self, k)}" for k in positive if getattr(self, k) <= 0]
+        if p:
+            return p
+        if self.model_type not in MODEL_TYPES:
+            p.append(f"model_type {self.model_type!r} is not supported (supported: {', '.join(MODEL_TYPES)})")
+        if self.num_attention_heads % self.num_key_value_heads:
+            p.append(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                     f"num_key_value_heads ({self.num_key_value_heads})")
+        if not 0 < self.partial_rotary_factor <= 1 or self.rotary_dim % 2:
+            p.append(f"partial_rotary_factor ({self.partial_rotary_factor}) must give an even rotary dim in "
+                     f"(0, head_dim={self.head_dim}], got {self.rotary_dim}")
+        if self.n_routed_experts % self.n_group:
+            p.append(f"n_routed_experts ({self.n_routed_experts}) must be divisible by n_group ({self.n_group})")
+        if self.topk_group > self.n_group:
+            p.append(f"topk_group ({self.topk_group}) must be <= n_group ({self.n_group})")
+        if self.num_experts_per_tok > self.n_routed_experts:
+            p.append(f"num_experts_per_tok ({self.num_experts_per_tok}) must be <= n_routed_experts "
+                     f"({self.n_routed_experts})")
+        elif self.num_experts_per_tok > self.topk_group * (self.n_routed_experts // self.n_group):
+            p.append(f"num_experts_per_tok ({self.num_experts_per_tok}) exceeds the experts in topk_group "
+                     f"({self.topk_group}) groups")
+        if self.n_group > 1 and self.n_routed_experts // self.n_group < 2:
+            p.append(f"n_group ({self.n_group}) leaves fewer than 2 experts per group (group score = top-2 sum)")
+        if not 0 <= self.first_k_dense_replace <= self.num_hidden_layers:
+            p.append(f"first_k_dense_replace ({self.first_k_dense_replace}) must be in [0, num_hidden_layers]")
+        for k in ("n_shared_experts", "num_nextn_predict_layers"):
+            if getattr(self, k) < 0:
+                p.append(f"{k} must be >= 0, got {getattr(self, k)}")
+        for k in ("rope_theta", "rms_norm_eps", "routed_scaling_factor", "initializer_range"):
+            if getattr(self, k) <= 0:
+                p.append(f"{k} must be > 0, got {getattr(self, k)}")
+        return p
+
+    # ---------------------------------------------------------------- derived sizes
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def n_moe_layers(self) -> int:
+        """MoE layers in the trunk plus one per MTP layer (MTP blocks are always MoE)."""
+        return self.num_hidden_layers - self.first_k_dense_replace + self.num_nextn_predict_layers
+
+    def is_moe_layer(self, layer_idx: int) -> bool:
+        return layer_idx >= self.first_k_dense_replace
+
+    # ---------------------------------------------------------------- HF conversion
+    @classmethod
+    def from_hf(cls, source: str | Path | dict, **overrides) -> ModelConfig:
+        """Read an HF `config.json` (dict, file or checkpoint folder); harmless metadata is kept in hf_metadata."""
+        if not isinstance(source, dict):
+            path = Path(source)
+            source = json.loads((path / "config.json" if path.is_dir() else path).read_text())
+        data, meta = _split_hf_dict(copy.deepcopy(source))
+        data["hf_metadata"] = meta
+        return from_dict(cls, {**data, **overrides})
+
+    def to_hf(self) -> dict:
+        """The `config.json` dict as transformers 5 writes it (RoPE inside `rope_parameters`)."""
+        d = {k: v for k, v in dataclasses.asdict(self).items() if k not in TRAINING_FIELDS + ("hf_metadata",)}
+        rope = {"rope_theta": d.pop("rope_theta"), "partial_rotary_factor": d.pop("partial_rotary_factor"),
+                "rope_type": "default"}
+        out = {"architectures": ["Glm4MoeForCausalLM"], **d, "rope_parameters": rope, "hidden_act": "silu",
+               "attention_dropout": 0.0}
+        out.update({k: v for k, v in self.hf_metadata.items() if k not in out})
+        return json.loads(json.dumps(out))
+
+    # ---------------------------------------------------------------- presets
+    @classmethod
+    def preset(cls, name: str, **overrides) -> ModelConfig:
+        if name not in PRESETS:
+            raise ConfigError(f"unknown model preset {name!r}; presets: {', '.join(PRESETS)}")
+        return cls.from_hf(PRESETS[name], **overrides)
+
+
+def _split_hf_dict(d: dict) -> tuple[dict, dict]:
+    """Split an HF config dict into ModelConfig fields and metadata; a wrong fixed value is an error."""
+    meta = {k: d.pop(k) for k in list(d) if k in HF_METADATA_KEYS}
+    bad = []
+    for key, want in HF_FIXED_KEYS.items():
+        if key in d:
+            got = d.pop(key)
+            if got != want and not (key == "rope_scaling" and isinstance(got, dict) and _default_rope(got)):
+                bad.append(f"{key}={got!r} is not supported (only {want!r})")
+    for alias, name in HF_ALIASES.items():
+        if alias in d:
+            value = d.pop(alias)
+            if name in d and d[name] != value:
+                bad.append(f"{alias}={value!r} contradicts {name}={d[name]!r}")
+            d[name] = value
+    rope = d.pop("rope_parameters", None)
+    if rope is not None:
+        if not _default_rope(rope):
+            bad.append(f"rope_parameters {rope!r}: only rope_type 'default' is supported")
+        for k in ("rope_theta", "partial_rotary_factor"):
+            if k in rope:
+                d[k] = rope[k]
+    if bad:
+        raise ConfigError("unsupported HF config: " + "; ".join(bad))
+    return d, meta
+
+
+def _default_rope(rope: dict) -> bool:
+    return rope.get("rope_type", rope.get("type", "default")) == "default"
+
+
+# ---------------------------------------------------------------- presets (HF dicts, exact released values)
+_GLM_EOS = {"eos_token_id": [151329, 151336, 151338], "pad_token_id": 151329}
+_GLM45 = dict(
+    model_type="glm4_moe", vocab_size=151552, hidden_size=5120, intermediate_size=12288, moe_intermediate_size=1536,
+    num_hidden_layers=92, num_attention_heads=96, num_key_value_heads=8, head_dim=128, partial_rotary_factor=0.5,
+    rope_theta=1000000, rms_norm_eps=1e-5, attention_bias=True, use_qk_norm=True, n_routed_experts=160,
+    n_shared_experts=1, num_experts_per_tok=8, n_group=1, topk_group=1, norm_topk_prob=True,
+    routed_scaling_factor=2.5, first_k_dense_replace=3, num_nextn_predict_layers=1, tie_word_embeddings=False,
+    max_position_embeddings=131072, initializer_range=0.02, torch_dtype="bfloat16", **_GLM_EOS,
+)
+_TINY = dict(
+    model_type="glm4_moe", vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+    num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16, partial_rotary_factor=0.5,
+    rope_theta=10000, rms_norm_eps=1e-5, attention_bias=True, use_qk_norm=True, n_routed_experts=8,
+    n_shared_experts=1, num_experts_per_tok=2, n_group=1, topk_group=1, norm_topk_prob=True,
+    routed_scaling_factor=2.5, first_k_dense_replace=1, num_nextn_predict_layers=1, tie_word_embeddings=False,
+    max_position_embeddings=4096, initializer_range=0.02,
+)
+PRESETS: dict[str, dict] = {
+    "glm-4.5": _GLM45,
+    "glm-4.5-air": {**_GLM45, "hidden_size": 4096, "num_hidden_layers": 46, "first_k_dense_replace": 1,
+                    "intermediate_size": 10944, "moe_intermediate_size": 1408, "n_routed_experts": 128,
+                    "routed_scaling_factor": 1.0, "use_qk_norm": False},
+    "glm-4.6": {**_GLM45, "max_position_embeddings": 202752},
+    "glm-4.7": {**_GLM45, "max_position_embeddings": 202752},
+    "tiny": _TINY,
+    # the benchmark model (bench/model_throughput.py): wide enough that matmuls, not overheads, dominate
+    "tiny-moe": {**_TINY, "vocab_size": 4096, "hidden_size": 256, "intermediate_size": 768,
+                 "moe_intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 8,
+                 "num_key_value_heads": 2, "head_dim": 32, "n_routed_experts": 16, "num_experts_per_tok": 4},
+}

@@ -1,0 +1,243 @@
+"""GLM: the GLM-4.5 model family (arXiv 2508.06471) as one plain single-device PyTorch module.
+
+embed -> `first_k_dense_replace` dense blocks -> MoE blocks -> RMSNorm -> LM head, plus `num_nextn_predict_layers`
+MTP layers for the training loss and drafting. Computes what transformers' `Glm4MoeForCausalLM` computes
+(tests/parity/test_hf_*.py). The model is built on the meta device; `init_weights` (or `hf.load_hf`) materialises it,
+and the accounting methods (`num_params`, `flops_per_token`, `kv_cache_bytes_per_token`) work on meta.
+
+    model = GLM(ModelConfig.preset("tiny")).init_weights(seed=0)
+    out = model(input_ids, labels=labels)       # labels already shifted: labels[:, t] is the target of t
+    out.loss.backward()
+
+The attention of layer i comes from `make_attention(cfg, i)`, keyed on `cfg.model_type`, so GLM-5's MLA/DSA
+plug in without touching the blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from glmstack.model.attention import Attention, segment_mask
+from glmstack.model.config import ModelConfig
+from glmstack.model.layers import MLP, RMSNorm
+from glmstack.model.moe import MoE, Experts, Router
+from glmstack.model.mtp import MTPLayer, mtp_targets
+from glmstack.model.rope import rope_cos_sin
+
+# model_type -> attention class (cfg, layer_idx) -> module with forward(x, cos, sin, mask, cache)
+ATTENTION: dict[str, Callable[[ModelConfig, int], nn.Module]] = {"glm4_moe": Attention}
+
+
+def make_attention(cfg: ModelConfig, layer_idx: int) -> nn.Module:
+    return ATTENTION[cfg.model_type](cfg, layer_idx)
+
+
+@dataclass
+class GLMOutput:
+    logits: torch.Tensor  # (B, T, V)
+    loss: torch.Tensor | None = None  # lm + mtp_weight * mean(mtp) + aux_weight * aux (with labels)
+    lm_loss: torch.Tensor | None = None
+    mtp_loss: list[torch.Tensor] = field(default_factory=list)  # one per MTP depth (with labels)
+    aux_loss: torch.Tensor | None = None  # sequence-wise balance loss summed over the MoE layers that ran
+    expert_load: torch.Tensor | None = None  # (n_moe_layers, E) routed-token counts; MTP rows last
+    hidden: torch.Tensor | None = None  # (B, T, D) last trunk hidden state before the final norm
+
+
+class Block(nn.Module):
+    """Pre-norm decoder block: x + attn(norm(x)), then + mlp(norm(.)); the MLP is dense or MoE."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int, moe: bool):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = make_attention(cfg, layer_idx)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MoE(cfg) if moe else MLP(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, x_BTD, cos, sin, mask=None, cache=None):
+        """-> (x_BTD, aux loss or None, expert load (E,) or None)."""
+        x_BTD = x_BTD + self.self_attn(self.input_layernorm(x_BTD), cos, sin, mask, cache)
+        h_BTD = self.post_attention_layernorm(x_BTD)
+        if isinstance(self.mlp, MoE):
+            y_BTD, aux, load_E = self.mlp(h_BTD)
+            return x_BTD + y_BTD, aux, load_E
+        return x_BTD + self.mlp(h_BTD), None, None
+
+
+class GLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, device=None, dtype: torch.dtype | None = None):
+        super().__init__()
+        self.cfg = cfg
+        with torch.device("meta"):
+            self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+            self.layers = nn.ModuleList(
+                Block(cfg, i, cfg.is_moe_layer(i)) for i in range(cfg.num_hidden_layers))
+            self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            n = cfg.num_hidden_layers
+            self.mtp = nn.ModuleList(
+                MTPLayer(cfg, Block(cfg, n + d, moe=True)) for d in range(cfg.num_nextn_predict_layers))
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        if dtype is not None:
+            self.cast(dtype)
+        if device is not None:
+            self.init_weights(seed=0, device=device)
+
+    # ---------------------------------------------------------------- dtype / init
+    def cast(self, dtype: torch.dtype) -> GLM:
+        """Cast to `dtype` except the router weights and balancing biases, which stay fp32 (as in HF)."""
+        for module in self.modules():
+            if isinstance(module, Router):
+                continue
+            for name, p in module.named_parameters(recurse=False):
+                p.data = p.data.to(dtype)
+        return self
+
+    def materialize(self, device) -> GLM:
+        """Allocate (uninitialised) storage for a meta-built model."""
+        if any(t.is_meta for t in self.state_dict().values()):
+            self.to_empty(device=device)
+            if self.cfg.tie_word_embeddings:
+                self.lm_head.weight = self.embed_tokens.weight
+        return self
+
+    @torch.no_grad()
+    def init_weights(self, seed: int = 0, device=None) -> GLM:
+        """Initialise every tensor (materialising a meta model on `device`, default cpu), as HF `_init_weights`:
+
+        - embed_tokens, lm_head, every nn.Linear weight (q/k/v/o, MLP, shared expert, eh_proj): N(0, initializer_range)
+        - attention q/k/v biases: 0
+        - routed expert banks gate_up_proj (E, 2F, D) and down_proj (E, D, F): N(0, initializer_range)
+        - router weight (E, D), fp32: N(0, initializer_range); e_score_correction_bias (E,), fp32: 0
+        - every RMSNorm gain (layers, QK-Norm, final, MTP enorm/hnorm/shared_head.norm): 1
+        """
+        self.materialize(device or "cpu")
+        std = self.cfg.initializer_range
+        gen = torch.Generator(device=self.embed_tokens.weight.device).manual_seed(seed)
+        for name, t in sorted(self.named_parameters(), key=lambda kv: kv[0]):
+            if isinstance(_owner(self, name), RMSNorm):
+                t.fill_(1.0)
+            elif name.endswith(".bias"):
+                t.zero_()
+            else:
+                t.normal_(0.0, std, generator=gen)
+        for name, b in self.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.zero_()
+        return self
+
+    # ---------------------------------------------------------------- forward
+    def forward(self, input_ids, labels=None, position_ids=None, segment_ids=None, cache=None,
+                mtp_weight: float | None = None, aux_loss_weight: float | None = None) -> GLMOutput:
+        B, T = input_ids.shape
+        if position_ids is None:
+            offset = cache.seq_len if cache is not None else 0
+            position_ids = (torch.arange(T, device=input_ids.device) + offset).expand(B, T)
+        if segment_ids is not None and cache is not None:
+            raise ValueError("segment_ids with a KV cache: give the mask through cache.attention_mask instead")
+        mask = segment_mask(segment_ids) if segment_ids is not None else None
+        x_BTD = self.embed_tokens(input_ids)
+        cos, sin = rope_cos_sin(position_ids, self.cfg.rotary_dim, self.cfg.rope_theta, x_BTD.dtype)
+        auxes, loads = [], []
+        for layer in self.layers:
+            x_BTD, aux, load_E = layer(x_BTD, cos, sin, mask, cache)
+            if aux is not None:
+                auxes.append(aux)
+                loads.append(load_E)
+        out = GLMOutput(logits=self.lm_head(self.norm(x_BTD)), hidden=x_BTD)
+        if labels is not None:
+            out.lm_loss = cross_entropy(out.logits, labels)
+            out.mtp_loss = self._mtp_losses(input_ids, labels, x_BTD, cos, sin, mask, segment_ids, auxes, loads)
+        out.aux_loss = torch.stack(auxes).sum() if auxes else x_BTD.new_zeros((), dtype=torch.float32)
+        out.expert_load = self._stack_loads(loads, x_BTD.device)
+        if labels is not None:
+            out.loss = self._total_loss(out, mtp_weight, aux_loss_weight)
+        return out
+
+    def _mtp_losses(self, input_ids, labels, h_BTD, cos, sin, mask, segment_ids, auxes, loads):
+        losses = []
+        for d, layer in enumerate(self.mtp, start=1):
+            ids_d, labels_d = mtp_targets(input_ids, labels, d, segment_ids)
+            h_BTD, aux, load_E = layer(self.embed_tokens(ids_d), h_BTD, cos, sin, mask)
+            auxes.append(aux)
+            loads.append(load_E)
+            losses.append(cross_entropy(self.lm_head(h_BTD), labels_d))
+        return losses
+
+    def mtp_step(self, depth: int, next_ids, hidden, position_ids, cache=None):
+        """One MTP depth (0-based) for drafting: -> (normed hidden (B, T, D) to chain, logits (B, T, V))."""
+        emb = self.embed_tokens(next_ids)
+        cos, sin = rope_cos_sin(position_ids, self.cfg.rotary_dim, self.cfg.rope_theta, emb.dtype)
+        h, _, _ = self.mtp[depth](emb, hidden, cos, sin, None, cache)
+        return h, self.lm_head(h)
+
+    def _stack_loads(self, loads, device) -> torch.Tensor:
+        """(n_moe_layers, E), zeros for the MTP layers when they did not run."""
+        out = torch.zeros(self.cfg.n_moe_layers, self.cfg.n_routed_experts, device=device)
+        if loads:
+            out[: len(loads)] = torch.stack(loads)
+        return out
+
+    def _total_loss(self, out: GLMOutput, mtp_weight, aux_weight) -> torch.Tensor:
+        mtp_weight = self.cfg.mtp_loss_weight if mtp_weight is None else mtp_weight
+        aux_weight = self.cfg.aux_loss_weight if aux_weight is None else aux_weight
+        loss = out.lm_loss + aux_weight * out.aux_loss
+        if out.mtp_loss and mtp_weight:
+            loss = loss + mtp_weight * torch.stack(out.mtp_loss).mean()
+        return loss
+
+    def moe_layers(self) -> list[MoE]:
+        """The MoE modules in expert_load row order (trunk, then MTP)."""
+        blocks = list(self.layers) + [m.block for m in self.mtp]
+        return [b.mlp for b in blocks if isinstance(b.mlp, MoE)]
+
+    # ---------------------------------------------------------------- accounting (meta-safe)
+    def num_params(self, active: bool = False, include_embeddings: bool = True, include_mtp: bool = True) -> int:
+        """Parameters (tied ones once). active: routed experts count K/E of their size (per token).
+        include_embeddings=False drops the embedding and the LM head (the papers' convention)."""
+        k_over_e = self.cfg.num_experts_per_tok / self.cfg.n_routed_experts
+        total = 0.0
+        for name, p in self.named_parameters():
+            if not include_embeddings and name in ("embed_tokens.weight", "lm_head.weight"):
+                continue
+            if not include_mtp and name.startswith("mtp."):
+                continue
+            n = p.numel()
+            total += n * k_over_e if active and isinstance(_owner(self, name), Experts) else n
+        return int(round(total))
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs (forward + backward) per token: 6 x active matmul weights (LM head counted once per
+        trunk and MTP depth, the embedding lookup not) + causal attention 6 * H * Dh * seq_len per layer."""
+        cfg = self.cfg
+        matmul = sum(p.numel() for n, p in self.named_parameters() if p.dim() >= 2 and not _is_embedding(n))
+        matmul -= sum(p.numel() for n, p in self.named_parameters() if isinstance(_owner(self, n), Experts)) * (
+            1 - cfg.num_experts_per_tok / cfg.n_routed_experts)
+        head = cfg.vocab_size * cfg.hidden_size
+        matmul += head * (1 + cfg.num_nextn_predict_layers)
+        n_attn = cfg.num_hidden_layers + cfg.num_nextn_predict_layers
+        return 6.0 * matmul + 6.0 * n_attn * cfg.num_attention_heads * cfg.head_dim * seq_len
+
+    def kv_cache_bytes_per_token(self, dtype: torch.dtype = torch.bfloat16, include_mtp: bool = True) -> int:
+        """K and V of every attention layer (GQA: 2 * kv_heads * head_dim values per layer)."""
+        cfg = self.cfg
+        n = cfg.num_hidden_layers + (cfg.num_nextn_predict_layers if include_mtp else 0)
+        return 2 * n * cfg.num_key_value_heads * cfg.head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+def cross_entropy(logits_BTV: torch.Tensor, labels_BT: torch.Tensor) -> torch.Tensor:
+    """Mean token cross-entropy in fp32 over labels != -100 (labels already shifted)."""
+    return F.cross_entropy(logits_BTV.float().flatten(0, 1), labels_BT.flatten(), ignore_index=-100)
+
+
+def _is_embedding(name: str) -> bool:
+    return name in ("embed_tokens.weight", "lm_head.weight")
+
+
+def _owner(model: nn.Module, param_name: str) -> nn.Module:
+    return model.get_submodule(param_name.rpartition(".")[0])

@@ -1,0 +1,143 @@
+"""The GLM-4.5 / DeepSeek-V3 mixture of experts: sigmoid router with a balancing bias, grouped experts, shared expert.
+
+Router (DeepSeek-V3 Eq. 12-16; transformers `Glm4MoeTopkRouter`): fp32 logits, s = sigmoid; experts are chosen on
+s + e_score_correction_bias (the loss-free balancing bias, Wang et al. 2024, is used ONLY to choose), optionally
+limited to the best `topk_group` of `n_group` groups (group score = sum of its top-2); gate values are the unbiased
+s of the chosen experts, renormalised when `norm_topk_prob`, times `routed_scaling_factor`.
+
+Experts are 3-D banks `gate_up_proj (E, 2F, D)` (gate rows first) and `down_proj (E, D, F)`, the layout transformers
+keeps in memory. The fast path sorts the T*K (token, expert) pairs by expert and runs two `torch._grouped_mm`
+calls; `experts_loop` is the plain per-expert reference (`use_grouped_mm=False`), checked equal in
+tests/unit/test_model_moe.py forward and backward.
+
+Also here: the sequence-wise balance loss (DeepSeek-V3 Eq. 17-20) and per-expert token counts for the trainer's
+bias update. Shape legend: B batch, T tokens, D hidden, E experts, K experts per token, F expert width,
+N = T*K routed pairs.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from glmstack.model.layers import MLP
+
+
+class Router(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        E = cfg.n_routed_experts
+        self.top_k, self.n_group, self.topk_group = cfg.num_experts_per_tok, cfg.n_group, cfg.topk_group
+        self.norm_topk_prob, self.scale = cfg.norm_topk_prob, cfg.routed_scaling_factor
+        self.weight = nn.Parameter(torch.empty(E, cfg.hidden_size, dtype=torch.float32))  # kept fp32 (HF too)
+        self.register_buffer("e_score_correction_bias", torch.empty(E, dtype=torch.float32))  # trainer updates it
+
+    def forward(self, x_TD: torch.Tensor):
+        """-> scores_TE (fp32 sigmoid), topk_idx_TK (long), topk_w_TK (fp32 gate values)."""
+        scores_TE = F.linear(x_TD.float(), self.weight.float()).sigmoid()
+        choice_TE = scores_TE.detach() + self.e_score_correction_bias
+        if self.n_group > 1:
+            choice_TE = self._limit_groups(choice_TE)
+        topk_idx_TK = choice_TE.topk(self.top_k, dim=-1, sorted=False).indices
+        topk_w_TK = scores_TE.gather(1, topk_idx_TK)
+        if self.norm_topk_prob:
+            topk_w_TK = topk_w_TK / (topk_w_TK.sum(-1, keepdim=True) + 1e-20)
+        return scores_TE, topk_idx_TK, topk_w_TK * self.scale
+
+    def _limit_groups(self, choice_TE: torch.Tensor) -> torch.Tensor:
+        """Keep the experts of the topk_group best groups (group score = sum of its top-2), others -inf."""
+        T, E = choice_TE.shape
+        groups_TGe = choice_TE.view(T, self.n_group, E // self.n_group)
+        group_score_TG = groups_TGe.topk(2, dim=-1).values.sum(-1)
+        keep_TG = torch.zeros_like(group_score_TG, dtype=torch.bool)
+        keep_TG.scatter_(1, group_score_TG.topk(self.topk_group, dim=-1, sorted=False).indices, True)
+        return groups_TGe.masked_fill(~keep_TG[..., None], float("-inf")).view(T, E)
+
+
+class Experts(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        E, D, F_ = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        self.n_experts, self.use_grouped_mm = E, cfg.use_grouped_mm
+        self.gate_up_proj = nn.Parameter(torch.empty(E, 2 * F_, D))  # per expert [gate; up] rows
+        self.down_proj = nn.Parameter(torch.empty(E, D, F_))
+
+    def forward(self, x_TD, topk_idx_TK, topk_w_TK):
+        if self.use_grouped_mm and _grouped_mm_ok(x_TD):
+            return experts_grouped(x_TD, topk_idx_TK, topk_w_TK, self.gate_up_proj, self.down_proj)
+        return experts_loop(x_TD, topk_idx_TK, topk_w_TK, self.gate_up_proj, self.down_proj)
+
+
+def _grouped_mm_ok(x: torch.Tensor) -> bool:
+    """torch._grouped_mm runs on CPU (fp32/bf16) and on CUDA sm90+ in bf16; elsewhere use the loop."""
+    if not hasattr(torch, "_grouped_mm"):
+        return False
+    if x.device.type == "cpu":
+        return x.dtype in (torch.float32, torch.bfloat16)
+    if x.device.type == "cuda":
+        return x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device) >= (9, 0)
+    return False
+
+
+def experts_grouped(x_TD, topk_idx_TK, topk_w_TK, w_gate_up_EFD, w_down_EDF):
+    """Sort the (token, expert) pairs by expert, two grouped GEMMs, un-sort, weighted sum over K. No host sync."""
+    T, K = topk_idx_TK.shape
+    flat_N = topk_idx_TK.reshape(-1)
+    order_N = flat_N.argsort(stable=True)
+    offs_E = torch.bincount(flat_N, minlength=w_gate_up_EFD.shape[0]).cumsum(0).to(torch.int32)
+    x_ND = x_TD[order_N // K]
+    gate_NF, up_NF = torch._grouped_mm(x_ND, w_gate_up_EFD.transpose(-2, -1), offs=offs_E).chunk(2, dim=-1)
+    y_ND = torch._grouped_mm(F.silu(gate_NF) * up_NF, w_down_EDF.transpose(-2, -1), offs=offs_E)
+    y_TKD = y_ND[order_N.argsort()].view(T, K, -1)
+    return torch.bmm(topk_w_TK.to(y_TKD.dtype).unsqueeze(1), y_TKD).squeeze(1)  # (T, D)
+
+
+def experts_loop(x_TD, topk_idx_TK, topk_w_TK, w_gate_up_EFD, w_down_EDF):
+    """The plain reference: for each expert, its tokens through its SwiGLU, weighted, added back."""
+    out_TD = torch.zeros_like(x_TD)
+    for e in range(w_gate_up_EFD.shape[0]):
+        tok, slot = torch.where(topk_idx_TK == e)
+        if tok.numel() == 0:
+            continue
+        gate, up = F.linear(x_TD[tok], w_gate_up_EFD[e]).chunk(2, dim=-1)
+        y = F.linear(F.silu(gate) * up, w_down_EDF[e]) * topk_w_TK[tok, slot, None]
+        out_TD = out_TD.index_add(0, tok, y.to(x_TD.dtype))
+    return out_TD
+
+
+class MoE(nn.Module):
+    """Routed experts + shared expert: y = sum_k g_k FFN_k(x) + FFN_shared(x)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.gate = Router(cfg)
+        self.experts = Experts(cfg)
+        shared = cfg.moe_intermediate_size * cfg.n_shared_experts
+        self.shared_experts = MLP(cfg.hidden_size, shared) if shared else None
+
+    def forward(self, x_BTD: torch.Tensor):
+        """-> (y_BTD, aux_loss scalar, load_E token counts)."""
+        B, T, D = x_BTD.shape
+        x_TD = x_BTD.reshape(B * T, D)
+        scores_TE, idx_TK, w_TK = self.gate(x_TD)
+        y_TD = self.experts(x_TD, idx_TK, w_TK)
+        if self.shared_experts is not None:
+            y_TD = y_TD + self.shared_experts(x_TD)
+        load_E = torch.bincount(idx_TK.reshape(-1), minlength=scores_TE.shape[1]).float()
+        aux = sequence_balance_loss(scores_TE.view(B, T, -1), idx_TK.view(B, T, -1))
+        return y_TD.view(B, T, D), aux, load_E
+
+
+def sequence_balance_loss(scores_BTE: torch.Tensor, idx_BTK: torch.Tensor) -> torch.Tensor:
+    """DeepSeek-V3 Eq. 17-20 per sequence, averaged over the batch: sum_i f_i P_i (1.0 when perfectly balanced).
+
+    f_i = E/(K T) * #tokens routed to i (no gradient), P_i = mean_t s_it / sum_j s_jt.
+    """
+    B, T, E = scores_BTE.shape
+    K = idx_BTK.shape[-1]
+    counts_BE = torch.zeros(B, E, device=scores_BTE.device).scatter_add_(
+        1, idx_BTK.reshape(B, T * K), torch.ones(B, T * K, device=scores_BTE.device))
+    f_BE = counts_BE * (E / (K * T))
+    p_BE = (scores_BTE / scores_BTE.sum(-1, keepdim=True)).mean(1)
+    return (f_BE * p_BE).sum(-1).mean()
