@@ -13,8 +13,8 @@ Why a training mode (HF's indexer is `@torch.no_grad` and cannot learn; arch-mat
   * "select"  (default, also inference and GLM-5 RL) selection without any indexer loss; `freeze_indexers`
               also turns its gradients off, as GLM-5 does in RL.
 The KL is added to the gradient by `attach_loss` (the value never enters the LM loss, so the training loop needs
-no change; the indexer's `last_loss` holds it for logging). Selection is `torch.topk`, deterministic: GLM-5 found
-non-deterministic top-k collapsed RL.
+no change; the indexer's `last_loss` holds it for logging). Selection is deterministic, ties included (GLM-5 found
+that a non-deterministic top-k collapsed RL).
 
 IndexShare (IndexCache, arXiv 2603.12201; GLM-5.2): "full" layers run their indexer and publish top-k, "shared"
 layers reuse the last full layer's choice (`indexer_types` from the config, HF rule in `is_full_indexer_layer`).
@@ -50,15 +50,21 @@ def indexer_types_from_pattern(n_layers: int, freq: int = 1, offset: int = 2, pa
 
 
 def index_scores(q_BTIE: torch.Tensor, k_BSE: torch.Tensor, w_BTI: torch.Tensor, scale: float) -> torch.Tensor:
-    """I[b,t,s] = Σ_i w[b,t,i] ReLU(q[b,t,i]·k[b,s] · scale), in fp32 -> (B, T, S). Same op order as HF."""
-    scores_BTIS = F.relu(torch.matmul(q_BTIE.float(), k_BSE.transpose(-1, -2).float().unsqueeze(1)) * scale)
-    return torch.matmul(w_BTI.float().unsqueeze(-2), scores_BTIS).squeeze(-2)
+    """I[b,t,s] = Σ_i w[b,t,i] ReLU(q[b,t,i]·k[b,s] · scale), in >= fp32 -> (B, T, S). Same op order as HF."""
+    acc = torch.promote_types(q_BTIE.dtype, torch.float32)
+    scores_BTIS = F.relu(torch.matmul(q_BTIE.to(acc), k_BSE.transpose(-1, -2).to(acc).unsqueeze(1)) * scale)
+    return torch.matmul(w_BTI.to(acc).unsqueeze(-2), scores_BTIS).squeeze(-2)
 
 
 def select_topk(scores_BTS: torch.Tensor, mask_BTS: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices (B, T, min(k, S)) of the best allowed keys (deterministic torch.topk; masked keys score -inf)."""
+    """Indices (B, T, min(k, S)) of the best allowed keys; masked keys score -inf.
+
+    Deterministic including ties (ReLU makes exact-zero scores common): a stable sort keeps equal scores in key
+    order, so prefill and token-by-token decode pick the same keys. torch.topk's tie order depends on shapes.
+    """
     scores_BTS = scores_BTS.masked_fill(~mask_BTS, float("-inf"))
-    return scores_BTS.topk(min(k, scores_BTS.shape[-1]), dim=-1).indices
+    k = min(k, scores_BTS.shape[-1])
+    return scores_BTS.sort(dim=-1, descending=True, stable=True).indices[..., :k]
 
 
 def sparse_mask(topk_BTK: torch.Tensor, mask_B1TS: torch.Tensor) -> torch.Tensor:
@@ -125,7 +131,7 @@ class Indexer(nn.Module):
         B, T, _ = x_BTD.shape
         x_BTD, q_resid_BTQ = self._input(x_BTD), self._input(q_resid_BTQ)
         q_BTIE = self._rope(self.wq_b(q_resid_BTQ).view(B, T, self.n_heads, self.head_dim), cos_sin, unsqueeze=True)
-        w_BTI = self.weights_proj(x_BTD.to(self.weights_proj.weight.dtype)).float() * self.n_heads**-0.5
+        w_BTI = self.weights_proj(x_BTD.to(self.weights_proj.weight.dtype)) * self.n_heads**-0.5
         return index_scores(q_BTIE, k_BSE, w_BTI, self.scale)
 
     def forward(self, x_BTD, q_resid_BTQ, cos_sin, k_BSE, mask_B1TS, teacher=None):

@@ -21,8 +21,8 @@ def attention_target(probs_BHTS: torch.Tensor) -> torch.Tensor:
 
 def indexer_kl(probs_BHTS: torch.Tensor, scores_BTS: torch.Tensor, mask_B1TS: torch.Tensor) -> torch.Tensor:
     """Mean over valid rows of KL(target ‖ softmax(scores over mask)); gradient flows into `scores` only."""
-    mask_BTS = mask_B1TS[:, 0]
     p_BTS = attention_target(probs_BHTS)
+    mask_BTS = mask_B1TS[:, 0].expand_as(p_BTS)
     log_q_BTS = scores_BTS.float().masked_fill(~mask_BTS, float("-inf")).log_softmax(-1)
     terms_BTS = torch.where(p_BTS > 0, p_BTS * (p_BTS.clamp_min(1e-30).log() - log_q_BTS), 0.0)
     valid_BT = mask_BTS.any(-1)
@@ -34,7 +34,7 @@ def topk_recall(probs_BHTS: torch.Tensor, scores_BTS: torch.Tensor, mask_B1TS: t
 
     Averaged over query rows with more than k allowed keys (shorter rows are trivially fully recalled).
     """
-    mask_BTS = mask_B1TS[:, 0]
+    mask_BTS = mask_B1TS[:, 0].expand(scores_BTS.shape)
     rows_BT = mask_BTS.sum(-1) > k
     if not rows_BT.any():
         return 1.0

@@ -50,11 +50,12 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave
 
 
 def eager_attention(q_BHTd, k_BHSd, v_BHSv, mask_B1TS, scale: float) -> torch.Tensor:
-    """softmax(q kᵀ · scale, masked) v in fp32, masked logits at finfo.min (HF eager), -> (B, H, T, v)."""
-    logits_BHTS = torch.matmul(q_BHTd.float(), k_BHSd.float().transpose(-1, -2)) * scale
-    logits_BHTS = logits_BHTS.masked_fill(~mask_B1TS, torch.finfo(logits_BHTS.dtype).min)
+    """softmax(q kᵀ · scale, masked) v in at least fp32, masked logits at finfo.min (HF eager) -> (B, H, T, v)."""
+    acc = torch.promote_types(q_BHTd.dtype, torch.float32)
+    logits_BHTS = torch.matmul(q_BHTd.to(acc), k_BHSd.to(acc).transpose(-1, -2)) * scale
+    logits_BHTS = logits_BHTS.masked_fill(~mask_B1TS, torch.finfo(acc).min)
     probs_BHTS = logits_BHTS.softmax(-1)
-    return torch.matmul(probs_BHTS, v_BHSv.float()).to(q_BHTd.dtype)
+    return torch.matmul(probs_BHTS, v_BHSv.to(acc)).to(q_BHTd.dtype)
 
 
 # ---------------------------------------------------------------------------------------------------- MLA

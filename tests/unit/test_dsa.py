@@ -1,0 +1,122 @@
+"""DSA indexer: top-k selection semantics, the two training stages (which parameters get gradient, what the KL
+covers), the frozen switch, and IndexShare's layer rule (HF's GlmMoeDsaConfig)."""
+
+import pytest
+import torch
+
+from glmstack.model import dsa
+from glmstack.model.indexer_loss import attention_target, indexer_kl, topk_recall
+from glmstack.model.mla import MLAttention
+from glmstack.model.rope import rope_cos_sin
+
+
+class Cfg:
+    hidden_size, num_attention_heads = 32, 4
+    q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim = 16, 12, 8, 6, 10
+    index_n_heads, index_head_dim, index_topk = 2, 10, 3
+
+
+def make(seed=0):
+    torch.manual_seed(seed)
+    m = MLAttention(Cfg(), 0)
+    for p in m.parameters():
+        p.data.normal_(0, 0.3)
+    return m
+
+
+def forward(m, x):
+    B, T, _ = x.shape
+    cos, sin = rope_cos_sin(torch.arange(T)[None].expand(B, T), Cfg.qk_rope_head_dim, 1e4, x.dtype)
+    return m(x, cos, sin)
+
+
+def grads(m, x):
+    m.zero_grad(set_to_none=True)
+    x = x.clone().requires_grad_(True)
+    forward(m, x).square().sum().backward()
+    ix = {n for n, p in m.indexer.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
+    main = {n for n, p in m.named_parameters() if not n.startswith("indexer.") and p.grad is not None}
+    return ix, main, x.grad
+
+
+def test_select_topk_is_causal_and_deterministic():
+    scores = torch.randn(2, 6, 6)
+    mask = torch.ones(6, 6, dtype=torch.bool).tril()[None].expand(2, 6, 6)
+    a, b = dsa.select_topk(scores, mask, 3), dsa.select_topk(scores, mask, 3)
+    assert torch.equal(a, b)
+    sel = dsa.sparse_mask(a, mask[:, None])
+    assert (sel.sum(-1)[:, 0] == torch.tensor([1, 2, 3, 3, 3, 3])).all()  # min(k, allowed) keys per row
+    assert not (sel & ~mask[:, None]).any()
+
+
+def test_select_mode_gives_indexer_no_gradient():
+    m = make()
+    ix, main, _ = grads(m, torch.randn(2, 8, Cfg.hidden_size))
+    assert ix == set() and main
+
+
+def test_dense_warmup_trains_indexer_and_keeps_attention_dense():
+    m = make()
+    x = torch.randn(2, 8, Cfg.hidden_size)
+    with torch.no_grad():
+        m.indexer.topk = 100
+        dense = forward(m, x)
+        m.indexer.topk = Cfg.index_topk
+    dsa.set_indexer_mode(m, "warmup")
+    torch.testing.assert_close(forward(m, x), dense)  # attention is dense during warm-up
+    assert m.indexer.last_loss is not None and m.indexer.last_loss > 0
+    ix, _, _ = grads(m, x)
+    assert ix == {"wq_b.weight", "wk.weight", "k_norm.weight", "k_norm.bias", "weights_proj.weight"}
+
+
+def test_sparse_stage_detaches_indexer_input():
+    """The KL's gradient reaches the indexer but not the layer input; the LM-side gradient is unchanged."""
+    m = make()
+    x = torch.randn(2, 8, Cfg.hidden_size)
+    _, _, gx_select = grads(m, x)
+    dsa.set_indexer_mode(m, "sparse", loss_coeff=10.0)
+    ix, _, gx_sparse = grads(m, x)
+    assert "wq_b.weight" in ix and "weights_proj.weight" in ix
+    torch.testing.assert_close(gx_sparse, gx_select)
+
+
+def test_attached_loss_gradient_equals_coeff_times_kl_gradient():
+    m = make()
+    dsa.set_indexer_mode(m, "warmup", loss_coeff=0.5)
+    x = torch.randn(2, 8, Cfg.hidden_size)
+    forward(m, x).sum().backward()
+    via_hook = m.indexer.wq_b.weight.grad.clone()
+    m.zero_grad()
+    captured = []
+    m.indexer.attach_loss = lambda out: (captured.append(m.indexer.pending_loss), out)[1]
+    forward(m, x)
+    (0.5 * captured[0]).backward()
+    torch.testing.assert_close(via_hook, m.indexer.wq_b.weight.grad)
+
+
+def test_freeze_indexers():
+    m = make()
+    dsa.set_indexer_mode(m, "sparse")
+    dsa.freeze_indexers(m)
+    assert m.indexer.mode == "select" and not any(p.requires_grad for p in m.indexer.parameters())
+    dsa.freeze_all_but_indexers(m)
+    trainable = {n for n, p in m.named_parameters() if p.requires_grad}
+    assert trainable and all(n.startswith("indexer.") for n in trainable)
+
+
+def test_kl_zero_when_indexer_matches_target():
+    T = 5
+    mask = torch.ones(T, T, dtype=torch.bool).tril()[None, None]
+    probs = torch.softmax(torch.randn(1, 3, T, T).masked_fill(~mask, float("-inf")), -1)
+    p = attention_target(probs)
+    assert indexer_kl(probs, p.clamp_min(1e-30).log(), mask).abs() < 1e-5
+    assert indexer_kl(probs, torch.zeros(1, T, T), mask) > 0
+    assert topk_recall(probs, p.log(), mask, 2) == 1.0
+
+
+@pytest.mark.parametrize("freq,offset,n,full", [(1, 2, 5, 5), (4, 3, 78, 21)])
+def test_index_share_rule_matches_hf(freq, offset, n, full):
+    transformers = pytest.importorskip("transformers")
+    ours = dsa.indexer_types_from_pattern(n, freq, offset)
+    hf = transformers.GlmMoeDsaConfig(num_hidden_layers=n, index_topk_freq=freq, index_skip_topk_offset=offset)
+    assert ours == hf.indexer_types and ours.count("full") == full
