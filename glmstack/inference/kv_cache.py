@@ -112,7 +112,9 @@ class KVCache:
         k_pos_S = torch.arange(T_all, device=dev)
         causal_BTS = k_pos_S[None, None, :] <= q_pos_BT[:, :, None]
         not_pad_BS = k_pos_S[None, :] >= self.start[:, None]
-        return (causal_BTS & not_pad_BS[:, None, :])[:, None]  # (B, 1, T_new, T_all)
+        # a padding query sees only itself: an all-False row would give NaN, and NaN K/V poison later matmuls
+        self_BTS = k_pos_S[None, None, :] == q_pos_BT[:, :, None]
+        return ((causal_BTS & not_pad_BS[:, None, :]) | self_BTS)[:, None]  # (B, 1, T_new, T_all)
 
     # ---- rollback -----------------------------------------------------------------------------------------
     def rewind(self, drop: int | torch.Tensor, layers=None) -> None:

@@ -1,0 +1,207 @@
+"""The inference engine: batched prefill + decode over a preallocated KV cache, sampling, per-row stop.
+
+Why: RL rollouts, evaluation, the server and `glmstack chat` all generate through this one engine, so it must be
+exact (token for token equal to a naive full-recompute loop, tests/parity/test_engine.py) and fast (no per-step
+allocation, no torch.cat, one forward per step; bench/decode.py measures it against transformers' generate()).
+MTP speculative decoding (speculative.py) plugs into the same loop.
+
+How: prompts of different lengths are LEFT-padded into one (B, P) batch; `KVCache.start` masks the padding and
+positions restart at 0 after it, so every row computes exactly what it would alone. Each step yields the new tokens
+of every row; `Rows` cuts them at the row's stop id or token budget.
+
+    engine = Engine(model, tokenizer)
+    res = engine.generate(["Hello"], max_new_tokens=32, temperature=0.7, top_p=0.9, seed=0)
+    res.tokens[0], res.text[0], res.stats                 # stats: tokens/s, accepted length with speculative="mtp"
+    for delta in engine.stream("Hello", max_new_tokens=32): print(delta.text, end="")
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import torch
+
+from glmstack.inference.kv_cache import KVCache
+from glmstack.inference.sampling import SamplingParams, sample
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[list[int]]  # new tokens per row, the stop token included when one ended the row
+    text: list[str] | None  # decoded new tokens without the stop token (when the engine has a tokenizer)
+    finish_reason: list[str]  # "stop" or "length" per row
+    stats: dict = field(default_factory=dict)
+
+
+@dataclass
+class Delta:
+    ids: list[int]  # tokens emitted by this step (several per step with speculative decoding)
+    text: str | None  # the text they completed (held back while a UTF-8 character is unfinished)
+
+
+class Rows:
+    """Per-row output, token budget and stop handling, shared by the plain and the speculative loops."""
+
+    def __init__(self, batch_size: int, max_new_tokens: int, stop_ids: Sequence[int]):
+        self.budget, self.stop = max_new_tokens, set(stop_ids)
+        self.out: list[list[int]] = [[] for _ in range(batch_size)]
+        self.finish: list[str | None] = [None] * batch_size
+
+    @property
+    def all_done(self) -> bool:
+        return all(f is not None for f in self.finish)
+
+    def active(self, b: int) -> bool:
+        return self.finish[b] is None
+
+    def push(self, new: list[list[int]]) -> list[list[int]]:
+        """Append each row's candidate tokens up to its first stop id / the budget; return what was kept."""
+        kept = []
+        for b, toks in enumerate(new):
+            row, take = self.out[b], []
+            for t in toks if self.finish[b] is None else ():
+                take.append(t)
+                if t in self.stop:
+                    self.finish[b] = "stop"
+                    break
+                if len(row) + len(take) >= self.budget:
+                    self.finish[b] = "length"
+                    break
+            row.extend(take)
+            kept.append(take)
+        return kept
+
+
+class Engine:
+    def __init__(self, model, tokenizer=None):
+        self.model, self.tokenizer = model.eval(), tokenizer
+        self.cfg = model.cfg
+        self.device = next(model.parameters()).device
+
+    # ---------------------------------------------------------------- public API
+    def generate(self, prompts, max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
+                 top_k: int = 0, seed: int | None = None, stop_ids: Sequence[int] | None = None,
+                 speculative: str | None = None, draft_k: int = 2) -> GenerationResult:
+        """Generate for a batch. prompts: list of strings (needs a tokenizer) or of token-id lists (or one of them)."""
+        rows, stats = Rows(0, 0, ()), {}
+        t0 = time.perf_counter()
+        for step, _ in enumerate(self._run(prompts, max_new_tokens, temperature, top_p, top_k, seed, stop_ids,
+                                           speculative, draft_k, stats, rows_out := [])):
+            if step == 0:
+                stats["first_token_s"] = time.perf_counter() - t0
+        rows = rows_out[0]
+        total = time.perf_counter() - t0
+        n_new = sum(len(r) for r in rows.out)
+        stats.update(new_tokens=n_new, total_s=total, tokens_per_s=n_new / max(total, 1e-9))
+        text = [self._decode(r) for r in rows.out] if self.tokenizer is not None else None
+        return GenerationResult(tokens=rows.out, text=text, finish_reason=rows.finish, stats=stats)
+
+    def stream(self, prompt, max_new_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
+               top_k: int = 0, seed: int | None = None, stop_ids: Sequence[int] | None = None,
+               speculative: str | None = None, draft_k: int = 2, stats: dict | None = None) -> Iterator[Delta]:
+        """One prompt; yields a Delta per decoding step (text deltas when the engine has a tokenizer)."""
+        ids: list[int] = []
+        shown = ""
+        for new in self._run([prompt], max_new_tokens, temperature, top_p, top_k, seed, stop_ids, speculative,
+                             draft_k, {} if stats is None else stats, []):
+            ids.extend(new[0])
+            text = None
+            if self.tokenizer is not None:
+                full = self._decode(ids)
+                if full.endswith("\ufffd"):  # byte-level BPE: half a UTF-8 character so far
+                    text = ""
+                else:
+                    text, shown = full[len(shown):], full
+            if new[0]:
+                yield Delta(ids=new[0], text=text)
+
+    # ---------------------------------------------------------------- the loop
+    def _run(self, prompts, max_new_tokens, temperature, top_p, top_k, seed, stop_ids, speculative, draft_k,
+             stats, rows_out) -> Iterator[list[list[int]]]:
+        params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
+        ids_BP, start_B = self._prepare(prompts)
+        B, P = ids_BP.shape
+        budget = self._budget(P, max_new_tokens)
+        rows = Rows(B, budget, self._stop_ids(stop_ids))
+        rows_out.append(rows)
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(seed if seed is not None else torch.seed())
+        slack = draft_k + 2 if speculative else 1
+        cache = KVCache(B, P + budget + slack, start=start_B.to(self.device))
+        with torch.inference_mode():
+            if speculative is None:
+                yield from self._plain(ids_BP, start_B, cache, rows, params, gen, stats)
+            elif speculative == "mtp":
+                from glmstack.inference.speculative import mtp_decode
+
+                yield from mtp_decode(self.model, ids_BP, start_B, cache, rows, params, gen, draft_k, stats)
+            else:
+                raise ValueError(f"speculative must be None or 'mtp', got {speculative!r}")
+
+    def _plain(self, ids_BP, start_B, cache, rows, params, gen, stats) -> Iterator[list[list[int]]]:
+        P = ids_BP.shape[1]
+        pos_BT = (torch.arange(P, device=self.device) - start_B[:, None]).clamp_min(0)
+        t0 = time.perf_counter()
+        logits_BV = self.model(ids_BP, position_ids=pos_BT, cache=cache).logits[:, -1]
+        stats["prefill_s"] = time.perf_counter() - t0
+        pos_B1 = pos_BT[:, -1:] + 1
+        steps, t0 = 0, time.perf_counter()
+        while True:
+            tok_B = sample(logits_BV, params, gen)
+            yield rows.push([[t] for t in tok_B.tolist()])
+            if rows.all_done:
+                break
+            logits_BV = self.model(tok_B[:, None], position_ids=pos_B1, cache=cache).logits[:, -1]
+            pos_B1 = pos_B1 + 1
+            steps += 1
+        stats.update(decode_s=time.perf_counter() - t0, decode_steps=steps)
+
+    # ---------------------------------------------------------------- helpers
+    def _prepare(self, prompts) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tokenise and LEFT-pad -> ids (B, P) long, start (B,) = number of pad positions per row."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if not prompts:
+            raise ValueError("no prompts given")
+        seqs = [self._encode(p) for p in prompts]
+        if any(len(s) == 0 for s in seqs):
+            raise ValueError("empty prompt: give at least one token")
+        P = max(map(len, seqs))
+        ids = torch.zeros(len(seqs), P, dtype=torch.long)
+        start = torch.tensor([P - len(s) for s in seqs], dtype=torch.long)
+        for b, s in enumerate(seqs):
+            ids[b, P - len(s):] = torch.tensor(s, dtype=torch.long)
+        if int(ids.max()) >= self.cfg.vocab_size or int(ids.min()) < 0:
+            raise ValueError(f"token id out of range for vocab_size {self.cfg.vocab_size}")
+        return ids.to(self.device), start.to(self.device)
+
+    def _encode(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("text prompts need Engine(model, tokenizer)")
+            return self.tokenizer.encode(prompt)
+        return [int(t) for t in prompt]
+
+    def _decode(self, ids: list[int]) -> str:
+        stop = set(self._stop_ids(None))
+        return self.tokenizer.decode([t for t in ids if t not in stop])
+
+    def _budget(self, prompt_len: int, max_new_tokens: int) -> int:
+        """New-token budget; the context length caps it. Bad requests fail here with a clear message."""
+        if max_new_tokens <= 0:
+            raise ValueError(f"max_new_tokens must be > 0, got {max_new_tokens}")
+        ctx = self.cfg.max_position_embeddings
+        if prompt_len >= ctx:
+            raise ValueError(f"prompt has {prompt_len} tokens; the model's context is {ctx} "
+                             f"(max_position_embeddings), leaving no room to generate")
+        return min(max_new_tokens, ctx - prompt_len)
+
+    def _stop_ids(self, stop_ids) -> list[int]:
+        if stop_ids is not None:
+            return list(stop_ids)
+        if self.tokenizer is not None:
+            return list(self.tokenizer.eos_ids)
+        eos = self.cfg.hf_metadata.get("eos_token_id")
+        return [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))

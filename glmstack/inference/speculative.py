@@ -1,0 +1,135 @@
+"""MTP speculative decoding: draft k tokens with the MTP layer(s), verify them in ONE main-model forward.
+
+Why: GLM-4.5 and GLM-5 ship MTP layers so that serving can emit several tokens per main-model forward (GLM-5
+reports 2.76 accepted tokens per step with 4 draft steps). The output is exactly what plain decoding gives: greedy
+drafts are accepted only when they equal the target argmax, sampled drafts by the rejection rule (accept.py), so the
+output distribution is unchanged (tests/parity/test_speculative*.py).
+
+How (research/arch-math.md §4.3; the same recursion as vLLM's MTP / EAGLE drafting). The MTP layer at position t
+reads (h_t, x_{t+1}): the main model's last hidden state there and the NEXT token, and predicts x_{t+2}. One step:
+  1. catch up: feed the MTP layer the positions the main model confirmed since the last step (true h, true x);
+     its output at the last one drafts d_1.
+  2. depth j = 2..k: feed (g, d_{j-1}) one position further, g = the MTP output hidden at the previous depth;
+     depth j uses MTP layer min(j, D) - 1 of the D = num_nextn_predict_layers layers (each keeps its own cache,
+     fed with the true positions too).
+  3. verify: main forward on [x_last, d_1..d_k] -> p_1..p_{k+1}; accept n drafts, emit d_1..d_n + 1 token.
+  4. roll back: the main cache forgets the k - n rejected positions (per row), the MTP caches their k - 1
+     drafted positions; the n + 1 confirmed (h, x) pairs are the next step's catch-up input.
+Rows accept different n, so rows run at different lengths: the cache keeps per-row lengths.
+Stats: mean accepted length per verify step (tau = n + 1) and the acceptance rate at each depth (P(n >= j)).
+Shape legend: B rows, K drafts, T positions, D hidden, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+import torch
+
+from glmstack.inference.accept import accept_greedy, accept_sampled
+from glmstack.inference.sampling import probs, sample_from_probs
+
+
+class _Draft:
+    """The MTP side: pending confirmed positions, per-layer catch-up, k recursive draft steps."""
+
+    def __init__(self, model, cache, params, gen, k: int):
+        self.model, self.cache, self.params, self.gen, self.k = model, cache, params, gen, k
+        n, D = model.cfg.num_hidden_layers, model.cfg.num_nextn_predict_layers
+        if D < 1:
+            raise ValueError("speculative='mtp' needs a checkpoint with MTP layers (num_nextn_predict_layers >= 1)")
+        self.cache_idx = lambda layer: n + layer
+        self.layer_of_depth = [min(j, D - 1) for j in range(k)]  # 0-based depth -> MTP layer
+
+    def set_pending(self, h_BTD, next_ids_BT, pos_BT, count_B):
+        """Confirmed positions not yet fed to the MTP layers: row b's first count_B[b] columns are valid."""
+        self.h, self.ids, self.pos, self.count = h_BTD, next_ids_BT, pos_BT, count_B
+
+    def _catch_up(self, layer: int):
+        """Feed the pending (h, x) pairs to one MTP layer; -> (hidden, logits) at each row's last valid one."""
+        g_BTD, logits_BTV = self.model.mtp_step(layer, self.ids, self.h, self.pos, self.cache)
+        T = self.ids.shape[1]
+        self.cache.rewind(T - self.count, layers=[self.cache_idx(layer)])  # drop the ragged padding columns
+        last_B11 = (self.count - 1)[:, None, None]
+        g_BD = g_BTD.gather(1, last_B11.expand(-1, 1, g_BTD.shape[-1])).squeeze(1)
+        logits_BV = logits_BTV.gather(1, last_B11.expand(-1, 1, logits_BTV.shape[-1])).squeeze(1)
+        return g_BD, logits_BV
+
+    def _pick(self, logits_BV):
+        if self.params.greedy:
+            return logits_BV.argmax(-1), None
+        q_BV = probs(logits_BV, self.params)
+        return sample_from_probs(q_BV, self.gen), q_BV
+
+    def draft(self):
+        """-> drafts (B, K), draft probabilities (B, K, V) or None when greedy."""
+        fed, spec_writes = set(), {}
+        last_pos_B = self.pos.gather(1, (self.count - 1)[:, None]).squeeze(1)
+        drafts, qs = [], []
+        for j, layer in enumerate(self.layer_of_depth):
+            if layer not in fed:
+                g_new, logits_new = self._catch_up(layer)
+                fed.add(layer)
+                if j == 0:
+                    g_BD, logits_BV = g_new, logits_new
+            if j > 0:  # one position further along, fed its own previous draft
+                pos_B1 = (last_pos_B + j)[:, None]
+                g_B1D, logits_B1V = self.model.mtp_step(layer, drafts[-1][:, None], g_BD[:, None], pos_B1, self.cache)
+                g_BD, logits_BV = g_B1D[:, 0], logits_B1V[:, 0]
+                spec_writes[layer] = spec_writes.get(layer, 0) + 1
+            d_B, q_BV = self._pick(logits_BV)
+            drafts.append(d_B)
+            qs.append(q_BV)
+        for layer, n in spec_writes.items():  # drafted positions never stay in the MTP caches
+            self.cache.rewind(n, layers=[self.cache_idx(layer)])
+        return torch.stack(drafts, 1), (None if self.params.greedy else torch.stack(qs, 1))
+
+
+def mtp_decode(model, ids_BP, start_B, cache, rows, params, gen, k: int, stats: dict) -> Iterator[list[list[int]]]:
+    """The speculative loop; yields each row's emitted tokens per verify step (see the module docstring)."""
+    if k < 1:
+        raise ValueError(f"draft_k must be >= 1, got {k}")
+    B, P = ids_BP.shape
+    n_main = model.cfg.num_hidden_layers
+    main_layers = range(n_main)
+    drafter = _Draft(model, cache, params, gen, k)
+    dev = ids_BP.device
+    # ---- prefill: the main model over the prompt, first token from its last position
+    t0 = time.perf_counter()
+    pos_BP = (torch.arange(P, device=dev) - start_B[:, None]).clamp_min(0)
+    out = model(ids_BP, position_ids=pos_BP, cache=cache)
+    x_B = _sample_one(out.logits[:, -1], params, gen)
+    stats["prefill_s"] = time.perf_counter() - t0
+    yield rows.push([[t] for t in x_B.tolist()])
+    drafter.set_pending(out.hidden, torch.cat([ids_BP[:, 1:], x_B[:, None]], 1), pos_BP,
+                        torch.full((B,), P, dtype=torch.long, device=dev))
+    # ---- draft -> verify -> accept -> roll back
+    accepted, depth_hits, steps, t0 = [], torch.zeros(k), 0, time.perf_counter()
+    arange_K1 = torch.arange(k + 1, device=dev)
+    while not rows.all_done:
+        d_BK, q_BKV = drafter.draft()
+        pos_BK1 = (cache.lengths(0) - start_B)[:, None] + arange_K1
+        out = model(torch.cat([x_B[:, None], d_BK], 1), position_ids=pos_BK1, cache=cache)
+        if q_BKV is None:
+            n_B, x_B = accept_greedy(d_BK, out.logits)
+        else:
+            n_B, x_B = accept_sampled(d_BK, q_BKV, probs(out.logits, params), gen)
+        cache.rewind(k - n_B, layers=main_layers)
+        # the confirmed positions of this step: inputs [x_last, d_1..d_n] whose next tokens are [d_1..d_n, x_new]
+        next_BK1 = torch.cat([d_BK, d_BK[:, :1]], 1).scatter(1, n_B[:, None], x_B[:, None])
+        drafter.set_pending(out.hidden, next_BK1, pos_BK1, n_B + 1)
+        n_list, d_list, x_list = n_B.tolist(), d_BK.tolist(), x_B.tolist()
+        active = [b for b in range(B) if rows.active(b)]
+        for b in active:
+            accepted.append(n_list[b] + 1)
+            depth_hits[: n_list[b]] += 1
+        steps += len(active)
+        yield rows.push([d_list[b][: n_list[b]] + [x_list[b]] for b in range(B)])
+    stats.update(decode_s=time.perf_counter() - t0, verify_steps=steps,
+                 mean_accepted_length=sum(accepted) / max(len(accepted), 1),
+                 acceptance_per_depth=(depth_hits / max(steps, 1)).tolist())
+
+
+def _sample_one(logits_BV, params, gen):
+    return logits_BV.argmax(-1) if params.greedy else sample_from_probs(probs(logits_BV, params), gen)
