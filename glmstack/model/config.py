@@ -35,8 +35,13 @@ HF_FIXED_KEYS = {
     "moe_router_dtype": "float32", "rope_scaling": None, "moe_layer_freq": 1, "ep_size": 1, "pretraining_tp": 1,
 }
 HF_ALIASES = {"num_mtp_layers": "num_nextn_predict_layers", "num_local_experts": "n_routed_experts"}
-MODEL_TYPES = ("glm4_moe",)  # glm_moe_dsa (GLM-5) joins with mla.py / dsa.py
-TRAINING_FIELDS = ("mtp_loss_weight", "aux_loss_weight", "use_grouped_mm")
+MODEL_TYPES = ("glm4_moe", "glm_moe_dsa")  # GLM-4.5 GQA / GLM-5 MLA + DSA (mla.py, dsa.py)
+TRAINING_FIELDS = ("mtp_loss_weight", "aux_loss_weight", "use_grouped_mm", "num_mtp_depths")
+# fields only one model type writes to config.json
+MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "rope_interleave",
+              "indexer_rope_interleave", "index_topk", "index_head_dim", "index_n_heads", "indexer_types")
+GQA_FIELDS = ("use_qk_norm",)
+ARCHITECTURES = {"glm4_moe": "Glm4MoeForCausalLM", "glm_moe_dsa": "GlmMoeDsaForCausalLM"}
 
 
 @dataclass(kw_only=True)
@@ -67,11 +72,25 @@ class ModelConfig:
     tie_word_embeddings: bool = False  # LM head shares the embedding matrix
     max_position_embeddings: int = 131072  # longest context the checkpoint was trained for (metadata for RoPE)
     initializer_range: float = 0.02  # std of the normal init of every matrix
+    # --- GLM-5 (model_type glm_moe_dsa): MLA (DeepSeek-V2 §2.1) + DSA indexer (DeepSeek-V3.2); defaults = GLM-5 ---
+    q_lora_rank: int = 2048  # MLA query latent width (q_a_proj -> RMSNorm -> q_b_proj)
+    kv_lora_rank: int = 512  # MLA key/value latent width: what the KV cache stores per token (+ the rope key)
+    qk_nope_head_dim: int = 192  # per-head q/k dims without RoPE (decompressed from the latent)
+    qk_rope_head_dim: int = 64  # per-head q dims with RoPE; the one shared decoupled rope key has this width
+    v_head_dim: int = 256  # per-head value width
+    rope_interleave: bool = True  # MLA RoPE on pairs (2i, 2i+1) (GLM-5) instead of half-split
+    indexer_rope_interleave: bool = True  # same for the DSA indexer (GLM-5 yes; DeepSeek-V3.2 no)
+    index_topk: int = 2048  # keys each query attends to under DSA
+    index_head_dim: int = 128  # DSA indexer head width
+    index_n_heads: int = 32  # DSA indexer heads
+    indexer_types: list[str] | None = None  # per layer "full" (own indexer) / "shared" (IndexShare); None = all full
     hf_metadata: dict[str, Any] = field(default_factory=dict)  # eos/pad ids, dtype, ... : kept, written back
     # --- glmstack training fields (never written to config.json) ---
     mtp_loss_weight: float = 0.3  # lambda on mean MTP loss (GLM-4.5: 0.3 for 15T tokens, then 0.1)
     aux_loss_weight: float = 1e-4  # alpha on the sequence-wise balance loss (GLM-4.5: 1e-4)
     use_grouped_mm: bool = True  # experts via torch._grouped_mm (False: the plain per-expert loop reference)
+    num_mtp_depths: int = 0  # MTP depths in loss/drafting; past num_nextn_predict_layers the last MTP layer is
+    #                          reused with shared parameters (GLM-5: 1 layer x 3 depths); 0 = one per layer
 
     def __post_init__(self):
         problems = self.problems()
@@ -90,6 +109,8 @@ class ModelConfig:
             return p
         if self.model_type not in MODEL_TYPES:
             p.append(f"model_type {self.model_type!r} is not supported (supported: {', '.join(MODEL_TYPES)})")
+        if self.is_mla:
+            p += self._mla_problems()
         if self.num_attention_heads % self.num_key_value_heads:
             p.append(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                      f"num_key_value_heads ({self.num_key_value_heads})")
@@ -121,7 +142,28 @@ class ModelConfig:
     # ---------------------------------------------------------------- derived sizes
     @property
     def rotary_dim(self) -> int:
-        return int(self.head_dim * self.partial_rotary_factor)
+        return self.qk_rope_head_dim if self.is_mla else int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def is_mla(self) -> bool:
+        """GLM-5 style attention (glmstack.model.mla) instead of GQA."""
+        return self.model_type == "glm_moe_dsa"
+
+    @property
+    def mtp_depths(self) -> int:
+        return self.num_mtp_depths or self.num_nextn_predict_layers
+
+    def _mla_problems(self) -> list[str]:
+        p = [f"{k} must be > 0" for k in MLA_FIELDS[:5] + MLA_FIELDS[7:10] if getattr(self, k) <= 0]
+        if self.qk_rope_head_dim % 2 or self.index_head_dim < self.qk_rope_head_dim:
+            p.append("qk_rope_head_dim must be even and <= index_head_dim")
+        types = self.indexer_types
+        if types is not None and (len(types) != self.num_hidden_layers or set(types) - {"full", "shared"}
+                                  or types[0] != "full"):
+            p.append(f"indexer_types must list 'full'/'shared' per layer, starting with 'full'; got {types}")
+        if self.num_mtp_depths and not self.num_nextn_predict_layers:
+            p.append("num_mtp_depths needs num_nextn_predict_layers >= 1")
+        return p
 
     @property
     def n_moe_layers(self) -> int:
@@ -144,10 +186,15 @@ class ModelConfig:
 
     def to_hf(self) -> dict:
         """The `config.json` dict as transformers 5 writes it (RoPE inside `rope_parameters`)."""
-        d = {k: v for k, v in dataclasses.asdict(self).items() if k not in TRAINING_FIELDS + ("hf_metadata",)}
+        drop = TRAINING_FIELDS + ("hf_metadata",) + (GQA_FIELDS if self.is_mla else MLA_FIELDS)
+        d = {k: v for k, v in dataclasses.asdict(self).items() if k not in drop}
         rope = {"rope_theta": d.pop("rope_theta"), "partial_rotary_factor": d.pop("partial_rotary_factor"),
                 "rope_type": "default"}
-        out = {"architectures": ["Glm4MoeForCausalLM"], **d, "rope_parameters": rope, "hidden_act": "silu",
+        if self.is_mla:  # HF derives head_dim = qk_rope_head_dim and rotates all of it
+            del rope["partial_rotary_factor"]
+            d["head_dim"] = self.qk_rope_head_dim
+            d["indexer_types"] = self.indexer_types or ["full"] * self.num_hidden_layers
+        out = {"architectures": [ARCHITECTURES[self.model_type]], **d, "rope_parameters": rope, "hidden_act": "silu",
                "attention_dropout": 0.0}
         out.update({k: v for k, v in self.hf_metadata.items() if k not in out})
         return json.loads(json.dumps(out))
@@ -163,7 +210,7 @@ class ModelConfig:
 def _split_hf_dict(d: dict) -> tuple[dict, dict]:
     """Split an HF config dict into ModelConfig fields and metadata; a wrong fixed value is an error."""
     meta = {k: d.pop(k) for k in list(d) if k in HF_METADATA_KEYS}
-    bad = []
+    bad = _split_mla_keys(d) if d.get("model_type") == "glm_moe_dsa" else []
     for key, want in HF_FIXED_KEYS.items():
         if key in d:
             got = d.pop(key)
@@ -185,6 +232,28 @@ def _split_hf_dict(d: dict) -> tuple[dict, dict]:
     if bad:
         raise ConfigError("unsupported HF config: " + "; ".join(bad))
     return d, meta
+
+
+def _split_mla_keys(d: dict) -> list[str]:
+    """glm_moe_dsa keys HF derives from others: check them and drop them; the IndexShare schedule -> indexer_types."""
+    from glmstack.model.dsa import indexer_types_from_pattern
+
+    bad, n = [], d.get("num_hidden_layers", 78)
+    derived = {"qk_head_dim": d.get("qk_nope_head_dim", 192) + d.get("qk_rope_head_dim", 64),
+               "head_dim": d.get("qk_rope_head_dim", 64), "mlp_bias": False,
+               "layer_types": ["indexed_attention"] * n}
+    k_dense = min(d.get("first_k_dense_replace", 1), n)
+    derived["mlp_layer_types"] = ["dense"] * k_dense + ["sparse"] * (n - k_dense)
+    for key, want in derived.items():
+        if key in d and d.pop(key) != want:
+            bad.append(f"{key} must be {want!r} (derived) in a glm_moe_dsa config")
+    d["head_dim"] = derived["head_dim"]
+    schedule = {k: d.pop(k) for k in ("index_topk_freq", "index_skip_topk_offset", "index_topk_pattern") if k in d}
+    if d.get("indexer_types") is None and schedule:
+        d["indexer_types"] = indexer_types_from_pattern(
+            n, schedule.get("index_topk_freq", 1), schedule.get("index_skip_topk_offset", 2),
+            schedule.get("index_topk_pattern"))
+    return bad
 
 
 def _default_rope(rope: dict) -> bool:
@@ -209,6 +278,22 @@ _TINY = dict(
     routed_scaling_factor=2.5, first_k_dense_replace=1, num_nextn_predict_layers=1, tie_word_embeddings=False,
     max_position_embeddings=4096, initializer_range=0.02,
 )
+# GLM-5: /work/shared/reference/configs/glm-5.json (zai-org/GLM-5 config.json); 744B total / 40B active
+_GLM5 = dict(
+    model_type="glm_moe_dsa", vocab_size=154880, hidden_size=6144, intermediate_size=12288, moe_intermediate_size=2048,
+    num_hidden_layers=78, num_attention_heads=64, num_key_value_heads=64, head_dim=64, rope_theta=1000000,
+    rms_norm_eps=1e-5, attention_bias=False, n_routed_experts=256, n_shared_experts=1, num_experts_per_tok=8,
+    n_group=1, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5, first_k_dense_replace=3,
+    num_nextn_predict_layers=1, tie_word_embeddings=False, max_position_embeddings=202752, initializer_range=0.02,
+    q_lora_rank=2048, kv_lora_rank=512, qk_nope_head_dim=192, qk_rope_head_dim=64, v_head_dim=256,
+    rope_interleave=True, indexer_rope_interleave=True, index_topk=2048, index_head_dim=128, index_n_heads=32,
+    num_mtp_depths=3, torch_dtype="bfloat16", eos_token_id=[154820, 154827, 154829], pad_token_id=154820,
+)
+_TINY_GLM5 = {**_GLM5, "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32,
+              "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 8,
+              "rope_theta": 10000, "n_routed_experts": 8, "num_experts_per_tok": 2, "first_k_dense_replace": 1,
+              "max_position_embeddings": 4096, "q_lora_rank": 32, "kv_lora_rank": 16, "qk_nope_head_dim": 16,
+              "qk_rope_head_dim": 8, "v_head_dim": 16, "index_topk": 8, "index_head_dim": 16, "index_n_heads": 4}
 PRESETS: dict[str, dict] = {
     "glm-4.5": _GLM45,
     "glm-4.5-air": {**_GLM45, "hidden_size": 4096, "num_hidden_layers": 46, "first_k_dense_replace": 1,
@@ -217,6 +302,8 @@ PRESETS: dict[str, dict] = {
     "glm-4.6": {**_GLM45, "max_position_embeddings": 202752},
     "glm-4.7": {**_GLM45, "max_position_embeddings": 202752},
     "tiny": _TINY,
+    "glm-5": _GLM5,
+    "tiny-glm5": _TINY_GLM5,
     # the benchmark model (bench/model_throughput.py): wide enough that matmuls, not overheads, dominate
     "tiny-moe": {**_TINY, "vocab_size": 4096, "hidden_size": 256, "intermediate_size": 768,
                  "moe_intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 8,

@@ -1,2 +1,254 @@
-def load_hf(*a, **k): raise NotImplementedError
-def save_hf(*a, **k): raise NotImplementedError
+"""Hugging Face checkpoints in and out: `config.json` + safetensors in the layout zai-org releases (`glm4_moe`).
+
+The map is flat (/work/shared/research/glm-formats.md §7): `model.` + our name for the trunk, per-expert tensors
+`mlp.experts.{e}.{gate,up,down}_proj.weight` <-> slices of our 3-D banks, and MTP layer d stored as decoder layer
+`model.layers.{num_hidden_layers + d}` (`enorm`, `hnorm`, `eh_proj`, `shared_head.norm` + a full MoE block). The MTP
+layer's `embed_tokens` / `shared_head.head` copies may be absent (GLM-4.6, GLM-5): they are tied to the main
+embedding / LM head, the ONLY implicit tie. transformers' packed banks (`mlp.experts.gate_up_proj`) load too.
+Router weights and balancing biases stay fp32.
+
+Loading is strict (missing, unexpected or mis-shaped tensors -> one CheckpointError naming them, checked from the
+headers before any allocation) and streams: the model is built on meta, materialised once, and each tensor is
+read with `safe_open` and copied into place, so peak memory is about the model's size. Saving writes a temp
+folder, shards above `max_shard_bytes` (with `model.safetensors.index.json`), then renames it into place.
+
+    model = load_hf("ckpt/", dtype=torch.bfloat16, device="cuda")
+    save_hf(model, "out/", dtype=torch.bfloat16, max_shard_bytes=5 * 2**30)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from glmstack.model.config import ModelConfig
+from glmstack.model.model import GLM
+
+INDEX_NAME = "model.safetensors.index.json"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_EXPERT_PROJ = ("gate_proj", "up_proj", "down_proj")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint's tensors do not match the model its config describes; the message names them."""
+
+
+# ---------------------------------------------------------------- the name map
+def hf_entries(model: GLM) -> dict[str, tuple[str, tuple]]:
+    """HF tensor name -> (our state_dict name, index into our tensor: () whole, (e,) or (e, slice))."""
+    cfg, out = model.cfg, {}
+    for name in model.state_dict():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        hf = _hf_prefix(name, cfg.num_hidden_layers)
+        if name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj"):
+            out.update(_expert_entries(name, hf, cfg))
+        else:
+            out[hf] = (name, ())
+    return out
+
+
+def _hf_prefix(name: str, n_layers: int) -> str:
+    """Our name -> HF name (expert banks get their per-expert suffix later)."""
+    if name == "lm_head.weight":
+        return name
+    if not name.startswith("mtp."):
+        return "model." + name
+    _, d, rest = name.split(".", 2)
+    rest = rest.replace("block.", "", 1).replace("final_norm.", "shared_head.norm.", 1)
+    return f"model.layers.{n_layers + int(d)}.{rest}"
+
+
+def _expert_entries(name: str, hf: str, cfg: ModelConfig) -> dict:
+    base, f = hf.rsplit(".", 1)[0], cfg.moe_intermediate_size  # "....mlp.experts"
+    out = {}
+    for e in range(cfg.n_routed_experts):
+        if name.endswith("gate_up_proj"):
+            out[f"{base}.{e}.gate_proj.weight"] = (name, (e, slice(0, f)))
+            out[f"{base}.{e}.up_proj.weight"] = (name, (e, slice(f, 2 * f)))
+        else:
+            out[f"{base}.{e}.down_proj.weight"] = (name, (e,))
+    return out
+
+
+def _optional_entries(model: GLM) -> dict[str, str]:
+    """HF names that may appear but carry no new tensor: MTP copies of embedding/head, a tied lm_head."""
+    n, out = model.cfg.num_hidden_layers, {}
+    for d in range(model.cfg.num_nextn_predict_layers):
+        out[f"model.layers.{n + d}.embed_tokens.weight"] = "embed_tokens.weight"
+        out[f"model.layers.{n + d}.shared_head.head.weight"] = "lm_head.weight"
+    if model.cfg.tie_word_embeddings:
+        out["lm_head.weight"] = "embed_tokens.weight"
+    return out
+
+
+def _packed_entries(model: GLM) -> dict[str, str]:
+    """transformers' in-memory expert banks (`...mlp.experts.gate_up_proj`), accepted in place of per-expert names."""
+    n = model.cfg.num_hidden_layers
+    return {_hf_prefix(k, n): k for k in model.state_dict() if k.endswith(("experts.gate_up_proj", "experts.down_proj"))}
+
+
+# ---------------------------------------------------------------- load
+def checkpoint_files(folder: Path) -> dict[str, Path]:
+    """Tensor name -> safetensors file, from the index when sharded."""
+    if (folder / INDEX_NAME).exists():
+        weight_map = json.loads((folder / INDEX_NAME).read_text())["weight_map"]
+        return {k: folder / v for k, v in weight_map.items()}
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{folder}: no *.safetensors files")
+    out = {}
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            out.update({k: path for k in f.keys()})
+    return out
+
+
+def load_hf(folder: str | os.PathLike, dtype: torch.dtype | None = None, device="cpu", **overrides) -> GLM:
+    """Read an HF checkpoint into GLM; dtype None = the dtype in config.json (else fp32). overrides: cfg fields."""
+    folder = Path(folder)
+    cfg = ModelConfig.from_hf(folder, **overrides)
+    if dtype is None:
+        dtype = DTYPES.get(cfg.hf_metadata.get("dtype") or cfg.hf_metadata.get("torch_dtype"), torch.float32)
+    model = GLM(cfg, dtype=dtype)
+    files = checkpoint_files(folder)
+    plan = _check(model, files)
+    model.materialize(device)
+    _copy_tensors(model, files, plan)
+    return model
+
+
+def _check(model: GLM, files: dict[str, Path]) -> dict[str, tuple[str, tuple]]:
+    """Match checkpoint names/shapes to the model from the headers only; raise one error listing every problem."""
+    entries, optional, packed = hf_entries(model), _optional_entries(model), _packed_entries(model)
+    shapes = _shapes(files)
+    state = model.state_dict()
+    plan, bad_shape, unexpected = {}, [], []
+    for key, shape in shapes.items():
+        if key in entries:
+            ours, idx = entries[key]
+            want = tuple(state[ours][idx].shape)
+        elif key in packed:
+            ours, idx = packed[key], ()
+            want = tuple(state[ours].shape)
+        elif key in optional:
+            ours, idx, want = None, (), tuple(state[optional[key]].shape)
+        else:
+            unexpected.append(key)
+            continue
+        if shape != want:
+            bad_shape.append(f"{key} {list(shape)} (expected {list(want)})")
+        elif ours is not None:
+            plan[key] = (ours, idx)
+    filled = {ours for ours, idx in plan.values() if idx == ()}
+    missing = [k for k, (ours, _) in entries.items() if k not in plan and ours not in filled]
+    _raise_if(missing, unexpected, bad_shape)
+    return plan
+
+
+def _shapes(files: dict[str, Path]) -> dict[str, tuple]:
+    by_file: dict[Path, list[str]] = {}
+    for k, p in files.items():
+        by_file.setdefault(p, []).append(k)
+    shapes = {}
+    for path, keys in by_file.items():
+        with safe_open(str(path), framework="pt") as f:
+            shapes.update({k: tuple(f.get_slice(k).get_shape()) for k in keys})
+    return shapes
+
+
+def _raise_if(missing: list[str], unexpected: list[str], bad_shape: list[str]) -> None:
+    def show(items):
+        items = sorted(items)
+        return ", ".join(items[:20]) + (f" ... (+{len(items) - 20} more)" if len(items) > 20 else "")
+
+    parts = [f"{label} ({len(items)}): {show(items)}" for label, items in
+             (("missing", missing), ("unexpected", unexpected), ("mis-shaped", bad_shape)) if items]
+    if parts:
+        raise CheckpointError("checkpoint does not match the config: " + "; ".join(parts))
+
+
+@torch.no_grad()
+def _copy_tensors(model: GLM, files: dict[str, Path], plan: dict[str, tuple[str, tuple]]) -> None:
+    state = model.state_dict()
+    by_file: dict[Path, list[str]] = {}
+    for k in plan:
+        by_file.setdefault(files[k], []).append(k)
+    for path, keys in by_file.items():
+        with safe_open(str(path), framework="pt") as f:
+            for key in keys:
+                ours, idx = plan[key]
+                state[ours][idx].copy_(f.get_tensor(key))
+
+
+# ---------------------------------------------------------------- save
+@torch.no_grad()
+def save_hf(model: GLM, folder: str | os.PathLike, dtype: torch.dtype | None = None,
+            max_shard_bytes: int = 5 * 2**30) -> Path:
+    """Write config.json + safetensors (sharded above max_shard_bytes) atomically; returns the folder."""
+    folder = Path(folder)
+    dtype = dtype or model.embed_tokens.weight.dtype
+    state = model.state_dict()
+    entries = hf_entries(model)
+    shards = _plan_shards(entries, state, dtype, max_shard_bytes)
+    tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    names = _shard_names(len(shards))
+    for name, keys in zip(names, shards):
+        tensors = {k: _hf_tensor(state, *entries[k], dtype) for k in keys}
+        save_file(tensors, str(tmp / name), metadata={"format": "pt"})
+    if len(shards) > 1:
+        total = sum(_nbytes(state, *entries[k], dtype) for k in entries)
+        index = {"metadata": {"total_size": total}, "weight_map": {k: n for n, ks in zip(names, shards) for k in ks}}
+        (tmp / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
+    hf_cfg = model.cfg.to_hf()
+    hf_cfg.pop("torch_dtype", None)
+    hf_cfg["dtype"] = str(dtype).removeprefix("torch.")
+    (tmp / "config.json").write_text(json.dumps(hf_cfg, indent=2) + "\n")
+    _replace_dir(tmp, folder)
+    return folder
+
+
+def _hf_tensor(state, ours: str, idx: tuple, dtype) -> torch.Tensor:
+    t = state[ours][idx]
+    keep_fp32 = ours.endswith(("gate.weight", "e_score_correction_bias")) and ".mlp.gate." in ours
+    return t.to("cpu", torch.float32 if keep_fp32 else dtype).contiguous()
+
+
+def _nbytes(state, ours: str, idx: tuple, dtype) -> int:
+    keep_fp32 = ".mlp.gate." in ours
+    return state[ours][idx].numel() * (4 if keep_fp32 else torch.empty((), dtype=dtype).element_size())
+
+
+def _plan_shards(entries, state, dtype, max_bytes: int) -> list[list[str]]:
+    shards, size = [[]], 0
+    for k in entries:
+        n = _nbytes(state, *entries[k], dtype)
+        if shards[-1] and size + n > max_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(k)
+        size += n
+    return shards
+
+
+def _shard_names(n: int) -> list[str]:
+    if n == 1:
+        return ["model.safetensors"]
+    return [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
+
+
+def _replace_dir(tmp: Path, folder: Path) -> None:
+    """Rename tmp into place; an existing folder is moved aside first and removed after."""
+    old = folder.with_name(f".{folder.name}.old-{os.getpid()}")
+    if folder.exists():
+        os.replace(folder, old)
+    os.replace(tmp, folder)
+    shutil.rmtree(old, ignore_errors=True)

@@ -25,12 +25,13 @@ from torch import nn
 from glmstack.model.attention import Attention, segment_mask
 from glmstack.model.config import ModelConfig
 from glmstack.model.layers import MLP, RMSNorm
+from glmstack.model.mla import MLAttention
 from glmstack.model.moe import MoE, Experts, Router
 from glmstack.model.mtp import MTPLayer, mtp_targets
 from glmstack.model.rope import rope_cos_sin
 
 # model_type -> attention class (cfg, layer_idx) -> module with forward(x, cos, sin, mask, cache)
-ATTENTION: dict[str, Callable[[ModelConfig, int], nn.Module]] = {"glm4_moe": Attention}
+ATTENTION: dict[str, Callable[[ModelConfig, int], nn.Module]] = {"glm4_moe": Attention, "glm_moe_dsa": MLAttention}
 
 
 def make_attention(cfg: ModelConfig, layer_idx: int) -> nn.Module:
@@ -45,7 +46,7 @@ class GLMOutput:
     mtp_loss: list[torch.Tensor] = field(default_factory=list)  # one per MTP depth (with labels)
     aux_loss: torch.Tensor | None = None  # sequence-wise balance loss summed over the MoE layers that ran
     expert_load: torch.Tensor | None = None  # (n_moe_layers, E) routed-token counts; MTP rows last
-    hidden: torch.Tensor | None = None  # (B, T, D) last trunk hidden state before the final norm
+    hidden: torch.Tensor | None = None  # (B, T, D) trunk output after the final norm (MTP depth 1 reads it)
 
 
 class Block(nn.Module):
@@ -83,6 +84,10 @@ class GLM(nn.Module):
                 MTPLayer(cfg, Block(cfg, n + d, moe=True)) for d in range(cfg.num_nextn_predict_layers))
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        share: dict = {}  # IndexShare: "shared" layers read the top-k the last "full" layer wrote (dsa.py)
+        for layer in self.layers:
+            if isinstance(layer.self_attn, MLAttention):
+                layer.self_attn.topk_share = share
         if dtype is not None:
             self.cast(dtype)
         if device is not None:
@@ -114,13 +119,14 @@ class GLM(nn.Module):
         - attention q/k/v biases: 0
         - routed expert banks gate_up_proj (E, 2F, D) and down_proj (E, D, F): N(0, initializer_range)
         - router weight (E, D), fp32: N(0, initializer_range); e_score_correction_bias (E,), fp32: 0
-        - every RMSNorm gain (layers, QK-Norm, final, MTP enorm/hnorm/shared_head.norm): 1
+        - every RMSNorm gain (layers, QK-Norm, MLA q_a/kv_a, final, MTP enorm/hnorm/shared_head.norm): 1
+        - DSA indexer k_norm (LayerNorm): weight 1, bias 0
         """
         self.materialize(device or "cpu")
         std = self.cfg.initializer_range
         gen = torch.Generator(device=self.embed_tokens.weight.device).manual_seed(seed)
         for name, t in sorted(self.named_parameters(), key=lambda kv: kv[0]):
-            if isinstance(_owner(self, name), RMSNorm):
+            if isinstance(_owner(self, name), (RMSNorm, nn.LayerNorm)) and not name.endswith(".bias"):
                 t.fill_(1.0)
             elif name.endswith(".bias"):
                 t.zero_()
@@ -149,10 +155,11 @@ class GLM(nn.Module):
             if aux is not None:
                 auxes.append(aux)
                 loads.append(load_E)
-        out = GLMOutput(logits=self.lm_head(self.norm(x_BTD)), hidden=x_BTD)
+        h_BTD = self.norm(x_BTD)  # the LM head's input and MTP's (transformers, vLLM and Megatron all feed it)
+        out = GLMOutput(logits=self.lm_head(h_BTD), hidden=h_BTD)
         if labels is not None:
             out.lm_loss = cross_entropy(out.logits, labels)
-            out.mtp_loss = self._mtp_losses(input_ids, labels, x_BTD, cos, sin, mask, segment_ids, auxes, loads)
+            out.mtp_loss = self._mtp_losses(input_ids, labels, h_BTD, cos, sin, mask, segment_ids, auxes, loads)
         out.aux_loss = torch.stack(auxes).sum() if auxes else x_BTD.new_zeros((), dtype=torch.float32)
         out.expert_load = self._stack_loads(loads, x_BTD.device)
         if labels is not None:
@@ -161,11 +168,14 @@ class GLM(nn.Module):
 
     def _mtp_losses(self, input_ids, labels, h_BTD, cos, sin, mask, segment_ids, auxes, loads):
         losses = []
-        for d, layer in enumerate(self.mtp, start=1):
+        for d, layer in enumerate(self.mtp_by_depth(), start=1):
             ids_d, labels_d = mtp_targets(input_ids, labels, d, segment_ids)
             h_BTD, aux, load_E = layer(self.embed_tokens(ids_d), h_BTD, cos, sin, mask)
             auxes.append(aux)
-            loads.append(load_E)
+            if d <= len(self.mtp):
+                loads.append(load_E)
+            else:  # a shared depth reruns the last MTP layer: its routed tokens count toward that layer's row
+                loads[-1] = loads[-1] + load_E
             losses.append(cross_entropy(self.lm_head(h_BTD), labels_d))
         return losses
 
@@ -173,8 +183,13 @@ class GLM(nn.Module):
         """One MTP depth (0-based) for drafting: -> (normed hidden (B, T, D) to chain, logits (B, T, V))."""
         emb = self.embed_tokens(next_ids)
         cos, sin = rope_cos_sin(position_ids, self.cfg.rotary_dim, self.cfg.rope_theta, emb.dtype)
-        h, _, _ = self.mtp[depth](emb, hidden, cos, sin, None, cache)
+        h, _, _ = self.mtp_by_depth()[depth](emb, hidden, cos, sin, None, cache)
         return h, self.lm_head(h)
+
+    def mtp_by_depth(self) -> list[MTPLayer]:
+        """The MTP layer of each depth: one per layer, then the last one again (GLM-5: 1 layer, 3 shared depths)."""
+        n = len(self.mtp)
+        return [self.mtp[min(d, n - 1)] for d in range(self.cfg.mtp_depths)] if n else []
 
     def _stack_loads(self, loads, device) -> torch.Tensor:
         """(n_moe_layers, E), zeros for the MTP layers when they did not run."""
@@ -213,21 +228,38 @@ class GLM(nn.Module):
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs (forward + backward) per token: 6 x active matmul weights (LM head counted once per
-        trunk and MTP depth, the embedding lookup not) + causal attention 6 * H * Dh * seq_len per layer."""
+        trunk and MTP depth, the embedding lookup not; a shared MTP layer once per depth it runs) + causal
+        attention 6 * H * (d_qk + d_v)/2 * seq_len per layer (GQA: d_qk = d_v = head_dim; MLA in MHA mode, dense)."""
         cfg = self.cfg
-        matmul = sum(p.numel() for n, p in self.named_parameters() if p.dim() >= 2 and not _is_embedding(n))
-        matmul -= sum(p.numel() for n, p in self.named_parameters() if isinstance(_owner(self, n), Experts)) * (
-            1 - cfg.num_experts_per_tok / cfg.n_routed_experts)
-        head = cfg.vocab_size * cfg.hidden_size
-        matmul += head * (1 + cfg.num_nextn_predict_layers)
-        n_attn = cfg.num_hidden_layers + cfg.num_nextn_predict_layers
-        return 6.0 * matmul + 6.0 * n_attn * cfg.num_attention_heads * cfg.head_dim * seq_len
+        k_over_e = cfg.num_experts_per_tok / cfg.n_routed_experts
+        last_mtp, reruns = f"mtp.{len(self.mtp) - 1}.", max(cfg.mtp_depths - len(self.mtp), 0)
+        matmul = 0.0
+        for n, p in self.named_parameters():
+            if p.dim() < 2 or _is_embedding(n):
+                continue
+            size = p.numel() * (k_over_e if isinstance(_owner(self, n), Experts) else 1)
+            matmul += size * (1 + reruns if n.startswith(last_mtp) else 1)
+        matmul += cfg.vocab_size * cfg.hidden_size * (1 + cfg.mtp_depths)
+        n_attn = cfg.num_hidden_layers + cfg.mtp_depths
+        width = ((cfg.qk_nope_head_dim + cfg.qk_rope_head_dim + cfg.v_head_dim) / 2 if cfg.is_mla else cfg.head_dim)
+        return 6.0 * matmul + 6.0 * n_attn * cfg.num_attention_heads * width * seq_len
 
-    def kv_cache_bytes_per_token(self, dtype: torch.dtype = torch.bfloat16, include_mtp: bool = True) -> int:
-        """K and V of every attention layer (GQA: 2 * kv_heads * head_dim values per layer)."""
+    def kv_cache_bytes_per_token(self, dtype: torch.dtype = torch.bfloat16, include_mtp: bool = True,
+                                 include_indexer: bool = True) -> int:
+        """Cached values of every attention layer. GQA: K and V, 2 * kv_heads * head_dim per layer. MLA: the latent
+        and the rope key, kv_lora_rank + qk_rope_head_dim per layer, plus the DSA indexer key (index_head_dim) on
+        layers with their own indexer when include_indexer (arXiv 2412.19437 §2.1.1; arch-math.md §2.3)."""
         cfg = self.cfg
         n = cfg.num_hidden_layers + (cfg.num_nextn_predict_layers if include_mtp else 0)
-        return 2 * n * cfg.num_key_value_heads * cfg.head_dim * torch.empty((), dtype=dtype).element_size()
+        size = torch.empty((), dtype=dtype).element_size()
+        if not cfg.is_mla:
+            return 2 * n * cfg.num_key_value_heads * cfg.head_dim * size
+        per_layer = [a.cache_dims() for a in self.attentions()[:n]]
+        return sum(k + (v if include_indexer else cfg.qk_rope_head_dim) for k, v in per_layer) * size
+
+    def attentions(self) -> list[nn.Module]:
+        """Attention modules in KV-cache layer order (trunk, then MTP)."""
+        return [b.self_attn for b in list(self.layers) + [m.block for m in self.mtp]]
 
 
 def cross_entropy(logits_BTV: torch.Tensor, labels_BT: torch.Tensor) -> torch.Tensor:
