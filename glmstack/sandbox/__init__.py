@@ -8,7 +8,9 @@
 See docs/sandbox.md for the isolation layers per host and `glmstack sandbox --help` to try a snippet.
 """
 
+from glmstack.sandbox.humaneval import run_tests
 from glmstack.sandbox.limits import Limits
+from glmstack.sandbox.pool import Job, run_batch
 from glmstack.sandbox.run import Result, run
 
-__all__ = ["Limits", "Result", "run"]
+__all__ = ["Job", "Limits", "Result", "run", "run_batch", "run_tests"]

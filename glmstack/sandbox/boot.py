@@ -85,7 +85,15 @@ def _main():
     main = type(sys)("__main__")  # a fresh module, so pickle and `if __name__ == "__main__"` behave as usual
     main.__file__ = "main.py"
     sys.modules["__main__"] = main
-    exec(compile(code, "main.py", "exec"), main.__dict__)
+    try:
+        exec(compile(code, "main.py", "exec"), main.__dict__)
+    except SystemExit:
+        raise
+    except BaseException as e:  # print the traceback from the program's frames on, without this file's
+        import traceback
+
+        traceback.print_exception(type(e), e, e.__traceback__.tb_next)
+        sys.exit(1)
 
 
 _main()

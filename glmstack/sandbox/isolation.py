@@ -47,8 +47,10 @@ LAYERS = {
 
 
 def python_exe() -> str:
-    """The base interpreter (not a venv shim): the sandbox runs it isolated (-I) without site-packages."""
-    return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+    """The interpreter the sandbox runs (isolated, -I): env GLMSTACK_SANDBOX_PYTHON, else our base interpreter
+    (not a venv shim). Outside bwrap a root caller needs one the sandbox uid can reach, e.g. /usr/bin/python3."""
+    exe = os.environ.get("GLMSTACK_SANDBOX_PYTHON") or getattr(sys, "_base_executable", None) or sys.executable
+    return os.path.realpath(exe)
 
 
 def env_for(home: str) -> dict[str, str]:
@@ -79,24 +81,26 @@ class UidSlot:
         os.close(self._fd)
 
 
-def _uid_pids(uid: int) -> list[int]:
+def uid_pids(uid: int) -> list[int]:
+    """Live (not zombie) processes whose real uid is `uid`: zombies hold nothing and cannot be killed."""
     pids = []
     for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/status") as f:
-                    line = next(ln for ln in f if ln.startswith("Uid:"))
-            except (OSError, StopIteration):
-                continue
-            if int(line.split()[1]) == uid:
-                pids.append(int(name))
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status") as f:
+                fields = dict(ln.split(":", 1) for ln in f.read().splitlines()[:12] if ":" in ln)
+        except OSError:
+            continue
+        if fields.get("Uid", "x").split()[0] == str(uid) and not fields.get("State", "").strip().startswith("Z"):
+            pids.append(int(name))
     return pids
 
 
 def kill_uid(uid: int, rounds: int = 50) -> None:
     """SIGKILL every process whose real uid is `uid`; repeat while a forking one races us."""
     for _ in range(rounds):
-        pids = _uid_pids(uid)
+        pids = uid_pids(uid)
         if not pids:
             return
         for pid in pids:
@@ -115,12 +119,13 @@ def _ro_binds(extra: tuple[str, ...]) -> list[str]:
             args += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             args += ["--ro-bind", top, top]
+    args += ["--perms", "0755", "--dir", "/etc"]
     for f in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/localtime", "/etc/alternatives"):
         args += ["--ro-bind-try", f, f]
-    prefix = os.path.realpath(sys.base_prefix)
-    exe_dir = os.path.dirname(os.path.dirname(python_exe()))
+    exe = python_exe()
+    prefix = os.path.realpath(sys.base_prefix) if exe == os.path.realpath(sys._base_executable) else None
     made = set()
-    for path in dict.fromkeys([prefix, exe_dir, *extra]):
+    for path in dict.fromkeys(p for p in (prefix, os.path.dirname(os.path.dirname(exe)), *extra) if p):
         if path.startswith("/usr/"):
             continue
         for parent in reversed(Path(path).parents[:-1]):  # "/a/b/c" -> /a, /a/b (not /)
@@ -194,7 +199,8 @@ def uid_usable(mode: str) -> bool:
         return False
     if mode == "bwrap":
         return True
-    return all(os.stat(p).st_mode & 0o001 for p in Path(python_exe()).parents)
+    exe = Path(python_exe())
+    return bool(os.stat(exe).st_mode & 0o001) and all(os.stat(p).st_mode & 0o001 for p in exe.parents)
 
 
 @dataclass
@@ -219,6 +225,11 @@ class Launch:
 def prepare(mode: str, work_dir_mb: int, site: bool = False, extra_ro: tuple[str, ...] = ()) -> Launch:
     """Allocate the uid and work dir and build the command line for one execution in `mode`."""
     slot = UidSlot() if uid_usable(mode) else None
+    if slot is None and os.geteuid() == 0 and mode != "bwrap" and not os.environ.get("GLMSTACK_SANDBOX_UNSAFE_ROOT"):
+        raise RuntimeError(
+            f"sandbox: refusing to run untrusted code as root in {mode!r} mode: {python_exe()} is not reachable by "
+            "an unprivileged uid. Install bubblewrap, or set GLMSTACK_SANDBOX_PYTHON to a world-readable "
+            "interpreter such as /usr/bin/python3 (or GLMSTACK_SANDBOX_UNSAFE_ROOT=1 to run as root anyway).")
     layers = LAYERS[mode] + (("uid",) if slot else ())
     uid = slot.uid if slot else None
     if mode == "bwrap":

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from glmstack.sandbox import isolation
 from glmstack.sandbox.limits import Limits
 
+EXIT_GRACE_S = 0.2  # after the launcher exits, read this long more for output still in the pipes
 OOM_MARKERS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory")
 
 
@@ -97,13 +98,17 @@ def _pump(proc, payload: bytes, limits: Limits) -> tuple[bytes, bytes, bool, boo
     stdin_fd = proc.stdin.fileno()
     os.set_blocking(stdin_fd, False)
     sel.register(stdin_fd, selectors.EVENT_WRITE)
-    sent, open_outputs = 0, 2
+    sent, open_outputs, exited_at = 0, 2, None
     try:
         while open_outputs:
-            left = deadline - time.monotonic()
-            if left <= 0:
+            now = time.monotonic()
+            if now >= deadline:
                 return bytes(out), bytes(err), True, False
-            for key, _ in sel.select(left):
+            if exited_at is None and proc.poll() is not None:
+                exited_at = now
+            if exited_at is not None and now - exited_at > EXIT_GRACE_S:
+                break  # a daemon that escaped the session still holds the pipes (plain mode): stop reading
+            for key, _ in sel.select(min(deadline - now, EXIT_GRACE_S)):
                 fd = key.fd
                 if fd == stdin_fd:
                     try:
