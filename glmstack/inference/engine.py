@@ -128,7 +128,8 @@ class Engine:
         rows_out.append(rows)
         gen = torch.Generator(device=self.device)
         gen.manual_seed(seed if seed is not None else torch.seed())
-        slack = draft_k + 2 if speculative else 1
+        # speculative: the verify block (k + 1) and the MTP layers' drafted positions (< k) on top of the budget
+        slack = 2 * draft_k + 2 if speculative else 1
         cache = KVCache(B, P + budget + slack, start=start_B.to(self.device))
         with torch.inference_mode():
             if speculative is None:

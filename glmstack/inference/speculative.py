@@ -115,6 +115,8 @@ def mtp_decode(model, ids_BP, start_B, cache, rows, params, gen, k: int, stats: 
             n_B, x_B = accept_greedy(d_BK, out.logits)
         else:
             n_B, x_B = accept_sampled(d_BK, q_BKV, probs(out.logits, params), gen)
+        # finished rows keep riding along in the batch; accepting nothing bounds their cache growth to 1 a step
+        n_B = n_B * torch.tensor([rows.active(b) for b in range(B)], device=dev)
         cache.rewind(k - n_B, layers=main_layers)
         # the confirmed positions of this step: inputs [x_last, d_1..d_n] whose next tokens are [d_1..d_n, x_new]
         next_BK1 = torch.cat([d_BK, d_BK[:, :1]], 1).scatter(1, n_B[:, None], x_B[:, None])

@@ -1,0 +1,98 @@
+"""MTP speculative decoding == plain decoding: greedy token for token, sampling in distribution.
+
+A randomly initialised MTP layer almost never drafts the right token, which would leave the accept/rollback
+paths untested. So most tests wrap `model.mtp_step` with an 'oracle' that knows the true greedy continuation and
+drafts it, wrong on purpose at a fixed rate: every row then accepts a different number of drafts per step.
+"""
+
+import pytest
+import torch
+
+from glmstack.inference import Engine
+from glmstack.model import GLM, ModelConfig
+
+PROMPTS = [[5, 17, 300, 2, 9, 41, 7], [11], [400, 3, 3, 8]]
+N_NEW = 20
+
+
+@pytest.fixture(scope="module")
+def model():
+    return GLM(ModelConfig.preset("tiny", num_nextn_predict_layers=2)).init_weights(seed=0).eval()
+
+
+def oracle(model, prompts, wrong_rate, seed=0):
+    """Patch model.mtp_step: logits that point at the true greedy token at (position + 2), sometimes not."""
+    truth = [p + Engine(model).generate([p], N_NEW + 8, stop_ids=[]).tokens[0] for p in prompts]
+    real, g = model.mtp_step, torch.Generator().manual_seed(seed)
+
+    def step(depth, next_ids, hidden, position_ids, cache=None):
+        h, logits = real(depth, next_ids, hidden, position_ids, cache)
+        # rows are identified by their first prompt token (all distinct in PROMPTS)
+        V = logits.shape[-1]
+        fake = torch.zeros_like(logits)
+        for b in range(logits.shape[0]):
+            seq = truth[b]
+            for t in range(logits.shape[1]):
+                p = int(position_ids[b, t]) + 2
+                tok = seq[p] if p < len(seq) else 0
+                if torch.rand((), generator=g) < wrong_rate:
+                    tok = (tok + 1) % V
+                fake[b, t, tok] = 10.0
+        return h, fake
+
+    return step
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_speculative_greedy_equals_plain_random_mtp(model, k):
+    engine = Engine(model)
+    plain = engine.generate(PROMPTS, N_NEW, stop_ids=[]).tokens
+    spec = engine.generate(PROMPTS, N_NEW, stop_ids=[], speculative="mtp", draft_k=k)
+    assert spec.tokens == plain
+
+
+@pytest.mark.parametrize("k", [1, 3, 4])
+def test_speculative_greedy_equals_plain_oracle_drafts(model, monkeypatch, k):
+    engine = Engine(model)
+    plain = engine.generate(PROMPTS, N_NEW, stop_ids=[]).tokens
+    monkeypatch.setattr(model, "mtp_step", oracle(model, PROMPTS, wrong_rate=0.25))
+    spec = engine.generate(PROMPTS, N_NEW, stop_ids=[], speculative="mtp", draft_k=k)
+    assert spec.tokens == plain
+    assert spec.stats["mean_accepted_length"] > 1.3  # the accept + rollback paths really ran
+    hits = spec.stats["acceptance_per_depth"]
+    assert len(hits) == k and all(a >= b for a, b in zip(hits, hits[1:]))
+
+
+def test_speculative_stops_mid_block(model, monkeypatch):
+    engine = Engine(model)
+    plain = engine.generate(PROMPTS, N_NEW, stop_ids=[]).tokens
+    stop = plain[0][5]
+    monkeypatch.setattr(model, "mtp_step", oracle(model, PROMPTS, wrong_rate=0.0))
+    spec = engine.generate(PROMPTS, N_NEW, stop_ids=[stop], speculative="mtp", draft_k=4)
+    ref = Engine(model).generate(PROMPTS, N_NEW, stop_ids=[stop])
+    assert spec.tokens == ref.tokens and spec.finish_reason == ref.finish_reason
+    assert spec.stats["mean_accepted_length"] > 3
+
+
+def test_speculative_sampling_keeps_distribution():
+    """First two sampled tokens over many rows: speculative frequencies == the model's exact joint p(x1) p(x2|x1)."""
+    stats = pytest.importorskip("scipy.stats")
+    cfg = ModelConfig.preset("tiny", vocab_size=6)
+    model = GLM(cfg).init_weights(seed=1).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(40)  # sharper distributions so that rejections happen often
+    prompt, n_rows, temp = [1, 4, 2], 6000, 0.7
+    with torch.inference_mode():
+        p1 = torch.softmax(model(torch.tensor([prompt])).logits[0, -1] / temp, -1)
+        seqs = torch.tensor([prompt + [a] for a in range(6)])
+        p2 = torch.softmax(model(seqs).logits[:, -1] / temp, -1)  # (6, 6): p(x2 | x1 = a)
+    joint = (p1[:, None] * p2).reshape(-1).double()
+    res = Engine(model).generate([prompt] * n_rows, 2, temperature=temp, seed=0, stop_ids=[],
+                                 speculative="mtp", draft_k=2)
+    first_two = torch.tensor([t[:2] for t in res.tokens])
+    counts = torch.bincount(first_two[:, 0] * 6 + first_two[:, 1], minlength=36).double()
+    keep = joint * n_rows > 5  # chi-square needs populated cells; the rest must stay (nearly) empty
+    exp = joint[keep] * n_rows
+    exp *= counts[keep].sum() / exp.sum()
+    assert stats.chisquare(counts[keep].numpy(), exp.numpy()).pvalue > 1e-3
+    assert 1.0 < res.stats["mean_accepted_length"] < 3.0
