@@ -41,6 +41,8 @@ class Result:
     duration_s: float
     mode: str  # bwrap | unshare | plain
     layers: tuple[str, ...]  # isolation layers that applied (see docs/sandbox.md)
+    uid: int | None = None  # the unprivileged uid it ran as (None: the caller's); no process of it is left
+    work_dir: str | None = None  # the host work dir, already removed (None: a tmpfs inside the bwrap sandbox)
 
     @property
     def ok(self) -> bool:
@@ -183,4 +185,5 @@ def run(code: str, *, stdin: str | bytes | None = None, files: dict[str, str | b
     stdout, stderr = out.decode(errors="replace"), err.decode(errors="replace")
     oom = not timed_out and any(m in stderr[-4096:] for m in OOM_MARKERS)
     return Result(stdout=stdout, stderr=stderr, exit_code=exit_code, timed_out=timed_out, oom=oom,
-                  output_truncated=truncated, duration_s=duration, mode=mode, layers=launch.layers)
+                  output_truncated=truncated, duration_s=duration, mode=mode, layers=launch.layers,
+                  uid=launch.uid, work_dir=launch.host_dir)
