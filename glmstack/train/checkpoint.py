@@ -1,0 +1,166 @@
+"""Checkpoints in run folders: an HF model folder + trainer_state/, written atomically, resumed exactly.
+
+    runs/<run>/<stage>/step_0000200/
+        config.json, model.safetensors     the model as save_hf writes it (transformers can load it)
+        trainer_state/state.pt             step, counters, balancing biases, guard state
+        trainer_state/optimizer.pt         optimizer state (one file per rank when it is sharded)
+        trainer_state/rank_00000.pt        every RNG and the data position of that rank
+        trainer_state/train_config.json    the resolved TrainConfig (resume compares it field by field)
+    runs/<run>/<stage>/latest              "step_0000200": the newest COMPLETE checkpoint
+
+A checkpoint is written to `.tmp_step_...` and renamed into place only when every file is there; `latest` is
+then replaced with os.replace. A process killed at any point leaves `latest` naming a complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from glmstack.config import write_json
+from glmstack.train import dist
+
+LATEST = "latest"
+
+
+def step_name(step: int) -> str:
+    return f"step_{step:07d}"
+
+
+def latest(stage_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint folder, or None."""
+    path = Path(stage_dir) / LATEST
+    if not path.exists():
+        return None
+    folder = Path(stage_dir) / path.read_text().strip()
+    assert folder.is_dir(), f"{path} names {folder.name}, which does not exist"
+    return folder
+
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_model(model: torch.nn.Module, folder: Path) -> None:
+    """HF-format folder via save_hf for a GLM; a plain model.safetensors for other modules (tests)."""
+    state = dist.full_state_dict(model)  # collective under FSDP/EP: every rank calls it
+    if dist.rank() != 0:
+        return
+    inner = dist.unwrap(model)
+    try:
+        from glmstack.model import GLM, save_hf
+    except ImportError:
+        GLM = None
+    if GLM is not None and isinstance(inner, GLM):
+        save_hf(dist.plain_copy(inner, state), folder)
+    else:
+        from safetensors.torch import save_file
+
+        folder.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"))
+
+
+def load_model(model: torch.nn.Module, folder: Path) -> None:
+    """Load weights (and balancing buffers) from a checkpoint folder into `model`, whatever its wrapping."""
+    inner = dist.unwrap(model)
+    try:
+        from glmstack.model import GLM, load_hf
+    except ImportError:
+        GLM = None
+    if GLM is not None and isinstance(inner, GLM):
+        state = load_hf(folder, dtype=torch.float32).state_dict()
+    else:
+        from safetensors.torch import load_file
+
+        state = load_file(str(folder / "model.safetensors"))
+    dist.load_full_state_dict(model, state)
+
+
+def save(stage_dir: str | Path, step: int, *, model, optimizer, state: dict, data, config: dict,
+         keep_last: int) -> Path:
+    """Write step_<step>/ atomically, point `latest` at it, delete all but the newest `keep_last`."""
+    stage_dir = Path(stage_dir)
+    final, tmp = stage_dir / step_name(step), stage_dir / f".tmp_{step_name(step)}"
+    if dist.rank() == 0:
+        shutil.rmtree(tmp, ignore_errors=True)  # a previous crash's leftovers
+    save_model(model, tmp)  # save_hf writes the whole folder (it replaces it), so it goes first
+    ts = tmp / "trainer_state"
+    if dist.rank() == 0:
+        ts.mkdir(parents=True)
+    dist.barrier()
+    rank_state = {"rng": rng_state(), "data": data.state_dict() if hasattr(data, "state_dict") else None}
+    torch.save(rank_state, ts / f"rank_{dist.rank():05d}.pt")
+    if dist.optimizer_is_sharded(model):
+        torch.save(optimizer.state_dict(), ts / f"optimizer_{dist.rank():05d}.pt")
+    elif dist.rank() == 0:
+        torch.save(optimizer.state_dict(), ts / "optimizer.pt")
+    if dist.rank() == 0:
+        torch.save(state, ts / "state.pt")
+        write_json(config, ts / "train_config.json")
+    dist.barrier()
+    if dist.rank() == 0:
+        _commit(stage_dir, tmp, final)
+        _prune(stage_dir, keep_last)
+    dist.barrier()
+    return final
+
+
+def _commit(stage_dir: Path, tmp: Path, final: Path) -> None:
+    pause = float(os.environ.get("GLMSTACK_CKPT_PAUSE_S", "0"))  # tests kill the process inside this window
+    if pause:
+        time.sleep(pause)
+    if final.exists():  # re-saving a step (after a resume): move the old copy aside first
+        old = final.with_name(f".old_{final.name}")
+        shutil.rmtree(old, ignore_errors=True)
+        final.rename(old)
+        shutil.rmtree(old)
+    _fsync_tree(tmp)
+    tmp.rename(final)
+    marker = stage_dir / (LATEST + ".tmp")
+    marker.write_text(final.name + "\n")
+    os.replace(marker, stage_dir / LATEST)
+
+
+def _fsync_tree(folder: Path) -> None:
+    for path in folder.rglob("*"):
+        if path.is_file():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+
+
+def _prune(stage_dir: Path, keep_last: int) -> None:
+    steps = sorted(p for p in stage_dir.glob("step_*") if p.is_dir())
+    for old in steps[:-keep_last] if keep_last > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def load(folder: str | Path, *, model, optimizer, data) -> dict:
+    """Restore model, optimizer, RNGs and data position from `folder`; returns the trainer state dict."""
+    folder = Path(folder)
+    ts = folder / "trainer_state"
+    load_model(model, folder)
+    sharded = ts / f"optimizer_{dist.rank():05d}.pt"
+    opt_path = sharded if sharded.exists() else ts / "optimizer.pt"
+    optimizer.load_state_dict(torch.load(opt_path, weights_only=False))
+    rank_state = torch.load(ts / f"rank_{dist.rank():05d}.pt", weights_only=False)
+    set_rng_state(rank_state["rng"])
+    if rank_state["data"] is not None and hasattr(data, "load_state_dict"):
+        data.load_state_dict(rank_state["data"])
+    return torch.load(ts / "state.pt", weights_only=False)

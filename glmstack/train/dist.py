@@ -1,0 +1,185 @@
+"""Distributed training under torchrun, applied from outside the model in ONE place: `parallelize`.
+
+The model is plain single-device PyTorch (CONVENTIONS §4). This module wraps it, in a fixed order:
+  1. expert parallel (optional): each MoE layer's routed experts are split over the ranks, and the layer's
+     `experts` module is replaced by `ExpertParallel`, which dispatches tokens to the rank owning their expert
+     with an all-to-all and combines the results with a second one (glmstack/train/expert_parallel.py);
+  2. data parallel: DDP (`DistributedDataParallel`) or FSDP2 (`fully_shard` per block, then the root).
+It also owns what differs between those layouts for the trainer: the global grad norm (sharded parameters
+count once), full state dicts for checkpoints, and helpers (rank, barrier, all-reduce of a scalar).
+
+    torchrun --nproc_per_node 2 -m glmstack.cli pretrain tiny --set dist.dp=fsdp
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+# ---------------------------------------------------------------- process group
+
+
+def init_from_env(device_type: str = "cpu") -> None:
+    """Join the process group torchrun describes (WORLD_SIZE > 1); nothing for a single process."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        backend = "nccl" if device_type == "cuda" else "gloo"
+        if device_type == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend)
+
+
+def is_dist() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def rank() -> int:
+    return dist.get_rank() if is_dist() else 0
+
+
+def world() -> int:
+    return dist.get_world_size() if is_dist() else 1
+
+
+def barrier() -> None:
+    if is_dist():
+        dist.barrier()
+
+
+def mean_over_ranks(x: float) -> float:
+    """The average of a Python scalar over ranks (for logging the global loss)."""
+    if not is_dist():
+        return x
+    t = torch.tensor([x], dtype=torch.float64)
+    dist.all_reduce(t)
+    return float(t) / world()
+
+
+# ---------------------------------------------------------------- wrapping
+
+
+def parallelize(model: nn.Module, dp: str, expert_parallel: bool = False) -> nn.Module:
+    """Expert parallel, then DDP / FSDP2; returns what the loop calls (DDP wraps, the others modify in place)."""
+    if dp == "auto":
+        dp = "ddp" if is_dist() else "none"
+    if not is_dist():
+        return model
+    if expert_parallel:
+        from glmstack.train.expert_parallel import apply_expert_parallel
+
+        if dp == "fsdp":
+            raise ValueError("expert_parallel with dp=fsdp is not supported yet; use dp=ddp")
+        apply_expert_parallel(model)
+    if dp == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ignore = [n for n, p in model.named_parameters() if _is_ep(p)]
+        DDP._set_params_and_buffers_to_ignore_for_model(model, ignore)  # expert shards differ by rank
+        return DDP(model)
+    if dp == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for block in _blocks(model):
+            fully_shard(block)
+        fully_shard(model)
+        return model
+    if dp != "none":
+        raise ValueError(f"dist.dp must be auto, none, ddp or fsdp, got {dp!r}")
+    return model
+
+
+def _blocks(model: nn.Module) -> list[nn.Module]:
+    """The repeated blocks FSDP shards one by one: every child of a ModuleList (`layers`, `mtp`)."""
+    return [b for m in model.modules() if isinstance(m, nn.ModuleList) for b in m]
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    return model.module if hasattr(model, "module") and isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+def _is_ep(p: torch.Tensor) -> bool:
+    return getattr(p, "_ep_sharded", False)
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    return hasattr(t, "full_tensor")
+
+
+def optimizer_is_sharded(model: nn.Module) -> bool:
+    """Whether ranks hold different optimizer state (FSDP2 shards, expert-parallel banks)."""
+    return is_dist() and any(_is_dtensor(p) or _is_ep(p) for p in unwrap(model).parameters())
+
+
+# ---------------------------------------------------------------- gradients
+
+
+@torch.no_grad()
+def clip_grad_norm_(model: nn.Module, max_norm: float) -> float:
+    """Global grad L2 norm (each element counted once across ranks), clipped to max_norm when > 0."""
+    grads = [p.grad for p in unwrap(model).parameters() if p.grad is not None]
+    replicated = torch.zeros((), dtype=torch.float64)
+    sharded = torch.zeros((), dtype=torch.float64)
+    for g, p in zip(grads, [p for p in unwrap(model).parameters() if p.grad is not None]):
+        if _is_dtensor(g):
+            sharded += g.to_local().double().pow(2).sum().cpu()
+        elif _is_ep(p):
+            sharded += g.double().pow(2).sum().cpu()
+        else:
+            replicated += g.double().pow(2).sum().cpu()
+    if is_dist():
+        dist.all_reduce(sharded)
+    norm = float((replicated + sharded).sqrt())
+    if max_norm > 0 and norm > max_norm:
+        coef = max_norm / (norm + 1e-6)
+        for g in grads:
+            (g.to_local() if _is_dtensor(g) else g).mul_(coef)
+    return norm
+
+
+# ---------------------------------------------------------------- state dicts
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Unsharded CPU state dict (collective: call on every rank); meaningful on rank 0."""
+    inner = unwrap(model)
+    from glmstack.train.expert_parallel import gather_expert_state
+
+    state = {}
+    for name, t in inner.state_dict().items():
+        if _is_dtensor(t):
+            t = t.full_tensor()
+        state[name] = t.detach().cpu()
+    return gather_expert_state(inner, state)
+
+
+def load_full_state_dict(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Copy an unsharded state dict into `model`, keeping each rank's shard (FSDP2 / expert parallel)."""
+    from glmstack.train.expert_parallel import local_expert_state
+
+    inner = unwrap(model)
+    state = local_expert_state(inner, state)
+    own = inner.state_dict()
+    missing = set(own) - set(state)
+    assert not missing, f"checkpoint lacks {sorted(missing)[:5]}"
+    with torch.no_grad():
+        for name, t in own.items():
+            src = state[name]
+            if _is_dtensor(t):
+                from torch.distributed.tensor import distribute_tensor
+
+                src = distribute_tensor(src.to(t.dtype), t.device_mesh, t.placements, src_data_rank=None).to_local()
+                t = t.to_local()
+            t.copy_(src)
+
+
+def plain_copy(model: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
+    """An unwrapped single-device copy of a GLM holding `state` (for save_hf of a sharded model)."""
+    if not is_dist():
+        return model
+    from glmstack.model import GLM
+
+    copy = GLM(model.cfg).materialize("cpu")
+    copy.load_state_dict(state)
+    return copy

@@ -1,0 +1,279 @@
+"""The ONE training loop: every stage (pretrain, midtrain, SFT, RL) runs `train(...)` with its own data, loss
+function and schedule tables (CONVENTIONS §6; OLMo-core's one trainer, not nanochat's copied loops).
+
+Per optimizer step:
+  schedules (pure in the step) -> lr, MTP weight, balancing rate, micro-batches to accumulate
+  -> forward/backward per micro-batch (bf16 autocast on GPU, fp32 on CPU; DDP syncs only the last one)
+  -> global grad norm + clipping -> NaN / loss-spike guard (skip, count, stop with a checkpoint after N in a row)
+  -> optimizer step -> loss-free balancing bias update from the step's global expert load
+  -> one log line, metrics.jsonl, validation every `log.val_every`, checkpoint every `ckpt.every`.
+Resume (`ckpt.resume=auto`) restores model, optimizer, RNGs, data position and loop counters from `latest`, so
+N steps + resume + N steps equals 2N steps bit for bit (tests/integration/test_resume.py).
+
+    result = train(model=model, optimizer=opt, data=loader, cfg=train_cfg, stage_dir="runs/tiny/pretrain")
+    # loss_fn(model, batch, values) -> (loss, metrics); values = this step's schedule values
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from glmstack.config import ConfigError, to_dict, write_json
+from glmstack.optim import schedules
+from glmstack.train import balance, checkpoint, dist
+from glmstack.train.config import TrainConfig, resume_conflicts
+from glmstack.train.metrics import Metrics, format_line, plot
+
+LossFn = Callable[[torch.nn.Module, dict, dict], tuple[torch.Tensor, dict]]
+
+
+@dataclass
+class LoopState:
+    """Counters a checkpoint carries besides model, optimizer, RNG and data position."""
+
+    step: int = 0  # optimizer steps done (including skipped ones)
+    tokens: int = 0  # training tokens consumed, all ranks
+    skipped: int = 0  # steps skipped by the guard, in total
+    bad_in_row: int = 0  # consecutive skipped steps
+    loss_ema: float | None = None  # running mean loss for the spike guard
+
+
+def pretrain_loss(model, batch: dict, values: dict) -> tuple[torch.Tensor, dict]:
+    """Default loss: next-token CE + MTP (weight scheduled) + sequence-wise aux balance loss (model's out.loss)."""
+    out = model(batch["input_ids"], labels=batch["labels"], position_ids=batch.get("position_ids"),
+                segment_ids=batch.get("segment_ids"), mtp_weight=values["mtp_weight"],
+                aux_loss_weight=values["aux_loss_weight"])
+    metrics = {"lm_loss": out.lm_loss.detach()}
+    if getattr(out, "mtp_loss", None):
+        metrics["mtp_loss"] = torch.stack(out.mtp_loss).mean().detach()
+    if getattr(out, "aux_loss", None) is not None:
+        metrics["aux_loss"] = out.aux_loss.detach()
+    if getattr(out, "expert_load", None) is not None:
+        metrics["expert_load"] = out.expert_load.detach()
+    return out.loss, metrics
+
+
+# ---------------------------------------------------------------------------------------------------- helpers
+
+
+def device_of(cfg: TrainConfig) -> torch.device:
+    if cfg.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(cfg.device)
+
+
+def autocast_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype | None:
+    """bf16 autocast on GPU by default; fp32 (no autocast) on CPU so CPU runs are exact and repeatable."""
+    if cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and device.type == "cuda"):
+        return torch.bfloat16
+    return None
+
+
+def _to_device(batch: dict, device: torch.device) -> dict:
+    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+
+def _set_lr(optimizer, lr_mult: float) -> float:
+    for g in optimizer.param_groups:
+        g["lr"] = g["initial_lr"] * lr_mult
+    return optimizer.param_groups[0]["lr"]
+
+
+def _is_bad(loss: float, grad_norm: float, state: LoopState, spike_factor: float) -> bool:
+    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+        return True
+    return spike_factor > 0 and state.loss_ema is not None and loss > spike_factor * state.loss_ema
+
+
+def _emit(line: str, bar) -> None:
+    if bar is not None:
+        bar.write(line)
+    else:
+        print(line, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------------- one step
+
+
+def _micro_batches(model, data_iter, n: int, device, amp, loss_fn, values) -> tuple[float, dict, int]:
+    """Forward/backward `n` micro-batches; -> (mean loss, mean metrics (expert_load summed), tokens)."""
+    total, sums, tokens = 0.0, {}, 0
+    for i in range(n):
+        batch = _to_device(next(data_iter), device)
+        sync = contextlib.nullcontext() if i == n - 1 or not hasattr(model, "no_sync") else model.no_sync()
+        amp_ctx = torch.autocast(device.type, dtype=amp) if amp is not None else contextlib.nullcontext()
+        with sync, amp_ctx:
+            loss, metrics = loss_fn(model, batch, values)
+        with sync:
+            (loss / n).backward()
+        total += float(loss.detach()) / n
+        tokens += int(batch["input_ids"].numel())
+        for k, v in metrics.items():
+            sums[k] = sums.get(k, 0) + (v if k == "expert_load" else float(v) / n)
+    return total, sums, tokens
+
+
+def _train_step(model, optimizer, data_iter, cfg: TrainConfig, state: LoopState, device, amp, loss_fn) -> dict:
+    """One optimizer step (or a guarded skip); returns the row to log."""
+    values = schedules.values_at(state.step, cfg.schedule, stage_steps=cfg.steps)
+    values["aux_loss_weight"] = cfg.schedule.aux_loss_weight
+    accum = schedules.accum_steps(state.step, cfg.schedule, tokens_per_micro=cfg.micro_batch_size * cfg.seq_len,
+                                  full_accum=cfg.grad_accum)
+    lr = _set_lr(optimizer, values["lr_mult"])
+    loss, metrics, tokens = _micro_batches(model, data_iter, accum, device, amp, loss_fn, values)
+    loss = dist.mean_over_ranks(loss)
+    grad_norm = dist.clip_grad_norm_(model, cfg.optim.grad_clip)
+    load = metrics.pop("expert_load", None)
+    row = {"loss": loss, "lr": lr, "grad_norm": grad_norm, "accum": accum, "mtp_weight": values["mtp_weight"],
+           **{k: dist.mean_over_ranks(v) for k, v in metrics.items()}}
+    state.tokens += tokens * dist.world()
+    state.step += 1
+    if _is_bad(loss, grad_norm, state, cfg.guard.spike_factor):
+        optimizer.zero_grad(set_to_none=True)
+        state.skipped, state.bad_in_row = state.skipped + 1, state.bad_in_row + 1
+        return row | {"skipped": 1}
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    state.bad_in_row = 0
+    state.loss_ema = loss if state.loss_ema is None else 0.95 * state.loss_ema + 0.05 * loss
+    if load is not None:
+        load = balance.global_load(load)
+        balance.update_biases(dist.unwrap(model), load, values["balance_rate"])
+        row |= balance.load_metrics(load)
+    return row
+
+
+@torch.no_grad()
+def validate(model, batches: list[dict], device, amp, loss_fn, values: dict) -> float:
+    """Mean LM loss over fixed validation batches, averaged over ranks."""
+    if not batches:
+        return float("nan")
+    model.eval()
+    total = 0.0
+    for batch in batches:
+        amp_ctx = torch.autocast(device.type, dtype=amp) if amp is not None else contextlib.nullcontext()
+        with amp_ctx:
+            loss, metrics = loss_fn(model, _to_device(batch, device), values)
+        total += float(metrics.get("lm_loss", loss))
+    model.train()
+    return dist.mean_over_ranks(total / len(batches))
+
+
+# ---------------------------------------------------------------------------------------------------- resume
+
+
+def _resume(stage_dir: Path, cfg: TrainConfig, model, optimizer, data) -> LoopState:
+    """Load `latest` (or an explicit folder) if asked; refuse a config that would silently change the run."""
+    if cfg.ckpt.resume == "never":
+        return LoopState()
+    folder = checkpoint.latest(stage_dir) if cfg.ckpt.resume == "auto" else Path(cfg.ckpt.resume)
+    if folder is None:
+        return LoopState()
+    old = json.loads((folder / "trainer_state" / "train_config.json").read_text())
+    conflicts = resume_conflicts(old, to_dict(cfg))
+    if conflicts:
+        raise ConfigError(f"cannot resume from {folder}: the config differs in {', '.join(conflicts)} "
+                          f"(start a new run, or set ckpt.resume=never)")
+    saved = checkpoint.load(folder, model=model, optimizer=optimizer, data=data)
+    for (_, buf), value in zip(balance.bias_buffers(dist.unwrap(model)), saved.get("balance_biases", [])):
+        buf.copy_(value)
+    return LoopState(**saved["loop"])
+
+
+def _save(stage_dir, cfg, model, optimizer, data, state: LoopState) -> Path:
+    biases = [b.detach().cpu().clone() for _, b in balance.bias_buffers(dist.unwrap(model))]
+    return checkpoint.save(stage_dir, state.step, model=model, optimizer=optimizer, data=data, config=to_dict(cfg),
+                           state={"loop": dataclasses.asdict(state), "balance_biases": biases},
+                           keep_last=cfg.ckpt.keep_last)
+
+
+# ---------------------------------------------------------------------------------------------------- the loop
+
+
+def train(*, model, optimizer, data, cfg: TrainConfig, stage_dir: str | Path, loss_fn: LossFn = pretrain_loss,
+          val_batches: list[dict] | None = None, stop_at: int | None = None) -> dict:
+    """Run to `cfg.steps` optimizer steps (resuming if a checkpoint exists); returns a summary dict.
+
+    `stop_at` ends this process early at that step with a checkpoint (a time/step budget: the schedules still
+    span cfg.steps, so a later resume continues the same run).
+    """
+    stage_dir = Path(stage_dir)
+    device, rank0 = device_of(cfg), dist.rank() == 0
+    amp = autocast_dtype(cfg, device)
+    state = _resume(stage_dir, cfg, model, optimizer, data)
+    metrics = Metrics(stage_dir, enabled=rank0, tensorboard=cfg.log.tensorboard)
+    metrics.truncate_after(state.step)
+    if rank0:
+        stage_dir.mkdir(parents=True, exist_ok=True)
+        write_json(cfg, stage_dir / "config.json")
+    flops = _flops_per_token(model, cfg, device)
+    bar = _progress(cfg, state, rank0)
+    data_iter, t_start, start_step = iter(data), time.perf_counter(), state.step
+    result = {"stopped": "done", "val_loss": None, "loss": None}
+    end = min(cfg.steps, stop_at) if stop_at is not None else cfg.steps
+    while state.step < end:
+        t0 = time.perf_counter()
+        tokens_before = state.tokens
+        row = _train_step(model, optimizer, data_iter, cfg, state, device, amp, loss_fn)
+        dt = time.perf_counter() - t0
+        row["tok_per_s"] = (state.tokens - tokens_before) / dt
+        if flops and cfg.log.peak_flops:
+            row["mfu"] = row["tok_per_s"] * flops / (cfg.log.peak_flops * dist.world())
+        if cfg.log.val_every and (state.step % cfg.log.val_every == 0 or state.step == cfg.steps):
+            row["val_loss"] = result["val_loss"] = validate(model, val_batches or [], device, amp, loss_fn,
+                                                            _val_values(cfg, state.step))
+        result["loss"] = row["loss"]
+        _report(metrics, bar, cfg, state, row, (time.perf_counter() - t_start) / (state.step - start_step))
+        if state.bad_in_row >= cfg.guard.max_bad_steps:
+            _emit(f"stopping: {state.bad_in_row} bad steps in a row (NaN/inf or loss spike)", bar)
+            result["stopped"] = "bad_steps"
+            break
+        if cfg.ckpt.every and state.step % cfg.ckpt.every == 0 and state.step < end:
+            _save(stage_dir, cfg, model, optimizer, data, state)
+    if bar is not None:
+        bar.close()
+    result["checkpoint"] = str(_save(stage_dir, cfg, model, optimizer, data, state))
+    metrics.close()
+    if rank0 and cfg.log.plots:
+        plot(stage_dir)
+    return result | {"step": state.step, "tokens": state.tokens, "skipped": state.skipped}
+
+
+def _val_values(cfg: TrainConfig, step: int) -> dict:
+    values = schedules.values_at(max(0, step - 1), cfg.schedule, stage_steps=cfg.steps)
+    return values | {"aux_loss_weight": cfg.schedule.aux_loss_weight}
+
+
+def _flops_per_token(model, cfg: TrainConfig, device) -> float:
+    """Training FLOPs per token from the model's own accounting (MFU is reported on GPU only)."""
+    inner = dist.unwrap(model)
+    if device.type != "cuda" or not hasattr(inner, "flops_per_token"):
+        return 0.0
+    return float(inner.flops_per_token(cfg.seq_len))
+
+
+def _progress(cfg: TrainConfig, state: LoopState, rank0: bool):
+    if not (rank0 and cfg.log.progress):
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=cfg.steps, initial=state.step, unit="step", dynamic_ncols=True, leave=False)
+
+
+def _report(metrics: Metrics, bar, cfg: TrainConfig, state: LoopState, row: dict, sec_per_step: float) -> None:
+    if bar is not None:
+        bar.update(1)
+        bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tok_per_s']:,.0f}", refresh=False)
+    if state.step % cfg.log.every == 0 or state.step == cfg.steps:
+        metrics.log(state.step, row | {"tokens": state.tokens, "skipped_total": state.skipped})
+        if dist.rank() == 0:
+            _emit(format_line(state.step, cfg.steps, row, eta_s=sec_per_step * (cfg.steps - state.step)), bar)

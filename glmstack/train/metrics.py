@@ -1,0 +1,106 @@
+"""Metrics: one log line per step, metrics.jsonl, optional TensorBoard, and PNG plots drawn from the jsonl.
+
+Everything the loop measures goes through `Metrics.log(step, dict)`; plots are made afterwards from
+metrics.jsonl alone (not from hooks), so `python -m glmstack.train.metrics runs/tiny/pretrain` redraws them.
+Only rank 0 writes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+# What a log line shows, in order: (key, format).
+LINE_FIELDS = (("loss", "{:.4f}"), ("lr", "{:.2e}"), ("grad_norm", "{:.3f}"), ("tok_per_s", "{:,.0f}"),
+               ("moe/max_over_mean", "{:.2f}"), ("val_loss", "{:.4f}"), ("mfu", "{:.1%}"))
+# Plot panels: title -> metric keys (prefix match for per-layer series).
+PLOTS = {"loss": ("loss", "lm_loss", "val_loss"), "lr": ("lr",), "mtp": ("mtp_loss",),
+         "router_load": ("moe/max_over_mean/",), "router_entropy": ("moe/entropy/",), "grad_norm": ("grad_norm",)}
+
+
+def format_line(step: int, total: int, row: dict, eta_s: float | None = None) -> str:
+    """`step   12/100 | loss 3.2100 | lr 2.50e-04 | ...` (fixed order, absent fields skipped)."""
+    parts = [f"step {step:>6}/{total}"]
+    parts += [f"{k} {fmt.format(row[k])}" for k, fmt in LINE_FIELDS if k in row]
+    if eta_s is not None:
+        parts.append(f"eta {int(eta_s) // 60}m{int(eta_s) % 60:02d}s")
+    return " | ".join(parts)
+
+
+class Metrics:
+    """metrics.jsonl appender (+ TensorBoard when asked); no-op off rank 0."""
+
+    def __init__(self, folder: str | Path, *, enabled: bool = True, tensorboard: bool = False):
+        self.folder, self.enabled = Path(folder), enabled
+        self.tb = None
+        if enabled and tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(self.folder / "tensorboard"))
+
+    def log(self, step: int, row: dict) -> None:
+        if not self.enabled:
+            return
+        row = {"step": step, **{k: v for k, v in row.items() if _finite_number(v)}}
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with open(self.folder / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self.tb is not None:
+            for k, v in row.items():
+                self.tb.add_scalar(k, v, step)
+
+    def truncate_after(self, step: int) -> None:
+        """Drop rows logged after `step` (a resumed run re-logs them; the file stays one row per step)."""
+        path = self.folder / "metrics.jsonl"
+        if self.enabled and path.exists():
+            rows = [r for r in read_jsonl(path) if r.get("step", -1) <= step]
+            tmp = path.with_suffix(".jsonl.tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+            tmp.replace(path)
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+
+
+def _finite_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def plot(folder: str | Path) -> list[Path]:
+    """One PNG per PLOTS panel under folder/plots/, from folder/metrics.jsonl; returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder = Path(folder)
+    rows = read_jsonl(folder / "metrics.jsonl")
+    written = []
+    for title, keys in PLOTS.items():
+        series = sorted({k for r in rows for k in r if any(k == p or (p.endswith("/") and k.startswith(p)) for p in keys)})
+        if not series:
+            continue
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for k in series:
+            pts = [(r["step"], r[k]) for r in rows if k in r]
+            ax.plot(*zip(*pts), label=k, marker="." if len(pts) < 30 else None)
+        ax.set(title=title, xlabel="step")
+        ax.legend(fontsize=7)
+        (folder / "plots").mkdir(exist_ok=True)
+        out = folder / "plots" / f"{title}.png"
+        fig.savefig(out, dpi=100, bbox_inches="tight")
+        plt.close(fig)
+        written.append(out)
+    return written
+
+
+if __name__ == "__main__":
+    for p in plot(sys.argv[1]):
+        print(p)

@@ -1,0 +1,139 @@
+"""What every training stage does around the loop: config from a recipe + overrides, model, data, optimiser.
+
+pretrain.py and midtrain.py are thin: they name their stage and (midtrain) what it changes; SFT and RL reuse
+`build_model` / `run` with their own data and loss functions. Reads top to bottom:
+
+    cfg = load_config("tiny", "pretrain", ["optim.lr=3e-4"])     # recipe function + --set overrides
+    result = run(cfg)                                            # model -> parallelize -> optimiser -> train
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from glmstack.config import ConfigError, apply_overrides
+from glmstack.optim import build_optimizer
+from glmstack.train import dist
+from glmstack.train.config import TrainConfig
+from glmstack.train.loop import device_of, pretrain_loss, train
+from glmstack.train.synthetic import SyntheticLM
+
+
+def load_config(recipe: str, stage: str, overrides: list[str]) -> TrainConfig:
+    """`glmstack.recipes.<recipe>.<stage>()` with `key=value` overrides applied (unknown keys list valid ones)."""
+    from glmstack.recipes import recipe_function
+
+    cfg = recipe_function(recipe, stage)()
+    if not isinstance(cfg, TrainConfig):
+        raise ConfigError(f"recipe {recipe}.{stage}() returned {type(cfg).__name__}, expected TrainConfig")
+    return apply_overrides(cfg, overrides)
+
+
+def stage_dir(cfg: TrainConfig) -> Path:
+    return Path(cfg.out_dir) / cfg.run / cfg.stage
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def resolve_checkpoint(ref: str, out_dir: str) -> Path:
+    """A previous stage's checkpoint: an HF folder, a stage folder (its `latest`), or 'run/stage'."""
+    from glmstack.train import checkpoint
+
+    for cand in (Path(ref), Path(out_dir) / ref):
+        if (cand / "config.json").exists() and any(cand.glob("*.safetensors")):
+            return cand
+        if (cand / checkpoint.LATEST).exists():
+            return checkpoint.latest(cand)
+    raise ConfigError(f"init_from={ref!r}: no HF checkpoint folder, stage folder or run/stage under {out_dir}")
+
+
+def build_model(cfg: TrainConfig, device: torch.device):
+    """A fresh GLM from the preset (seeded init) or the previous stage's checkpoint; stage RoPE base applied."""
+    from glmstack.model import GLM, ModelConfig, load_hf
+
+    overrides = dict(cfg.model_overrides)
+    if cfg.rope_theta:
+        overrides["rope_theta"] = cfg.rope_theta
+    if cfg.init_from:
+        model = load_hf(resolve_checkpoint(cfg.init_from, cfg.out_dir), dtype=torch.float32)
+        if overrides:  # e.g. mid-training's RoPE base change: same weights, new config fields
+            model.cfg = dataclasses.replace(model.cfg, **overrides)
+        return model.to(device)
+    return GLM(ModelConfig.preset(cfg.model, **overrides)).init_weights(seed=cfg.seed, device=device)
+
+
+def build_data(cfg: TrainConfig, vocab_size: int, split: str = "train"):
+    """The stage's loader per the data-batches contract (rank-aware, resumable)."""
+    kw = dict(seq_len=cfg.seq_len, batch_size=cfg.micro_batch_size, rank=dist.rank(), world_size=dist.world())
+    if cfg.data.kind == "synthetic":
+        return SyntheticLM(vocab_size=vocab_size, seed=cfg.seed, split=split, **kw, **cfg.data.options)
+    try:
+        from glmstack.data.loader import build_loader
+    except ImportError as e:
+        raise ConfigError("data.kind=shards needs glmstack.data.loader.build_loader") from e
+    path = cfg.data.val_path if split == "val" and cfg.data.val_path else cfg.data.path
+    return build_loader(path=path, mixture=cfg.data.mixture, packing=cfg.data.packing, seed=cfg.seed,
+                        split=split, **kw, **cfg.data.options)
+
+
+def run(cfg: TrainConfig, *, loss_fn=pretrain_loss, stop_at: int | None = None) -> dict:
+    """Build everything for `cfg` and run the loop; returns the loop's summary."""
+    device = device_of(cfg)
+    dist.init_from_env(device.type)
+    seed_everything(cfg.seed)
+    # ------------------------------------------------------------------ model, parallelism, optimiser
+    model = build_model(cfg, device)
+    model = dist.parallelize(model, cfg.dist.dp, cfg.dist.expert_parallel)
+    optimizer, _ = build_optimizer(dist.unwrap(model), cfg.optim)
+    # ------------------------------------------------------------------ data
+    vocab = dist.unwrap(model).cfg.vocab_size
+    data = build_data(cfg, vocab)
+    val_batches = []
+    if cfg.log.val_every:
+        val_iter = iter(build_data(cfg, vocab, split="val"))
+        val_batches = [next(val_iter) for _ in range(cfg.log.val_batches)]
+    # ------------------------------------------------------------------ train
+    return train(model=model, optimizer=optimizer, data=data, cfg=cfg, stage_dir=stage_dir(cfg),
+                 loss_fn=loss_fn, val_batches=val_batches, stop_at=stop_at)
+
+
+def parse_args(argv: list[str] | None, stage: str, description: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=f"glmstack {stage}", description=description)
+    p.add_argument("recipe", help="recipe module under glmstack/recipes (e.g. tiny)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field, e.g. --set optim.lr=3e-4 (repeatable)")
+    p.add_argument("--resume", default=None, help="auto (default: continue from latest), never, or a step folder")
+    p.add_argument("--stop-at", type=int, default=None, help="stop this process at this step (with a checkpoint)")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    return p.parse_args(argv)
+
+
+def main_for(stage: str, description: str, argv: list[str] | None) -> int:
+    """The body of `glmstack pretrain|midtrain <recipe>`: bad input is one clear line and exit code 2."""
+    args = parse_args(argv, stage, description)
+    try:
+        overrides = args.overrides + ([f"ckpt.resume={args.resume}"] if args.resume else [])
+        cfg = load_config(args.recipe, stage, overrides)
+        if args.print_config:
+            from glmstack.config import to_json
+
+            print(to_json(cfg))
+            return 0
+        result = run(cfg, stop_at=args.stop_at)
+    except ConfigError as e:
+        print(f"glmstack {stage}: {e}", flush=True)
+        return 2
+    if dist.rank() == 0:
+        print(f"{stage} finished: {result}", flush=True)
+    return 0 if result["stopped"] == "done" else 1
