@@ -34,6 +34,8 @@ class FilterConfig:
     min_words: int = 5  # Gopher uses 50 on web pages; our math snippets are short
     max_symbol_word_ratio: float = 0.1  # Gopher: '#' and '...' per word
     max_non_alpha_words_ratio: float = 0.9  # Gopher uses 0.8 (fraction of words without a letter); math needs slack
+    prose_kinds: list[str] = field(default_factory=lambda: ["text"])
+    # ^ kinds the prose filters (symbols, repetition) apply to; generated math repeats "Solution:"/"Answer:" by design
     dup_line_frac: float = 0.3  # Gopher repetition: fraction of duplicated lines
     dup_line_char_frac: float = 0.2  # ... of characters in duplicated lines
     top_ngram_fracs: list[tuple[int, float]] = field(default_factory=lambda: [(2, 0.2), (3, 0.18), (4, 0.16)])
@@ -53,11 +55,13 @@ class FilterReport:
     """Per filter: documents removed and a histogram of reasons; boilerplate lines stripped."""
 
     removed: Counter = field(default_factory=Counter)
+    by_source: Counter = field(default_factory=Counter)  # documents removed per source
     reasons: Counter = field(default_factory=Counter)
     boilerplate_lines: int = 0
 
     def merge(self, other: "FilterReport") -> None:
         self.removed.update(other.removed)
+        self.by_source.update(other.by_source)
         self.reasons.update(other.reasons)
         self.boilerplate_lines += other.boilerplate_lines
 
@@ -81,7 +85,7 @@ def length_filter(cfg: FilterConfig) -> Callable[[Doc], str | None]:
 
 def symbol_filter(cfg: FilterConfig) -> Callable[[Doc], str | None]:
     def f(doc: Doc) -> str | None:
-        if doc.kind in ("code", "repo"):
+        if doc.kind not in cfg.prose_kinds:
             return None  # symbols are the content of code
         toks = doc.text.split()
         n = max(1, len(toks))
@@ -129,7 +133,7 @@ def _dup_ngram_frac(ws: list[str], n: int) -> float:
 
 def repetition_filter(cfg: FilterConfig) -> Callable[[Doc], str | None]:
     def f(doc: Doc) -> str | None:
-        if doc.kind in ("code", "repo"):
+        if doc.kind not in cfg.prose_kinds:
             return None  # code repeats lines legitimately (closing braces, returns)
         lines = [ln for ln in doc.text.split("\n") if ln.strip()]
         frac, char_frac = _dup_fraction(lines)
@@ -192,12 +196,14 @@ def apply_filters(doc: Doc, cfg: FilterConfig, filters, report: FilterReport) ->
         why = strip_boilerplate(doc, cfg, report)
         if why:
             report.removed["boilerplate"] += 1
+            report.by_source[doc.source] += 1
             report.reasons[f"boilerplate: {why}"] += 1
             return False
     for name, f in filters:
         why = f(doc)
         if why:
             report.removed[name] += 1
+            report.by_source[doc.source] += 1
             report.reasons[f"{name}: {why}"] += 1
             return False
     return True

@@ -30,7 +30,7 @@ BOILER = ["Click here to subscribe!", "Accept all cookies", "Share this page on 
 @dataclass(kw_only=True)
 class QualityConfig:
     enabled: bool = True  # score documents; without scores every document is in the middle bucket
-    n_features: int = 2**20  # hashed feature width
+    n_features: int = 2**18  # hashed feature width
     max_train_docs: int = 4000  # positives sampled from the text sources to train on
     seed: int = 0  # sampling and degradation
 
@@ -65,7 +65,7 @@ class QualityModel:
 
     def fit(self, positives: list[str]) -> dict:
         """Train on positives vs their degradations; returns held-out accuracy on a 20% split."""
-        from sklearn.linear_model import LogisticRegression
+        from sklearn.linear_model import SGDClassifier
 
         rng = random.Random(self.cfg.seed)
         pos = list(positives)
@@ -76,7 +76,9 @@ class QualityModel:
         order = np.random.default_rng(self.cfg.seed).permutation(len(texts))
         cut = int(0.8 * len(order))
         X = self.vec.transform([texts[i] for i in order])
-        self.clf = LogisticRegression(C=4.0, max_iter=500).fit(X[:cut], y[order[:cut]])
+        # SGD logistic regression: lbfgs over 2^20 dense weights took ~6 s on 500 documents, SGD ~0.1 s
+        self.clf = SGDClassifier(loss="log_loss", alpha=1e-4, max_iter=30, tol=None, random_state=self.cfg.seed)
+        self.clf.fit(X[:cut], y[order[:cut]])
         acc = float((self.clf.predict(X[cut:]) == y[order[cut:]]).mean()) if cut < len(order) else float("nan")
         return {"train_docs": len(texts), "heldout_accuracy": acc}
 

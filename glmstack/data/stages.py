@@ -1,0 +1,151 @@
+"""The per-unit stages of the build (run by executor.run_units) and their file formats.
+
+Work folder layout (one file set per unit u, the marker written last):
+    raw_{u}.jsonl.zst                 documents as read (stage 0, driver)
+    kept_{u}.jsonl.zst                documents that passed the filters, with their quality score (stage 1)
+    sig_{u}.npy / hash_{u}.npy        MinHash signatures and exact hashes of the kept documents (stage 1)
+    meta_{u}.json                     [id, source, kind, split, quality, chars] per kept document (stage 1)
+    report_{u}.json                   filter report; the stage-1 marker
+    keep_{u}.npy                      copies per kept document after dedup + mixture (driver)
+    tok_{u}.bin / tok_{u}.idx.npy     tokens of the surviving documents (stage 2); tok_{u}.done marker
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from glmstack.data.dedup import MinHasher, exact_hash
+from glmstack.data.filters import FilterReport, apply_filters, build_filters
+from glmstack.data.fim import fim_ids, repo_fim_ids
+from glmstack.data.quality import code_score
+from glmstack.data.sources import Doc
+
+
+def write_docs(path: Path, docs: list[Doc]) -> None:
+    import zstandard
+
+    raw = "".join(json.dumps(d.to_json(), ensure_ascii=False) + "\n" for d in docs).encode("utf-8", "replace")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(zstandard.ZstdCompressor(level=3).compress(raw))
+    os.replace(tmp, path)
+
+
+def read_docs(path: Path) -> list[Doc]:
+    import zstandard
+
+    with zstandard.ZstdDecompressor().stream_reader(open(path, "rb")) as r:
+        text = io.TextIOWrapper(r, encoding="utf-8")
+        return [Doc.from_json(json.loads(line)) for line in text if line.strip()]
+
+
+def save_npy(path: Path, arr: np.ndarray) -> None:
+    tmp = path.with_name(path.name + ".tmp.npy")
+    np.save(tmp, arr)
+    os.replace(tmp, path)
+
+
+@dataclass
+class StageContext:
+    """Everything a unit function needs; pickled once per worker process."""
+
+    cfg: object  # DataConfig
+    work: Path
+    tokenizer: object = None
+    fingerprint: str = ""  # of config + tokenizer; keys the per-process caches
+
+    def path(self, kind: str, u: int, ext: str) -> Path:
+        return self.work / f"{kind}_{u:05d}.{ext}"
+
+
+_CACHE: dict[str, object] = {}
+
+
+def _cached(ctx: StageContext, key: str, make):
+    key = f"{ctx.work}:{ctx.fingerprint}:{key}"
+    if key not in _CACHE:
+        _CACHE[key] = make()
+    return _CACHE[key]
+
+
+def filter_unit(ctx: StageContext, u: int) -> None:
+    """Stage 1: filters, decontamination, quality score, exact hash and MinHash signature of one unit."""
+    cfg = ctx.cfg
+    filters = _cached(ctx, "filters", lambda: build_filters(cfg.filters, _decontaminator(cfg)))
+    hasher = _cached(ctx, "minhash", lambda: MinHasher(cfg.minhash))
+    quality = _cached(ctx, "quality", lambda: _load_quality(ctx.work))
+    report, kept = FilterReport(), []
+    for doc in read_docs(ctx.path("raw", u, "jsonl.zst")):
+        if apply_filters(doc, cfg.filters, filters, report):
+            kept.append(doc)
+    _score(kept, quality)
+    sigs = np.stack([hasher.signature(d.text) for d in kept]) if kept else np.zeros((0, hasher.num_perm), np.uint64)
+    hashes = np.array([list(exact_hash(d.text)) for d in kept], dtype=np.uint8).reshape(len(kept), 16)
+    write_docs(ctx.path("kept", u, "jsonl.zst"), kept)
+    meta = [[d.id, d.source, d.kind, d.meta.get("split", "train"), d.meta.get("quality"), len(d.text)] for d in kept]
+    ctx.path("meta", u, "json").write_text(json.dumps(meta))
+    save_npy(ctx.path("sig", u, "npy"), sigs)
+    save_npy(ctx.path("hash", u, "npy"), hashes)
+    rep = {"removed": dict(report.removed), "reasons": dict(report.reasons), "by_source": dict(report.by_source),
+           "boilerplate_lines": report.boilerplate_lines, "kept": len(kept)}
+    tmp = ctx.path("report", u, "json.tmp")
+    tmp.write_text(json.dumps(rep))
+    os.replace(tmp, ctx.path("report", u, "json"))
+
+
+def _decontaminator(cfg):
+    if not cfg.filters.decontaminate:
+        return None
+    from glmstack.data.decontam import Decontaminator, default_eval_texts
+
+    return Decontaminator(default_eval_texts(), cfg.filters.decontam_n)
+
+
+def _load_quality(work: Path):
+    path = work / "quality.pkl"
+    return pickle.loads(path.read_bytes()) if path.exists() else None
+
+
+def _score(docs: list[Doc], quality) -> None:
+    """meta["quality"]: classifier probability for prose, rule score for code, none for math."""
+    prose = [d for d in docs if d.kind == "text"]
+    if quality is not None and prose:
+        for d, s in zip(prose, quality.score([d.text for d in prose])):
+            d.meta["quality"] = float(s)
+    for d in docs:
+        if d.kind in ("code", "repo"):
+            d.meta["quality"] = code_score(d.text, d.lang)
+
+
+def encode_doc(doc: Doc, tokenizer, cfg, eos_id: int) -> list[int]:
+    """Token ids of one document plus <|endoftext|>; FIM for code in the train split."""
+    fim = cfg.fim_enabled and doc.meta.get("split") == "train"
+    if fim and doc.kind == "code":
+        ids = fim_ids(doc.text, doc.id, tokenizer, cfg.fim)
+    elif fim and doc.kind == "repo":
+        ids = repo_fim_ids(doc.text, doc.id, tokenizer, cfg.fim)
+    else:
+        ids = tokenizer.encode(doc.text)
+    return ids + [eos_id]
+
+
+def tokenize_unit(ctx: StageContext, u: int) -> None:
+    """Stage 2: tokens of the unit's surviving documents (copies are made when shards are assembled)."""
+    keep = np.load(ctx.path("keep", u, "npy"))
+    docs = [d for d, k in zip(read_docs(ctx.path("kept", u, "jsonl.zst")), keep) if k > 0]
+    eos = ctx.tokenizer.token_id("<|endoftext|>")
+    ids = [encode_doc(d, ctx.tokenizer, ctx.cfg, eos) for d in docs]
+    offsets = np.zeros(len(ids) + 1, dtype=np.int64)
+    np.cumsum([len(x) for x in ids], out=offsets[1:])
+    flat = np.fromiter((t for x in ids for t in x), dtype=np.uint32, count=int(offsets[-1]))
+    tmp = ctx.path("tok", u, "bin.tmp")
+    tmp.write_bytes(flat.tobytes())
+    os.replace(tmp, ctx.path("tok", u, "bin"))
+    save_npy(ctx.path("tok", u, "idx.npy"), offsets)
+    ctx.path("tok", u, "done").write_text("ok")
