@@ -1,0 +1,32 @@
+"""`glmstack sandbox`: -c, a file, stdin, --json and --info, with the exit code telling ok from not."""
+
+import io
+import json
+
+from glmstack.sandbox.cli import main
+
+
+def test_dash_c_prints_output_and_summary(capsys):
+    assert main(["-c", "print(6 * 7)"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "42\n" and "[sandbox] exit=0 flags=-" in err
+
+
+def test_file_with_stdin_text(tmp_path, capsys):
+    prog = tmp_path / "p.py"
+    prog.write_text("print(input().upper())")
+    assert main([str(prog), "--stdin-text", "abc"]) == 0
+    assert capsys.readouterr().out == "ABC\n"
+
+
+def test_program_from_stdin_times_out(monkeypatch, capsys):
+    monkeypatch.setattr("sys.stdin", io.StringIO("while True: pass"))
+    assert main(["-", "--timeout", "0.5"]) == 1
+    assert "flags=timed_out" in capsys.readouterr().err
+
+
+def test_json_and_info(capsys):
+    assert main(["-c", "import sys; sys.exit(2)", "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["exit_code"] == 2
+    assert main(["--info"]) == 0
+    assert "mode:" in capsys.readouterr().out

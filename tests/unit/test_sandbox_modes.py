@@ -1,0 +1,59 @@
+"""Each isolation mode runs programs, reports its layers, cleans up, and refuses to run untrusted code as root."""
+
+import os
+
+import pytest
+
+from glmstack.sandbox import isolation, run
+
+SYSTEM_PYTHON = "/usr/bin/python3"  # world-readable, so a root caller can drop to the sandbox uid outside bwrap
+
+
+def _need(mode):
+    if not isolation.available(mode):
+        pytest.skip(f"{mode} mode unavailable here")
+
+
+@pytest.fixture
+def reachable_python(monkeypatch):
+    if os.geteuid() == 0:
+        if not os.access(SYSTEM_PYTHON, os.X_OK):
+            pytest.skip("needs /usr/bin/python3 to test the weaker modes as root")
+        monkeypatch.setenv("GLMSTACK_SANDBOX_PYTHON", SYSTEM_PYTHON)
+
+
+@pytest.mark.parametrize("mode", ["unshare", "plain"])
+def test_weaker_modes_run_and_remove_their_work_dir(mode, reachable_python):
+    _need(mode)
+    r = run("open('out.txt', 'w').write('x'); import os; print(os.listdir('.'))", mode=mode, timeout_s=5)
+    assert r.ok and r.stdout == "['out.txt']\n" and r.mode == mode
+    assert r.work_dir is not None and not os.path.exists(r.work_dir)
+    assert set(isolation.LAYERS[mode]) <= set(r.layers)
+    if os.geteuid() == 0:
+        assert "uid" in r.layers and isolation.uid_pids(r.uid) == []
+
+
+def test_bwrap_work_dir_is_a_fresh_tmpfs():
+    _need("bwrap")
+    first = run("open('left.txt', 'w').write('x'); import os; print(os.getcwd())", mode="bwrap", timeout_s=5)
+    second = run("import os; print(os.listdir('.'), os.listdir('/tmp'))", mode="bwrap", timeout_s=5)
+    assert first.stdout == f"{isolation.SANDBOX_DIR}\n" and second.stdout == "[] []\n"
+    assert first.work_dir is None and "tmpfs-workdir" in first.layers
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the refusal concerns root callers")
+def test_root_without_reachable_interpreter_is_refused(monkeypatch, tmp_path):
+    _need("plain")
+    hidden = tmp_path / "hidden"
+    hidden.mkdir(mode=0o700)
+    os.symlink(SYSTEM_PYTHON, hidden / "python3")
+    monkeypatch.setenv("GLMSTACK_SANDBOX_PYTHON", str(hidden / "python3"))
+    monkeypatch.setattr(isolation, "python_exe", lambda: str(hidden / "python3"))  # realpath would unhide it
+    monkeypatch.delenv("GLMSTACK_SANDBOX_UNSAFE_ROOT", raising=False)
+    with pytest.raises(RuntimeError, match="refusing to run untrusted code as root"):
+        run("print(1)", mode="plain")
+
+
+def test_auto_resolves_to_an_available_mode():
+    assert isolation.resolve("auto") in isolation.MODES
+    assert isolation.available(isolation.resolve("auto"))
