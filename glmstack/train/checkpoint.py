@@ -123,9 +123,10 @@ def save(stage_dir: str | Path, step: int, *, model, optimizer, state: dict, dat
 
 
 def _commit(stage_dir: Path, tmp: Path, final: Path) -> None:
-    pause = float(os.environ.get("GLMSTACK_CKPT_PAUSE_S", "0"))  # tests kill the process inside this window
-    if pause:
-        time.sleep(pause)
+    # tests/integration/test_resume_kill.py SIGKILLs the process inside this window (GLMSTACK_CKPT_PAUSE=step:seconds)
+    pause_step, _, pause_s = os.environ.get("GLMSTACK_CKPT_PAUSE", "").partition(":")
+    if pause_step and final.name == step_name(int(pause_step)):
+        time.sleep(float(pause_s))
     if final.exists():  # re-saving a step (after a resume): move the old copy aside first
         old = final.with_name(f".old_{final.name}")
         shutil.rmtree(old, ignore_errors=True)

@@ -184,6 +184,8 @@ def _resume(stage_dir: Path, cfg: TrainConfig, model, optimizer, data) -> LoopSt
         raise ConfigError(f"cannot resume from {folder}: the config differs in {', '.join(conflicts)} "
                           f"(start a new run, or set ckpt.resume=never)")
     saved = checkpoint.load(folder, model=model, optimizer=optimizer, data=data)
+    if dist.rank() == 0:
+        print(f"resuming from {folder} (step {saved['loop']['step']})", flush=True)
     for (_, buf), value in zip(balance.bias_buffers(dist.unwrap(model)), saved.get("balance_biases", [])):
         buf.copy_(value)
     return LoopState(**saved["loop"])
