@@ -227,6 +227,8 @@ def _split_hf_dict(d: dict) -> tuple[dict, dict]:
         if not _default_rope(rope):
             bad.append(f"rope_parameters {rope!r}: only rope_type 'default' is supported")
         for k in ("rope_theta", "partial_rotary_factor"):
+            if k in rope and k in d and d[k] != rope[k]:
+                bad.append(f"{k}={d[k]!r} contradicts rope_parameters.{k}={rope[k]!r}")
             if k in rope:
                 d[k] = rope[k]
     if bad:
@@ -289,7 +291,7 @@ _GLM5 = dict(
     rope_interleave=True, indexer_rope_interleave=True, index_topk=2048, index_head_dim=128, index_n_heads=32,
     num_mtp_depths=3, torch_dtype="bfloat16", eos_token_id=[154820, 154827, 154829], pad_token_id=154820,
 )
-_TINY_GLM5 = {**_GLM5, "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32,
+_TINY_GLM5 = {**{k: v for k, v in _GLM5.items() if k not in ("eos_token_id", "pad_token_id")}, "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32,
               "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 8,
               "rope_theta": 10000, "n_routed_experts": 8, "num_experts_per_tok": 2, "first_k_dense_replace": 1,
               "max_position_embeddings": 4096, "q_lora_rank": 32, "kv_lora_rank": 16, "qk_nope_head_dim": 16,

@@ -147,7 +147,8 @@ def _check(model: GLM, files: dict[str, Path]) -> dict[str, tuple[str, tuple]]:
         elif ours is not None:
             plan[key] = (ours, idx)
     filled = {ours for ours, idx in plan.values() if idx == ()}
-    missing = [k for k, (ours, _) in entries.items() if k not in plan and ours not in filled]
+    present = set(shapes)  # a mis-shaped tensor is reported as such, not also as missing
+    missing = [k for k, (ours, _) in entries.items() if k not in present and ours not in filled]
     _raise_if(missing, unexpected, bad_shape)
     return plan
 

@@ -1,0 +1,84 @@
+"""MoE: grouped-GEMM experts == the per-expert loop (forward and backward), router details, balance loss."""
+
+import pytest
+import torch
+
+from glmstack.model import ModelConfig
+from glmstack.model.moe import MoE, Router, experts_grouped, experts_loop, sequence_balance_loss
+
+pytestmark = pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason="torch without _grouped_mm")
+
+
+def _bank(E=8, D=32, F=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(E, 2 * F, D, generator=g) * 0.2, torch.randn(E, D, F, generator=g) * 0.2)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
+def test_grouped_equals_loop_forward_backward(dtype, tol):
+    T, K, E = 50, 3, 8
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(T, 32, generator=g)
+    skew = torch.tensor([4.0, 2, 1, 1, 1, 1, 0.5, 0])  # uneven load; expert 7 never chosen (empty group)
+    idx = (torch.rand(T, E, generator=g) * skew).topk(K, dim=-1).indices
+    w = torch.rand(T, K, generator=g)
+    results = []
+    for fn in (experts_grouped, experts_loop):
+        wgu, wd = (t.to(dtype).requires_grad_() for t in _bank())
+        xx, ww = x.to(dtype).requires_grad_(), w.clone().requires_grad_()
+        y = fn(xx, idx, ww, wgu, wd)
+        y.float().pow(2).sum().backward()
+        results.append([y.float(), xx.grad.float(), ww.grad, wgu.grad.float(), wd.grad.float()])
+    for a, b in zip(*results):  # relative error in norm: bf16 sums in a different order
+        assert (a - b).norm() <= tol * b.norm()
+
+
+def test_empty_experts_get_zero_grad():
+    x = torch.randn(6, 32)
+    idx = torch.tensor([[0, 1]] * 6)
+    wgu, wd = (t.requires_grad_() for t in _bank())
+    experts_grouped(x, idx, torch.ones(6, 2), wgu, wd).sum().backward()
+    assert wgu.grad[2:].abs().sum() == 0 and wgu.grad[:2].abs().sum() > 0
+
+
+def test_moe_switch_uses_reference_loop():
+    cfg = ModelConfig.preset("tiny")
+    moes = []
+    for grouped in (True, False):
+        torch.manual_seed(0)
+        moe = MoE(ModelConfig.preset("tiny", use_grouped_mm=grouped))
+        for t in list(moe.parameters()) + list(moe.buffers()):
+            t.data.normal_(0, 0.2)
+        moes.append(moe)
+    x = torch.randn(2, 7, cfg.hidden_size)
+    (ya, auxa, la), (yb, auxb, lb) = moes[0](x), moes[1](x)
+    torch.testing.assert_close(ya, yb, atol=1e-5, rtol=1e-5)
+    assert torch.equal(la, lb) and la.sum() == 2 * 7 * cfg.num_experts_per_tok
+
+
+def test_router_bias_chooses_but_does_not_weigh():
+    cfg = ModelConfig.preset("tiny", norm_topk_prob=False, routed_scaling_factor=1.0)
+    r = Router(cfg)
+    r.weight.data.normal_()
+    r.e_score_correction_bias.data.zero_()
+    r.e_score_correction_bias.data[5] = 10.0  # forces expert 5 in every token's top-k
+    x = torch.randn(9, cfg.hidden_size)
+    scores, idx, w = r(x)
+    assert (idx == 5).any(-1).all()
+    torch.testing.assert_close(w, scores.gather(1, idx))  # gate values are the unbiased sigmoid scores
+
+
+def test_group_limited_routing_stays_in_kept_groups():
+    cfg = ModelConfig.preset("tiny", n_routed_experts=8, n_group=4, topk_group=1, num_experts_per_tok=2)
+    r = Router(cfg)
+    r.weight.data.normal_()
+    r.e_score_correction_bias.data.zero_()
+    _, idx, _ = r(torch.randn(20, cfg.hidden_size))
+    assert torch.equal(idx[:, 0] // 2, idx[:, 1] // 2)  # both experts from the one kept group
+
+
+def test_balance_loss_is_one_when_balanced():
+    B, T, E, K = 2, 8, 4, 2
+    scores = torch.full((B, T, E), 0.5)
+    idx = torch.tensor([[0, 1], [2, 3]] * (T // 2)).expand(B, T, K)
+    torch.testing.assert_close(sequence_balance_loss(scores, idx), torch.tensor(1.0))
