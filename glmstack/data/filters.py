@@ -38,8 +38,9 @@ class FilterConfig:
     # ^ kinds the prose filters (symbols, repetition) apply to; generated math repeats "Solution:"/"Answer:" by design
     dup_line_frac: float = 0.3  # Gopher repetition: fraction of duplicated lines
     dup_line_char_frac: float = 0.2  # ... of characters in duplicated lines
-    top_ngram_fracs: list[tuple[int, float]] = field(default_factory=lambda: [(2, 0.2), (3, 0.18), (4, 0.16)])
-    dup_ngram_fracs: list[tuple[int, float]] = field(
+    top_ngram_fracs: list[tuple[float, float]] = field(  # (n, max share of the most frequent n-gram)
+        default_factory=lambda: [(2, 0.2), (3, 0.18), (4, 0.16)])
+    dup_ngram_fracs: list[tuple[float, float]] = field(  # (n, max share of chars in repeated n-grams)
         default_factory=lambda: [(5, 0.15), (6, 0.14), (7, 0.13), (8, 0.12), (9, 0.11), (10, 0.10)])
     strip_boilerplate: bool = True  # remove boilerplate lines (cookie banners, "click here", ...) before filtering
     max_boilerplate_frac: float = 0.5  # drop the document if more than this fraction of lines was boilerplate
@@ -141,9 +142,11 @@ def repetition_filter(cfg: FilterConfig) -> Callable[[Doc], str | None]:
             return "duplicate lines"
         ws = words(doc.text.lower())
         for n, thr in cfg.top_ngram_fracs:
+            n = int(n)
             if _top_ngram_frac(ws, n) > thr:
                 return f"top {n}-gram repetition"
         for n, thr in cfg.dup_ngram_fracs:
+            n = int(n)
             if _dup_ngram_frac(ws, n) > thr:
                 return f"duplicate {n}-grams"
         return None

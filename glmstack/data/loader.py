@@ -1,0 +1,112 @@
+"""Batches for the training loop (docs/CONTRACTS.md "Data batches"), read from token shards.
+
+    loader = PretrainLoader("runs/data/train", seq_len=512, batch_size=8, rank=0, world_size=1, seed=0)
+    for batch in loader: ...            # {"input_ids": (B, T) long, "labels": (B, T) long}
+    state = loader.state_dict(); loader.load_state_dict(state)   # exact resume
+
+PretrainLoader (GLM-4.5 pre-training): the split is one token stream, cut into windows of seq_len + 1 tokens
+that overlap by one; input_ids = window[:-1], labels = window[1:]. Windows are shuffled per epoch by
+(seed, epoch), so every token is an input exactly once per epoch. Attention is plain causal over the row.
+
+PackedLoader (mid-training): documents are chunked to seq_len and packed best-fit-decreasing (packing.py);
+rows carry segment_ids and per-document position_ids, labels are -100 at chunk ends and padding, so a model
+honouring segment_ids never attends or predicts across documents.
+
+Data parallelism: each global batch is batch_size * world_size rows of the epoch order, rank r takes rows
+[r * batch_size, (r + 1) * batch_size); the remainder of an epoch that does not fill a global batch is skipped
+so every rank takes the same number of steps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from glmstack.data.packing import pack, row_arrays
+from glmstack.data.shards import TokenShards
+
+
+class _EpochLoader:
+    """Shared iteration: a per-epoch permutation of `n_items`, split into global batches across ranks."""
+
+    def __init__(self, n_items: int, batch_size: int, rank: int, world_size: int, seed: int, shuffle: bool,
+                 max_epochs: int | None):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside world_size {world_size}")
+        self.n_items, self.batch_size, self.rank, self.world_size = n_items, batch_size, rank, world_size
+        self.seed, self.shuffle, self.max_epochs = seed, shuffle, max_epochs
+        self.batches_per_epoch = n_items // (batch_size * world_size)
+        if self.batches_per_epoch == 0:
+            raise ValueError(f"{n_items} rows cannot fill one global batch of {batch_size} x {world_size}; "
+                             "use a smaller seq_len / batch_size or build more data")
+        self.epoch, self.batch = 0, 0
+
+    def order(self, epoch: int) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(self.n_items)
+        return np.random.default_rng([self.seed, epoch]).permutation(self.n_items)
+
+    def _items(self) -> np.ndarray:
+        g = self.batch_size * self.world_size
+        start = self.batch * g + self.rank * self.batch_size
+        return self.order(self.epoch)[start: start + self.batch_size]
+
+    def _advance(self) -> None:
+        self.batch += 1
+        if self.batch == self.batches_per_epoch:
+            self.epoch, self.batch = self.epoch + 1, 0
+
+    def state_dict(self) -> dict:
+        """Position of the NEXT batch; with load_state_dict a resumed run sees exactly the batches it missed."""
+        return {"epoch": self.epoch, "batch": self.batch, "seed": self.seed}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.batch = int(state["epoch"]), int(state["batch"])
+        self.seed = int(state.get("seed", self.seed))
+
+    def __len__(self) -> int:
+        return self.batches_per_epoch
+
+    def __iter__(self):
+        """Epochs follow each other; endless unless max_epochs is set (the trainer decides when to stop)."""
+        while self.max_epochs is None or self.epoch < self.max_epochs:
+            items = self._items()
+            self._advance()
+            yield self._collate([self.row(int(i)) for i in items])
+
+    @staticmethod
+    def _collate(rows: list[dict]) -> dict[str, torch.Tensor]:
+        return {k: torch.from_numpy(np.stack([r[k] for r in rows])) for k in rows[0]}
+
+
+class PretrainLoader(_EpochLoader):
+    """Concatenate and cut: windows of seq_len + 1 tokens -> input_ids / labels shifted by one."""
+
+    def __init__(self, data_dir, seq_len: int, batch_size: int, rank: int = 0, world_size: int = 1,
+                 seed: int = 0, shuffle: bool = True, max_epochs: int | None = None):
+        self.shards = TokenShards(data_dir)
+        self.seq_len = seq_len
+        n_windows = max(0, (self.shards.n_tokens - 1) // seq_len)
+        super().__init__(n_windows, batch_size, rank, world_size, seed, shuffle, max_epochs)
+
+    def row(self, i: int) -> dict[str, np.ndarray]:
+        w = self.shards.span(i * self.seq_len, (i + 1) * self.seq_len + 1)
+        return {"input_ids": w[:-1], "labels": w[1:]}
+
+
+class PackedLoader(_EpochLoader):
+    """Best-fit-decreasing packed rows with segment_ids and position_ids (mid-training)."""
+
+    def __init__(self, data_dir, seq_len: int, batch_size: int, rank: int = 0, world_size: int = 1,
+                 seed: int = 0, shuffle: bool = True, max_epochs: int | None = None, buffer: int = 1 << 16):
+        self.shards = TokenShards(data_dir)
+        self.seq_len = seq_len
+        self.rows = pack([int(n) for n in self.shards.doc_len], seq_len, buffer)
+        super().__init__(len(self.rows), batch_size, rank, world_size, seed, shuffle, max_epochs)
+
+    def _tokens(self, doc: int, start: int, n: int) -> np.ndarray:
+        s = int(self.shards.doc_start[doc]) + start
+        return self.shards.span(s, s + n)
+
+    def row(self, i: int) -> dict[str, np.ndarray]:
+        return row_arrays(self.rows[i], self._tokens, self.seq_len, self.shards.eos_id)
