@@ -13,8 +13,8 @@ Why a training mode (HF's indexer is `@torch.no_grad` and cannot learn; arch-mat
   * "select"  (default, also inference and GLM-5 RL) selection without any indexer loss; `freeze_indexers`
               also turns its gradients off, as GLM-5 does in RL.
 The KL is added to the gradient by `attach_loss` (the value never enters the LM loss, so the training loop needs
-no change; the indexer's `last_loss` holds it for logging). Selection is deterministic, ties included (GLM-5 found
-that a non-deterministic top-k collapsed RL).
+no change; the indexer's `last_loss` holds it for logging). Selection is deterministic torch.topk (GLM-5 found a
+non-deterministic top-k collapsed RL); `stable_ties` also makes exact ties independent of shapes (select_topk).
 
 IndexShare (IndexCache, arXiv 2603.12201; GLM-5.2): "full" layers run their indexer and publish top-k, "shared"
 layers reuse the last full layer's choice (`indexer_types` from the config, HF rule in `is_full_indexer_layer`).
@@ -56,15 +56,19 @@ def index_scores(q_BTIE: torch.Tensor, k_BSE: torch.Tensor, w_BTI: torch.Tensor,
     return torch.matmul(w_BTI.to(acc).unsqueeze(-2), scores_BTIS).squeeze(-2)
 
 
-def select_topk(scores_BTS: torch.Tensor, mask_BTS: torch.Tensor, k: int) -> torch.Tensor:
+def select_topk(scores_BTS: torch.Tensor, mask_BTS: torch.Tensor, k: int, stable: bool = False) -> torch.Tensor:
     """Indices (B, T, min(k, S)) of the best allowed keys; masked keys score -inf.
 
-    Deterministic including ties (ReLU makes exact-zero scores common): a stable sort keeps equal scores in key
-    order, so prefill and token-by-token decode pick the same keys. torch.topk's tie order depends on shapes.
+    Both choices are deterministic run to run. stable=False is torch.topk, what transformers and GLM-5's training
+    engine use (so checkpoint parity is exact), but among EXACTLY equal scores (ReLU makes 0 common in tiny random
+    models) its pick depends on the row length, so prefill and token-by-token decode may choose different keys.
+    stable=True sorts stably (ties go to the earliest key) and is shape-independent.
     """
     scores_BTS = scores_BTS.masked_fill(~mask_BTS, float("-inf"))
     k = min(k, scores_BTS.shape[-1])
-    return scores_BTS.sort(dim=-1, descending=True, stable=True).indices[..., :k]
+    if stable:
+        return scores_BTS.sort(dim=-1, descending=True, stable=True).indices[..., :k]
+    return scores_BTS.topk(k, dim=-1).indices
 
 
 def sparse_mask(topk_BTK: torch.Tensor, mask_B1TS: torch.Tensor) -> torch.Tensor:
@@ -104,6 +108,7 @@ class Indexer(nn.Module):
         self.weights_proj = nn.Linear(D, self.n_heads, bias=False)
         self.scale = self.head_dim**-0.5
         self.mode = "select"
+        self.stable_ties = False  # see select_topk: True makes tie order independent of the sequence length
         self.loss_coeff = 1.0  # gradient weight of the KL (MCORE dsa_indexer_loss_coeff)
         self.pending_loss: torch.Tensor | None = None
         self.last_loss: torch.Tensor | None = None  # detached, for logging
@@ -144,12 +149,13 @@ class Indexer(nn.Module):
             return None  # warm-up evaluation: attention stays dense
         if self.mode == "select" or not torch.is_grad_enabled():
             with torch.no_grad():
-                return select_topk(self.scores(x_BTD, q_resid_BTQ, cos_sin, k_BSE), mask_B1TS[:, 0], self.topk)
+                scores_BTS = self.scores(x_BTD, q_resid_BTQ, cos_sin, k_BSE)
+                return select_topk(scores_BTS, mask_B1TS[:, 0], self.topk, self.stable_ties)
         scores_BTS = self.scores(x_BTD, q_resid_BTQ, cos_sin, k_BSE)
         topk_BTK = None
         loss_mask_B1TS = mask_B1TS
         if self.mode == "sparse":
-            topk_BTK = select_topk(scores_BTS.detach(), mask_B1TS[:, 0], self.topk)
+            topk_BTK = select_topk(scores_BTS.detach(), mask_B1TS[:, 0], self.topk, self.stable_ties)
             loss_mask_B1TS = sparse_mask(topk_BTK, mask_B1TS)
         if teacher is not None:
             self.pending_loss = indexer_kl(teacher(loss_mask_B1TS), scores_BTS, loss_mask_B1TS)

@@ -31,7 +31,6 @@ from glmstack.model.attention import causal_mask
 from glmstack.model.dsa import Indexer, is_full_indexer_layer, sparse_mask
 from glmstack.model.layers import RMSNorm
 
-
 # ---------------------------------------------------------------------------------------------------- RoPE
 
 
@@ -193,7 +192,6 @@ class MLAttention(nn.Module):
         def probs(mask_B1TS):
             q_nope, q_rope, ckv_B1SC, k_rope_B1SR = (t.detach() for t in main_qk)
             with torch.no_grad():
-                B, _, S, _ = ckv_B1SC.shape
                 w_uk_HNC, _ = self.w_uk_uv()
                 q_lat_BHTC = torch.einsum("bhtn,hnc->bhtc", q_nope, w_uk_HNC.detach())
                 logits_BHTS = (

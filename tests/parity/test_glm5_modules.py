@@ -9,10 +9,10 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
-from transformers.models.glm_moe_dsa import modeling_glm_moe_dsa as hf  # noqa: E402
+from transformers.models.glm_moe_dsa import modeling_glm_moe_dsa as hf
 
-from glmstack.model.mla import MLAttention  # noqa: E402
-from glmstack.model.rope import rope_cos_sin  # noqa: E402
+from glmstack.model.mla import MLAttention
+from glmstack.model.rope import rope_cos_sin
 
 
 def hf_config(index_topk=5, **kw):
