@@ -117,7 +117,7 @@ def build_optimizer(model: nn.Module, cfg) -> tuple[Optimizers, dict[str, str]]:
     if muon_groups:
         opts["muon"] = Muon([{"params": ps, "split": s} for s, ps in muon_groups.items()], lr=cfg.lr,
                             weight_decay=cfg.weight_decay, momentum=cfg.momentum, nesterov=cfg.nesterov,
-                            ns_steps=cfg.ns_steps, adjust_lr_fn=cfg.adjust_lr)
+                            ns_steps=cfg.ns_steps, adjust_lr_fn=cfg.adjust_lr, ns_dtype=getattr(torch, cfg.ns_dtype))
     adam_groups = [{"params": adam_decay, "weight_decay": cfg.weight_decay},
                    {"params": adam_no_decay, "weight_decay": cfg.adamw_weight_decay_1d}]
     adam_groups = [g for g in adam_groups if g["params"]]

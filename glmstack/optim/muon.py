@@ -76,7 +76,8 @@ def _orthogonalize(update: Tensor, group: dict) -> tuple[Tensor, float]:
     if split:  # (H·A_h, B) -> (H, A_h, B): each head's slice is its own matrix (GLM-5 §2.1 Muon Split)
         assert update.ndim == 2 and shape[0] % split == 0, f"cannot split {tuple(shape)} into {split} heads"
         update = update.view(split, shape[0] // split, shape[1])
-    out = zeropower_via_newtonschulz(update, group["ns_steps"], group["ns_coefficients"], group["eps"])
+    out = zeropower_via_newtonschulz(update, group["ns_steps"], group["ns_coefficients"], group["eps"],
+                                     group.get("ns_dtype", torch.bfloat16))
     scale = lr_scale(tuple(out.shape[-2:]), group["adjust_lr_fn"])
     return out.reshape(shape), scale
 
@@ -96,7 +97,10 @@ def _local_like(full: Tensor, like: Tensor) -> Tensor:
 
 
 class Muon(Optimizer):
-    """Muon over 2-D matrices and 3-D banks; per-group options `split` (heads) and `adjust_lr_fn`.
+    """Muon over 2-D matrices and 3-D banks; per-group options `split` (heads), `adjust_lr_fn`, `ns_dtype`.
+
+    `ns_dtype` is bf16 as in torch and Keller Jordan's code; float32 makes NS insensitive to last-bit differences
+    of the gradient (used where two parallel layouts are compared, tests/dist).
 
     Defaults are GLM-4.5's: momentum 0.95 Nesterov, wd 0.1 (decoupled, un-scaled lr), 5 NS steps, update RMS
     matched to AdamW. Momentum is elementwise, so with FSDP2 it stays sharded; only NS sees the full matrix.
@@ -104,10 +108,11 @@ class Muon(Optimizer):
 
     def __init__(self, params, lr: float = 1e-3, weight_decay: float = 0.1, momentum: float = 0.95,
                  nesterov: bool = True, ns_coefficients=NS_COEFFICIENTS, eps: float = EPS, ns_steps: int = 5,
-                 adjust_lr_fn: str | None = "match_rms_adamw", split: int | None = None):
+                 adjust_lr_fn: str | None = "match_rms_adamw", split: int | None = None,
+                 ns_dtype: torch.dtype = torch.bfloat16):
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
                         ns_coefficients=tuple(ns_coefficients), eps=eps, ns_steps=ns_steps,
-                        adjust_lr_fn=adjust_lr_fn, split=split)
+                        adjust_lr_fn=adjust_lr_fn, split=split, ns_dtype=ns_dtype)
         super().__init__(params, defaults)
         for group in self.param_groups:
             for p in group["params"]:
