@@ -67,7 +67,7 @@ def check_messages(messages) -> list[Mapping]:
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, Mapping):
-            raise ValueError(f"message {i}: expected a mapping, got {type(m).__name__}")
+            raise ValueError(f"message {i}: expected a mapping, got {type(m).__name__}")  # noqa: TRY004 (one error type for bad conversations)
         role = m.get("role")
         if role not in ROLES:
             raise ValueError(f"message {i}: unknown role {role!r} (expected one of {', '.join(ROLES)})")
@@ -86,7 +86,7 @@ def tool_calls(message: Mapping, index: int) -> list[tuple[str, dict]]:
     calls = []
     for j, tc in enumerate(message.get("tool_calls") or []):
         if not isinstance(tc, Mapping):
-            raise ValueError(f"message {index}: tool call {j} must be a mapping")
+            raise ValueError(f"message {index}: tool call {j} must be a mapping")  # noqa: TRY004
         fn = tc.get("function") or tc  # the template unwraps `tc.function` when present
         name = fn.get("name")
         if not isinstance(name, str) or not name:

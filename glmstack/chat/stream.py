@@ -21,8 +21,14 @@ from __future__ import annotations
 import json
 
 from glmstack.chat.parse import (
-    CALL_CLOSE, CALL_OPEN, THINK_CLOSE, THINK_OPEN, _typers, default_in_reasoning, parse_call,
-)  # fmt: skip
+    CALL_CLOSE,
+    CALL_OPEN,
+    THINK_CLOSE,
+    THINK_OPEN,
+    _typers,
+    default_in_reasoning,
+    parse_call,
+)
 
 _START, _REASONING, _CONTENT, _CALL = "start", "reasoning", "content", "call"
 

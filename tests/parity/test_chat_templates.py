@@ -102,7 +102,7 @@ def _check(style, conversation):
     assert render(msgs, tools, style, **kwargs) == official(msgs, tools, style, **kwargs)
 
 
-SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SETTINGS = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large]}
 
 
 @pytest.mark.parametrize("style", STYLES)
@@ -122,8 +122,20 @@ def test_render_equals_template_500(style, conversation):
 
 # ---- fixed examples (research/glm-formats.md §2.2 and §3) ------------------------------------------------------
 
-WEATHER = [{"type": "function", "function": {"name": "get_weather", "description": "Get weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}}]
+WEATHER = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
 TOOL_CONVERSATION = [
     {"role": "user", "content": "Weather in Paris for 2 days?"},
     {"role": "assistant", "content": "", "reasoning_content": "Need the weather tool.", "tool_calls": [

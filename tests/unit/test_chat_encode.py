@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from glmstack.chat import encode, render
 from glmstack.tokenizer import Tokenizer
 
-CORPUS = ["Hello there, how are you? I am fine.\n", "def f(x):\n    return x * 2\n", "Paris 北京 😀 {\"a\": 1}"] * 30
+CORPUS = ["Hello there, how are you? I am fine.\n", "def f(x):\n    return x * 2\n", 'Paris 北京 😀 {"a": 1}'] * 30
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}]  # fmt: skip
@@ -86,9 +86,12 @@ message = st.one_of(
     st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "tool"]), "content": texts}),
     st.fixed_dictionaries(
         {"role": st.just("assistant"), "content": texts},
-        optional={"reasoning_content": texts, "train": st.booleans(),
-                  "tool_calls": st.lists(st.builds(lambda a: {"name": "f", "arguments": a}, args), max_size=2)},
-    ),  # fmt: skip
+        optional={
+            "reasoning_content": texts,
+            "train": st.booleans(),
+            "tool_calls": st.lists(st.builds(lambda a: {"name": "f", "arguments": a}, args), max_size=2),
+        },
+    ),
 )
 
 

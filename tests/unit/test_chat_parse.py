@@ -169,11 +169,15 @@ def _clean(value):
     return value
 
 
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def bfcl_cases():
     data = _bfcl_data()
     for category in CATEGORIES:
-        questions = [json.loads(line) for line in open(data / f"BFCL_v4_{category}.json")]
-        answers = [json.loads(line) for line in open(data / "possible_answer" / f"BFCL_v4_{category}.json")]
+        questions = _jsonl(data / f"BFCL_v4_{category}.json")
+        answers = _jsonl(data / "possible_answer" / f"BFCL_v4_{category}.json")
         for q, a in zip(questions, answers, strict=True):
             assert q["id"] == a["id"]
             calls = [(name, _clean(options)) for call in a["ground_truth"] for name, options in call.items()]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -26,7 +28,7 @@ def stream(text: str, cuts: list[int], **kwargs) -> list[dict]:
     parser = StreamParser(TOOLS, **kwargs)
     bounds = sorted({min(c, len(text)) for c in cuts} | {0, len(text)})
     deltas = []
-    for a, b in zip(bounds, bounds[1:]):
+    for a, b in itertools.pairwise(bounds):
         deltas += parser.feed(text[a:b])
     return deltas + parser.finish()
 
