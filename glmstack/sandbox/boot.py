@@ -4,8 +4,9 @@ This file is never imported by glmstack; `isolation.py` passes its text to `pyth
 only the standard library, and it runs before any untrusted code, as the last trusted step:
 
 1. read the payload (one JSON line of settings + program + files + stdin, sent by the parent on fd 0);
-2. when started as root (bwrap launched by root) give the work dir to the sandbox uid and switch to that uid
-   for good: RLIMIT_NPROC is only enforced for non-root users, so the fork-bomb limit needs this;
+2. when started as root give the work dir to the sandbox uid and switch to that uid for good (RLIMIT_NPROC is
+   only enforced for non-root users, so the fork-bomb limit needs this), re-arming the parent-death signal
+   that the switch clears (outside bwrap);
 3. lower the rlimits (soft == hard, so the program cannot raise them back);
 4. write the input files into the work dir, put the program's stdin on fd 0 (a memfd, no disk);
 5. exec the program as `__main__` with `sys.argv = ["main.py", *argv]`.
@@ -43,6 +44,15 @@ def _drop_privileges(uid):
     os.setuid(uid)
 
 
+def _rearm_death_signal():
+    # The kernel clears the parent-death signal (setpriv/unshare --kill-child) on a uid change; set it again so
+    # the sandbox still dies with its launcher outside bwrap. PR_SET_PDEATHSIG = 1.
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)
+
+
 def _set_limits(limits):
     for name, value in limits.items():
         resource.setrlimit(getattr(resource, name), (value, value))
@@ -72,6 +82,8 @@ def _main():
     p = _read_payload()
     if p["uid"] is not None and os.getuid() == 0:
         _drop_privileges(p["uid"])
+        if p["deathsig"]:
+            _rearm_death_signal()
     _set_limits(p["rlimits"])
     _write_files(p["files"])
     _install_stdin(base64.b64decode(p["stdin"]))

@@ -40,8 +40,7 @@ MODES = ("bwrap", "unshare", "plain")
 LAYERS = {
     "bwrap": ("process", "rlimits", "session", "clean-env", "workdir", "pid-ns", "net-ns", "ipc-ns", "ro-root",
               "hidden-host-files", "tmpfs-workdir", "die-with-parent"),
-    "unshare": ("process", "rlimits", "session", "clean-env", "workdir", "pid-ns", "net-ns", "ipc-ns",
-                "die-with-parent"),
+    "unshare": ("process", "rlimits", "session", "clean-env", "workdir", "pid-ns", "net-ns", "ipc-ns"),
     "plain": ("process", "rlimits", "session", "clean-env", "workdir"),
 }
 
@@ -151,8 +150,14 @@ def bwrap_argv(work_dir_mb: int, extra_ro: tuple[str, ...] = ()) -> list[str]:
     return args
 
 
+def deathsig_argv() -> list[str]:
+    """Outside bwrap, SIGKILL the launched process when its parent (us) dies, via util-linux setpriv."""
+    return ["setpriv", "--pdeathsig", "KILL"] if shutil.which("setpriv") else []
+
+
 def unshare_argv() -> list[str]:
-    return ["unshare", "--pid", "--net", "--ipc", "--uts", "--fork", "--kill-child"]
+    # --kill-child: when unshare dies (e.g. of the death signal above), the namespace's init and all in it die
+    return [*deathsig_argv(), "unshare", "--pid", "--net", "--ipc", "--uts", "--fork", "--kill-child"]
 
 
 def python_argv(site: bool = False) -> list[str]:
@@ -206,6 +211,16 @@ def uid_usable(mode: str) -> bool:
     return bool(os.stat(exe).st_mode & 0o001) and all(os.stat(p).st_mode & 0o001 for p in exe.parents)
 
 
+def _work_dir_prefix(uid: int | None, clear_stale: bool) -> str:
+    """Host work dirs are named by uid, so holding a uid's lock proves its older dirs are stale: a runner
+    killed before its cleanup left them. Remove those before making a new one."""
+    prefix = f"glmstack-sandbox-{uid if uid is not None else 'u'}-"
+    if clear_stale and uid is not None:
+        for stale in Path(tempfile.gettempdir()).glob(prefix + "*"):
+            shutil.rmtree(stale, ignore_errors=True)
+    return prefix
+
+
 @dataclass
 class Launch:
     """Everything run.py needs to start one execution and clean up after it."""
@@ -234,10 +249,12 @@ def prepare(mode: str, work_dir_mb: int, site: bool = False, extra_ro: tuple[str
             "an unprivileged uid. Install bubblewrap, or set GLMSTACK_SANDBOX_PYTHON to a world-readable "
             "interpreter such as /usr/bin/python3 (or GLMSTACK_SANDBOX_UNSAFE_ROOT=1 to run as root anyway).")
     layers = LAYERS[mode] + (("uid",) if slot else ())
+    if mode != "bwrap" and deathsig_argv():  # plain: only the main process gets the death signal
+        layers += ("die-with-parent",) if mode == "unshare" else ("main-dies-with-parent",)
     uid = slot.uid if slot else None
     if mode == "bwrap":
         return Launch(bwrap_argv(work_dir_mb, extra_ro) + python_argv(site), "/", env_for(SANDBOX_DIR),
                       layers, uid, None, slot)
-    host_dir = tempfile.mkdtemp(prefix="glmstack-sandbox-")
-    prefix = unshare_argv() if mode == "unshare" else []
+    host_dir = tempfile.mkdtemp(prefix=_work_dir_prefix(uid, clear_stale=True))
+    prefix = unshare_argv() if mode == "unshare" else deathsig_argv()
     return Launch(prefix + python_argv(site), host_dir, env_for(host_dir), layers, uid, host_dir, slot)

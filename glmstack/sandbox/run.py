@@ -60,9 +60,9 @@ def _as_bytes(data: str | bytes | None) -> bytes:
     return data.encode() if isinstance(data, str) else data
 
 
-def _payload(code: str, stdin, files, argv, rlimits: dict, uid: int | None) -> bytes:
+def _payload(code: str, stdin, files, argv, rlimits: dict, uid: int | None, deathsig: bool) -> bytes:
     body = json.dumps({
-        "code": code, "argv": list(argv), "uid": uid, "rlimits": rlimits,
+        "code": code, "argv": list(argv), "uid": uid, "rlimits": rlimits, "deathsig": deathsig,
         "stdin": base64.b64encode(_as_bytes(stdin)).decode(),
         "files": {name: base64.b64encode(_as_bytes(data)).decode() for name, data in (files or {}).items()},
     }).encode()
@@ -168,7 +168,8 @@ def run(code: str, *, stdin: str | bytes | None = None, files: dict[str, str | b
     launch = isolation.prepare(mode, limits.work_dir_mb, site=site, extra_ro=tuple(extra_ro))
     # Without our own uid, RLIMIT_NPROC counts every process of the caller's user: allow those plus ours.
     nproc = None if launch.uid is not None or os.geteuid() == 0 else _user_process_count() + limits.max_processes
-    payload = _payload(code, stdin, files, argv, limits.rlimits(nproc), launch.uid)
+    payload = _payload(code, stdin, files, argv, limits.rlimits(nproc), launch.uid,
+                       deathsig=mode != "bwrap" and bool(isolation.deathsig_argv()))
     start = time.monotonic()
     try:
         proc = subprocess.Popen(launch.argv, cwd=launch.cwd, env=launch.env, stdin=subprocess.PIPE,
