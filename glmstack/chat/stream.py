@@ -72,6 +72,7 @@ class StreamParser:
         self.state = _START
         self.buf = ""
         self.n_calls = 0
+        self.searched = 0  # inside a call, buf[:searched] holds no "</tool_call>": long calls stay linear
         self.reasoning = _Stripped()
         self.content = _Stripped()
 
@@ -126,13 +127,15 @@ class StreamParser:
         return False
 
     def _in_call(self, out, final) -> bool:
-        end = self.buf.find(CALL_CLOSE)
+        end = self.buf.find(CALL_CLOSE, self.searched)
         if end < 0:
+            self.searched = max(0, len(self.buf) - len(CALL_CLOSE) + 1)
             if final:  # unterminated: parse() returns it as content
                 out.append({"content": self.content.push(CALL_OPEN + self.buf)})
                 self.buf = ""
             return False
         body, self.buf, self.state = self.buf[:end], self.buf[end + len(CALL_CLOSE) :], _CONTENT
+        self.searched = 0
         call = parse_call(body, self.typers)
         if call is None:
             out.append({"content": self.content.push(CALL_OPEN + body + CALL_CLOSE)})
