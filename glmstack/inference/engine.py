@@ -23,8 +23,10 @@ from typing import Iterator, Sequence
 
 import torch
 
+from glmstack.inference.fast import FastForward, ReferenceForward, supported
 from glmstack.inference.kv_cache import KVCache
 from glmstack.inference.sampling import SamplingParams, sample
+from glmstack.inference.speculative import mtp_decode
 
 
 @dataclass
@@ -75,10 +77,12 @@ class Rows:
 
 
 class Engine:
-    def __init__(self, model, tokenizer=None):
+    def __init__(self, model, tokenizer=None, fast: bool = True):
+        """fast=False runs the model's own forward (the reference the fast path is tested against)."""
         self.model, self.tokenizer = model.eval(), tokenizer
         self.cfg = model.cfg
         self.device = next(model.parameters()).device
+        self.fast = fast and supported(model)
 
     # ---------------------------------------------------------------- public API
     def generate(self, prompts, max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
@@ -121,6 +125,10 @@ class Engine:
     def _run(self, prompts, max_new_tokens, temperature, top_p, top_k, seed, stop_ids, speculative, draft_k,
              stats, rows_out) -> Iterator[list[list[int]]]:
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
+        if speculative not in (None, "mtp"):
+            raise ValueError(f"speculative must be None or 'mtp', got {speculative!r}")
+        if speculative and draft_k < 1:
+            raise ValueError(f"draft_k must be >= 1, got {draft_k}")
         ids_BP, start_B = self._prepare(prompts)
         B, P = ids_BP.shape
         budget = self._budget(P, max_new_tokens)
@@ -131,21 +139,18 @@ class Engine:
         # speculative: the verify block (k + 1) and the MTP layers' drafted positions (< k) on top of the budget
         slack = 2 * draft_k + 2 if speculative else 1
         cache = KVCache(B, P + budget + slack, start=start_B.to(self.device))
+        run = (FastForward if self.fast else ReferenceForward)(self.model, P + budget + slack)
         with torch.inference_mode():
             if speculative is None:
-                yield from self._plain(ids_BP, start_B, cache, rows, params, gen, stats)
-            elif speculative == "mtp":
-                from glmstack.inference.speculative import mtp_decode
-
-                yield from mtp_decode(self.model, ids_BP, start_B, cache, rows, params, gen, draft_k, stats)
+                yield from self._plain(run, ids_BP, start_B, cache, rows, params, gen, stats)
             else:
-                raise ValueError(f"speculative must be None or 'mtp', got {speculative!r}")
+                yield from mtp_decode(run, self.cfg, ids_BP, start_B, cache, rows, params, gen, draft_k, stats)
 
-    def _plain(self, ids_BP, start_B, cache, rows, params, gen, stats) -> Iterator[list[list[int]]]:
+    def _plain(self, run, ids_BP, start_B, cache, rows, params, gen, stats) -> Iterator[list[list[int]]]:
         P = ids_BP.shape[1]
         pos_BT = (torch.arange(P, device=self.device) - start_B[:, None]).clamp_min(0)
         t0 = time.perf_counter()
-        logits_BV = self.model(ids_BP, position_ids=pos_BT, cache=cache).logits[:, -1]
+        logits_BV = run.forward(ids_BP, pos_BT, cache, last_only=True)[0][:, -1]
         stats["prefill_s"] = time.perf_counter() - t0
         pos_B1 = pos_BT[:, -1:] + 1
         steps, t0 = 0, time.perf_counter()
@@ -154,7 +159,7 @@ class Engine:
             yield rows.push([[t] for t in tok_B.tolist()])
             if rows.all_done:
                 break
-            logits_BV = self.model(tok_B[:, None], position_ids=pos_B1, cache=cache).logits[:, -1]
+            logits_BV = run.forward(tok_B[:, None], pos_B1, cache, last_only=True)[0][:, -1]
             pos_B1 = pos_B1 + 1
             steps += 1
         stats.update(decode_s=time.perf_counter() - t0, decode_steps=steps)

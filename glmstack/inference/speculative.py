@@ -34,9 +34,9 @@ from glmstack.inference.sampling import probs, sample_from_probs
 class _Draft:
     """The MTP side: pending confirmed positions, per-layer catch-up, k recursive draft steps."""
 
-    def __init__(self, model, cache, params, gen, k: int):
-        self.model, self.cache, self.params, self.gen, self.k = model, cache, params, gen, k
-        n, D = model.cfg.num_hidden_layers, model.cfg.num_nextn_predict_layers
+    def __init__(self, run, cfg, cache, params, gen, k: int):
+        self.run, self.cache, self.params, self.gen, self.k = run, cache, params, gen, k
+        n, D = cfg.num_hidden_layers, cfg.num_nextn_predict_layers
         if D < 1:
             raise ValueError("speculative='mtp' needs a checkpoint with MTP layers (num_nextn_predict_layers >= 1)")
         self.cache_idx = lambda layer: n + layer
@@ -48,7 +48,7 @@ class _Draft:
 
     def _catch_up(self, layer: int):
         """Feed the pending (h, x) pairs to one MTP layer; -> (hidden, logits) at each row's last valid one."""
-        g_BTD, logits_BTV = self.model.mtp_step(layer, self.ids, self.h, self.pos, self.cache)
+        g_BTD, logits_BTV = self.run.mtp_step(layer, self.ids, self.h, self.pos, self.cache)
         T = self.ids.shape[1]
         self.cache.rewind(T - self.count, layers=[self.cache_idx(layer)])  # drop the ragged padding columns
         last_B11 = (self.count - 1)[:, None, None]
@@ -75,7 +75,7 @@ class _Draft:
                     g_BD, logits_BV = g_new, logits_new
             if j > 0:  # one position further along, fed its own previous draft
                 pos_B1 = (last_pos_B + j)[:, None]
-                g_B1D, logits_B1V = self.model.mtp_step(layer, drafts[-1][:, None], g_BD[:, None], pos_B1, self.cache)
+                g_B1D, logits_B1V = self.run.mtp_step(layer, drafts[-1][:, None], g_BD[:, None], pos_B1, self.cache)
                 g_BD, logits_BV = g_B1D[:, 0], logits_B1V[:, 0]
                 spec_writes[layer] = spec_writes.get(layer, 0) + 1
             d_B, q_BV = self._pick(logits_BV)
@@ -86,23 +86,25 @@ class _Draft:
         return torch.stack(drafts, 1), (None if self.params.greedy else torch.stack(qs, 1))
 
 
-def mtp_decode(model, ids_BP, start_B, cache, rows, params, gen, k: int, stats: dict) -> Iterator[list[list[int]]]:
-    """The speculative loop; yields each row's emitted tokens per verify step (see the module docstring)."""
+def mtp_decode(run, cfg, ids_BP, start_B, cache, rows, params, gen, k: int, stats: dict) -> Iterator[list[list[int]]]:
+    """The speculative loop; yields each row's emitted tokens per verify step (see the module docstring).
+
+    run: fast.FastForward or fast.ReferenceForward (forward -> (logits, hidden); mtp_step -> (hidden, logits)).
+    """
     if k < 1:
         raise ValueError(f"draft_k must be >= 1, got {k}")
     B, P = ids_BP.shape
-    n_main = model.cfg.num_hidden_layers
-    main_layers = range(n_main)
-    drafter = _Draft(model, cache, params, gen, k)
+    main_layers = range(cfg.num_hidden_layers)
+    drafter = _Draft(run, cfg, cache, params, gen, k)
     dev = ids_BP.device
     # ---- prefill: the main model over the prompt, first token from its last position
     t0 = time.perf_counter()
     pos_BP = (torch.arange(P, device=dev) - start_B[:, None]).clamp_min(0)
-    out = model(ids_BP, position_ids=pos_BP, cache=cache)
-    x_B = _sample_one(out.logits[:, -1], params, gen)
+    logits_BPV, hidden_BPD = run.forward(ids_BP, pos_BP, cache, last_only=True)
+    x_B = _sample_one(logits_BPV[:, -1], params, gen)
     stats["prefill_s"] = time.perf_counter() - t0
     yield rows.push([[t] for t in x_B.tolist()])
-    drafter.set_pending(out.hidden, torch.cat([ids_BP[:, 1:], x_B[:, None]], 1), pos_BP,
+    drafter.set_pending(hidden_BPD, torch.cat([ids_BP[:, 1:], x_B[:, None]], 1), pos_BP,
                         torch.full((B,), P, dtype=torch.long, device=dev))
     # ---- draft -> verify -> accept -> roll back
     accepted, depth_hits, steps, t0 = [], torch.zeros(k), 0, time.perf_counter()
@@ -110,17 +112,17 @@ def mtp_decode(model, ids_BP, start_B, cache, rows, params, gen, k: int, stats: 
     while not rows.all_done:
         d_BK, q_BKV = drafter.draft()
         pos_BK1 = (cache.lengths(0) - start_B)[:, None] + arange_K1
-        out = model(torch.cat([x_B[:, None], d_BK], 1), position_ids=pos_BK1, cache=cache)
+        logits_BKV, hidden_BKD = run.forward(torch.cat([x_B[:, None], d_BK], 1), pos_BK1, cache)
         if q_BKV is None:
-            n_B, x_B = accept_greedy(d_BK, out.logits)
+            n_B, x_B = accept_greedy(d_BK, logits_BKV)
         else:
-            n_B, x_B = accept_sampled(d_BK, q_BKV, probs(out.logits, params), gen)
+            n_B, x_B = accept_sampled(d_BK, q_BKV, probs(logits_BKV, params), gen)
         # finished rows keep riding along in the batch; accepting nothing bounds their cache growth to 1 a step
         n_B = n_B * torch.tensor([rows.active(b) for b in range(B)], device=dev)
         cache.rewind(k - n_B, layers=main_layers)
         # the confirmed positions of this step: inputs [x_last, d_1..d_n] whose next tokens are [d_1..d_n, x_new]
         next_BK1 = torch.cat([d_BK, d_BK[:, :1]], 1).scatter(1, n_B[:, None], x_B[:, None])
-        drafter.set_pending(out.hidden, next_BK1, pos_BK1, n_B + 1)
+        drafter.set_pending(hidden_BKD, next_BK1, pos_BK1, n_B + 1)
         n_list, d_list, x_list = n_B.tolist(), d_BK.tolist(), x_B.tolist()
         active = [b for b in range(B) if rows.active(b)]
         for b in active:

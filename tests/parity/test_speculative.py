@@ -5,10 +5,13 @@ paths untested. So most tests wrap `model.mtp_step` with an 'oracle' that knows 
 drafts it, wrong on purpose at a fixed rate: every row then accepts a different number of drafts per step.
 """
 
+import functools
+
 import pytest
 import torch
 
 from glmstack.inference import Engine
+from glmstack.inference.fast import FastForward
 from glmstack.model import GLM, ModelConfig
 
 PROMPTS = [[5, 17, 300, 2, 9, 41, 7], [11], [400, 3, 3, 8]]
@@ -20,12 +23,12 @@ def model():
     return GLM(ModelConfig.preset("tiny", num_nextn_predict_layers=2)).init_weights(seed=0).eval()
 
 
-def oracle(model, prompts, wrong_rate, seed=0):
-    """Patch model.mtp_step: logits that point at the true greedy token at (position + 2), sometimes not."""
+def oracle(model, prompts, wrong_rate, monkeypatch, fast, seed=0):
+    """Patch the MTP draft step: logits that point at the true greedy token at (position + 2), sometimes not."""
     truth = [p + Engine(model).generate([p], N_NEW + 8, stop_ids=[]).tokens[0] for p in prompts]
-    real, g = model.mtp_step, torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)
 
-    def step(depth, next_ids, hidden, position_ids, cache=None):
+    def fake(real, depth, next_ids, hidden, position_ids, cache=None):
         h, logits = real(depth, next_ids, hidden, position_ids, cache)
         # rows are identified by their first prompt token (all distinct in PROMPTS)
         V = logits.shape[-1]
@@ -40,22 +43,26 @@ def oracle(model, prompts, wrong_rate, seed=0):
                 fake[b, t, tok] = 10.0
         return h, fake
 
-    return step
+    if fast:
+        real = FastForward.mtp_step
+        monkeypatch.setattr(FastForward, "mtp_step", lambda self, *a: fake(functools.partial(real, self), *a))
+    else:
+        monkeypatch.setattr(model, "mtp_step", functools.partial(fake, model.mtp_step))
 
 
-@pytest.mark.parametrize("k", [1, 2, 4])
-def test_speculative_greedy_equals_plain_random_mtp(model, k):
-    engine = Engine(model)
+@pytest.mark.parametrize("k,fast", [(1, True), (2, True), (4, True), (2, False)])
+def test_speculative_greedy_equals_plain_random_mtp(model, k, fast):
+    engine = Engine(model, fast=fast)
     plain = engine.generate(PROMPTS, N_NEW, stop_ids=[]).tokens
     spec = engine.generate(PROMPTS, N_NEW, stop_ids=[], speculative="mtp", draft_k=k)
     assert spec.tokens == plain
 
 
-@pytest.mark.parametrize("k", [1, 3, 4])
-def test_speculative_greedy_equals_plain_oracle_drafts(model, monkeypatch, k):
-    engine = Engine(model)
+@pytest.mark.parametrize("k,fast", [(1, True), (3, True), (4, True), (3, False)])
+def test_speculative_greedy_equals_plain_oracle_drafts(model, monkeypatch, k, fast):
+    engine = Engine(model, fast=fast)
     plain = engine.generate(PROMPTS, N_NEW, stop_ids=[]).tokens
-    monkeypatch.setattr(model, "mtp_step", oracle(model, PROMPTS, wrong_rate=0.25))
+    oracle(model, PROMPTS, 0.25, monkeypatch, fast)
     spec = engine.generate(PROMPTS, N_NEW, stop_ids=[], speculative="mtp", draft_k=k)
     assert spec.tokens == plain
     assert spec.stats["mean_accepted_length"] > 1.3  # the accept + rollback paths really ran
@@ -67,7 +74,7 @@ def test_speculative_stops_mid_block(model, monkeypatch):
     engine = Engine(model)
     plain = engine.generate(PROMPTS, N_NEW, stop_ids=[]).tokens
     stop = plain[0][5]
-    monkeypatch.setattr(model, "mtp_step", oracle(model, PROMPTS, wrong_rate=0.0))
+    oracle(model, PROMPTS, 0.0, monkeypatch, fast=True)
     spec = engine.generate(PROMPTS, N_NEW, stop_ids=[stop], speculative="mtp", draft_k=4)
     ref = Engine(model).generate(PROMPTS, N_NEW, stop_ids=[stop])
     assert spec.tokens == ref.tokens and spec.finish_reason == ref.finish_reason

@@ -1,0 +1,141 @@
+"""Decode fast path for GLM-4.5 (GQA) models: the same maths as `GLM.forward`, without training-only work.
+
+Why: at decode a step processes 1..k+1 tokens per row, so the cost is per-op overhead, not FLOPs. The training
+forward computes the balance loss and expert counts in every MoE layer, recomputes RoPE angles per forward, and
+on CPU `torch._grouped_mm` walks every expert even when 4 of 16 got tokens. Here:
+  - RoPE cos/sin come from a table built once per generate call (indexed by position);
+  - routed experts run only the experts some token chose (host loop; a host sync is free on CPU and cheap next
+    to a forward on GPU), weighted and index_add-ed back;
+  - no aux loss, no expert-load counts; the LM head runs only on the positions the caller needs.
+The reference is `GLM.forward` itself: tests/parity/test_engine_fast.py checks logits (allclose) and greedy
+tokens (equal) with the fast path on and off; `Engine(model, fast=False)` switches it off. Models whose
+attention is not the GQA `Attention` (GLM-5 MLA) use the reference forward.
+
+    fwd = FastForward(model, max_len=4096)            # the same interface as ReferenceForward
+    logits_BTV, hidden_BTD = fwd.forward(input_ids_BT, position_ids_BT, cache)
+    hidden_BTD, logits_BTV = fwd.mtp_step(layer, next_ids_BT, hidden_BTD, position_ids_BT, cache)
+Shape legend: B batch, T tokens, D hidden, H heads, G kv heads, Dh head dim, K experts per token, F expert width.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from glmstack.model.attention import Attention, sdpa
+from glmstack.model.layers import MLP
+from glmstack.model.moe import MoE, _grouped_mm_ok, experts_grouped
+from glmstack.model.rope import rope_cos_sin, rotate_half
+
+
+HIT_LOOP_MAX_TOKENS = 2  # measured on CPU (bench/decode.py): the hit-expert loop wins for 1-2 tokens
+
+
+def supported(model) -> bool:
+    blocks = list(model.layers) + [m.block for m in model.mtp]
+    return all(type(b.self_attn) is Attention for b in blocks)
+
+
+class FastForward:
+    def __init__(self, model, max_len: int):
+        self.model, cfg = model, model.cfg
+        dtype, device = model.embed_tokens.weight.dtype, model.embed_tokens.weight.device
+        pos = torch.arange(max_len, device=device)[None]
+        cos, sin = rope_cos_sin(pos, cfg.rotary_dim, cfg.rope_theta, dtype)
+        self.cos_SR, self.sin_SR = cos[0], sin[0]  # (S, R) table; same values rope_cos_sin gives per position
+
+    def rope(self, position_ids_BT):
+        return self.cos_SR[position_ids_BT], self.sin_SR[position_ids_BT]  # (B, T, R) each
+
+    def forward(self, input_ids_BT, position_ids_BT, cache, last_only: bool = False):
+        """-> logits (B, T, V) (or (B, 1, V) with last_only), final-normed hidden (B, T, D)."""
+        m = self.model
+        cos, sin = self.rope(position_ids_BT)
+        x_BTD = m.embed_tokens(input_ids_BT)
+        for block in m.layers:
+            x_BTD = block_forward(block, x_BTD, cos, sin, cache)
+        h_BTD = m.norm(x_BTD)
+        return m.lm_head(h_BTD[:, -1:] if last_only else h_BTD), h_BTD
+
+    def mtp_step(self, layer: int, next_ids_BT, hidden_BTD, position_ids_BT, cache):
+        """GLM.mtp_step on the fast blocks: -> (normed hidden (B, T, D), logits (B, T, V))."""
+        m = self.model
+        mtp = m.mtp_by_depth()[layer]
+        cos, sin = self.rope(position_ids_BT)
+        emb_BTD = m.embed_tokens(next_ids_BT)
+        x_BTD = mtp.eh_proj(torch.cat([mtp.enorm(emb_BTD), mtp.hnorm(hidden_BTD)], dim=-1))
+        h_BTD = mtp.final_norm(block_forward(mtp.block, x_BTD, cos, sin, cache))
+        return h_BTD, m.lm_head(h_BTD)
+
+
+def block_forward(block, x_BTD, cos, sin, cache):
+    x_BTD = x_BTD + attention_forward(block.self_attn, block.input_layernorm(x_BTD), cos, sin, cache)
+    h_BTD = block.post_attention_layernorm(x_BTD)
+    mlp = block.mlp
+    return x_BTD + (moe_forward(mlp, h_BTD) if isinstance(mlp, MoE) else mlp(h_BTD))
+
+
+def attention_forward(attn: Attention, x_BTD, cos, sin, cache):
+    B, T, _ = x_BTD.shape
+    q_BTHK = attn.q_proj(x_BTD).view(B, T, attn.n_heads, attn.head_dim)
+    k_BTGK = attn.k_proj(x_BTD).view(B, T, attn.n_kv, attn.head_dim)
+    v_BGTK = attn.v_proj(x_BTD).view(B, T, attn.n_kv, attn.head_dim).transpose(1, 2)
+    if attn.q_norm is not None:
+        q_BTHK, k_BTGK = attn.q_norm(q_BTHK), attn.k_norm(k_BTGK)
+    q_BHTK = _rope(q_BTHK, cos, sin).transpose(1, 2)
+    k_BGTK = _rope(k_BTGK, cos, sin).transpose(1, 2)
+    k_BGSK, v_BGSK = cache.update(attn.layer_idx, k_BGTK, v_BGTK)
+    o_BHTK = sdpa(q_BHTK, k_BGSK, v_BGSK, cache.attention_mask(attn.layer_idx, T))
+    return attn.o_proj(o_BHTK.transpose(1, 2).reshape(B, T, attn.n_heads * attn.head_dim))
+
+
+def _rope(x_BTHK, cos_BTR, sin_BTR):
+    """apply_partial_rope in (B, T, H, Dh) layout: rotate the first R dims, keep the rest."""
+    r = cos_BTR.shape[-1]
+    cos, sin = cos_BTR[:, :, None], sin_BTR[:, :, None]
+    x_rot = x_BTHK[..., :r]
+    return torch.cat((x_rot * cos + rotate_half(x_rot) * sin, x_BTHK[..., r:]), dim=-1)
+
+
+def moe_forward(moe: MoE, x_BTD):
+    B, T, D = x_BTD.shape
+    x_TD = x_BTD.reshape(B * T, D)
+    _, idx_TK, w_TK = moe.gate(x_TD)
+    w1, w2 = moe.experts.gate_up_proj, moe.experts.down_proj
+    if x_TD.shape[0] <= HIT_LOOP_MAX_TOKENS or not _grouped_mm_ok(x_TD):
+        y_TD = experts_hit(x_TD, idx_TK, w_TK, w1, w2)
+    else:  # many tokens hit most experts: one C++ grouped GEMM beats a Python loop over them
+        y_TD = experts_grouped(x_TD, idx_TK, w_TK, w1, w2)
+    if moe.shared_experts is not None:
+        y_TD = y_TD + moe.shared_experts(x_TD)
+    return y_TD.view(B, T, D)
+
+
+def experts_hit(x_TD, idx_TK, w_TK, w_gate_up_EFD, w_down_EDF):
+    """Only the experts that some token chose: sort the T*K pairs by expert, one SwiGLU per hit expert."""
+    K = idx_TK.shape[1]
+    order_N = idx_TK.reshape(-1).argsort()
+    experts, counts = torch.unique_consecutive(idx_TK.reshape(-1)[order_N], return_counts=True)
+    tok_N = order_N // K
+    x_ND = x_TD[tok_N]
+    outs, s = [], 0
+    for e, c in zip(experts.tolist(), counts.tolist()):
+        gate_cF, up_cF = F.linear(x_ND[s : s + c], w_gate_up_EFD[e]).chunk(2, dim=-1)
+        outs.append(F.linear(F.silu(gate_cF) * up_cF, w_down_EDF[e]))
+        s += c
+    y_ND = torch.cat(outs) * w_TK.reshape(-1)[order_N, None].to(x_TD.dtype)
+    return torch.zeros_like(x_TD).index_add_(0, tok_N, y_ND)
+
+
+class ReferenceForward:
+    """The plain model behind the same interface (fast=False, and models the fast path does not cover)."""
+
+    def __init__(self, model, max_len: int = 0):
+        self.model = model
+
+    def forward(self, input_ids_BT, position_ids_BT, cache, last_only: bool = False):
+        out = self.model(input_ids_BT, position_ids=position_ids_BT, cache=cache)
+        return (out.logits[:, -1:] if last_only else out.logits), out.hidden
+
+    def mtp_step(self, layer: int, next_ids_BT, hidden_BTD, position_ids_BT, cache):
+        return self.model.mtp_step(layer, next_ids_BT, hidden_BTD, position_ids_BT, cache)
