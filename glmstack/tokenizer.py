@@ -90,14 +90,24 @@ class Tokenizer:
         folder = Path(folder)
         config_path = folder / "tokenizer_config.json"
         config = json.loads(config_path.read_text()) if config_path.exists() else {}
+        template_path = folder / "chat_template.jinja"  # transformers 5 keeps the template in its own file
+        if template_path.exists() and "chat_template" not in config:
+            config["chat_template"] = template_path.read_text()
         return cls(_HFTokenizer.from_file(str(folder / "tokenizer.json")), config)
 
-    def save(self, folder: str | os.PathLike) -> None:
-        """Write tokenizer.json + tokenizer_config.json (+ special_tokens_map.json) for transformers."""
+    def save(self, folder: str | os.PathLike, chat_style: str | None = "glm-4.5") -> None:
+        """Write tokenizer.json + tokenizer_config.json (+ special_tokens_map.json) for transformers.
+
+        A tokenizer without a chat template gets the official one of `chat_style` (None: none), so
+        `apply_chat_template` on the saved folder gives the same ids as `glmstack.chat.encode`."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         self._tok.save(str(folder / "tokenizer.json"))
-        config = self._config or self._default_config()
+        config = dict(self._config or self._default_config())
+        if chat_style is not None and "chat_template" not in config:
+            from glmstack.chat.render import official_template
+
+            config["chat_template"] = official_template(chat_style)
         (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
         specials = {"eos_token": config.get("eos_token"), "pad_token": config.get("pad_token")}
         (folder / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n")

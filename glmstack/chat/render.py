@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from glmstack.chat.schema import check_messages, tool_calls, trains, visible_text
 
@@ -99,10 +100,20 @@ STYLES: dict[str, Style] = {
 }
 
 
+TEMPLATE_FILES = {"glm-4.5": "glm-4.6.jinja", "glm-4.7": "glm-4.7.jinja"}
+
+
 def get_style(style: str) -> Style:
     if style not in STYLES:
         raise ValueError(f"unknown chat style {style!r} (expected one of {', '.join(STYLES)})")
     return STYLES[style]
+
+
+def official_template(style: str) -> str:
+    """The official jinja template of a style (vendored in glmstack/chat/templates): for tokenizer_config.json
+    and for the parity tests; rendering itself never uses jinja."""
+    get_style(style)
+    return (Path(__file__).parent / "templates" / TEMPLATE_FILES[style]).read_text()
 
 
 def render(messages, tools=None, style="glm-4.5", enable_thinking=True, clear_thinking=True,

@@ -1,7 +1,7 @@
 """glmstack.chat.render == the official GLM chat templates rendered by transformers' jinja code.
 
-References: /work/shared/reference/chat_templates/glm-4.6.jinja (style "glm-4.5") and glm-4.7.jinja (style
-"glm-4.7"), rendered with `transformers.utils.chat_template_utils.render_jinja_template` (trim_blocks,
+References: the official templates vendored in glmstack/chat/templates (glm-4.6.jinja for style "glm-4.5",
+glm-4.7.jinja for "glm-4.7"; checked byte-equal to /work/shared/reference/chat_templates when present), rendered with `transformers.utils.chat_template_utils.render_jinja_template` (trim_blocks,
 lstrip_blocks, tojson = json.dumps(ensure_ascii=False)), i.e. exactly what `apply_chat_template(tokenize=False)`
 returns. Conversations come from hypothesis: all roles, unicode, list contents, reasoning in both forms, tool calls
 with nested arguments, consecutive tool results, thinking on/off, clear_thinking.
@@ -20,22 +20,27 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from glmstack.chat import render
+from glmstack.chat.render import TEMPLATE_FILES, official_template
 
 chat_template_utils = pytest.importorskip("transformers.utils.chat_template_utils")
 
-TEMPLATES = Path(os.environ.get("GLMSTACK_REFERENCE", "/work/shared/reference")) / "chat_templates"
-TEMPLATE_FILES = {"glm-4.5": "glm-4.6.jinja", "glm-4.7": "glm-4.7.jinja"}
+REFERENCE = Path(os.environ.get("GLMSTACK_REFERENCE", "/work/shared/reference")) / "chat_templates"
 STYLES = list(TEMPLATE_FILES)
 
 
 def official(messages, tools=None, style="glm-4.5", **kwargs) -> str:
-    path = TEMPLATES / TEMPLATE_FILES[style]
-    if not path.exists():
-        pytest.skip(f"reference template {path} not available")
     rendered, _ = chat_template_utils.render_jinja_template(
-        conversations=[messages], tools=tools, chat_template=path.read_text(), **kwargs
+        conversations=[messages], tools=tools, chat_template=official_template(style), **kwargs
     )
     return rendered[0]
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_vendored_templates_match_reference(style):
+    path = REFERENCE / TEMPLATE_FILES[style]
+    if not path.exists():
+        pytest.skip(f"reference copy {path} not available")
+    assert official_template(style) == path.read_text()
 
 
 # ---- strategies -----------------------------------------------------------------------------------------------

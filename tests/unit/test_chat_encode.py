@@ -106,3 +106,15 @@ def test_ids_equal_whole_render_property(tok, msgs, style, thinking, prompt):
     assert set(mask) <= {0, 1}
     if not any(m["role"] == "assistant" and m.get("train", True) for m in msgs):
         assert not any(mask)
+
+
+@pytest.mark.parametrize("style", ["glm-4.5", "glm-4.7"])
+def test_transformers_apply_chat_template_gives_the_same_ids(tok, tmp_path, style):
+    transformers = pytest.importorskip("transformers")
+    tok.save(tmp_path, chat_style=style)
+    hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    for msgs, prompt in [(CONVERSATION, False), (CONVERSATION[:-1], True)]:
+        expected, _ = encode(tok, msgs, TOOLS, style, add_generation_prompt=prompt, close_last_turn=False)
+        got = hf.apply_chat_template(msgs, tools=TOOLS, tokenize=True, add_generation_prompt=prompt,
+                                     return_dict=False)  # fmt: skip
+        assert list(got) == expected

@@ -87,10 +87,9 @@ def test_load_keeps_foreign_ids(tmp_path):
         assert glm.token_id(name) == hf.token_to_id(name)
     assert glm.eos_ids == [hf.token_to_id(t) for t in EOS_TOKENS]
     assert glm.encode("<|user|>hi")[0] == hf.token_to_id("<|user|>")
-    glm.save(tmp_path / "again")  # keeps the folder's own tokenizer_config.json
-    assert json.loads((tmp_path / "again" / "tokenizer_config.json").read_text()) == {
-        "tokenizer_class": "PreTrainedTokenizerFast"
-    }
+    glm.save(tmp_path / "again")  # keeps the folder's own tokenizer_config.json, adds a chat template
+    config = json.loads((tmp_path / "again" / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] == "PreTrainedTokenizerFast" and "[gMASK]<sop>" in config["chat_template"]
 
 
 def test_cli_train_and_encode(tmp_path, capsys):
