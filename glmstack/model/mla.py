@@ -202,6 +202,12 @@ class MLAttention(nn.Module):
 
         return probs
 
+    def muon_split(self) -> dict[str, int]:
+        """GLM-5 Muon Split (arXiv 2602.15763 §2.1): Muon orthogonalises each head's rows of the up-projections
+        W_UQ (q_b_proj) and [W_UK ; W_UV] (kv_b_proj) as separate matrices, so heads update at their own scale.
+        Read by glmstack.optim.groups (param-name suffix -> heads); OptimConfig.muon_split overrides (0 = off)."""
+        return {"q_b_proj.weight": self.n_heads, "kv_b_proj.weight": self.n_heads}
+
     def cache_dims(self) -> tuple[int, int]:
         """(k, v) widths this layer stores through `cache.update` with H_kv = 1: latent, [rope key ; indexer key]."""
         return self.kv_lora_rank, self.rope_dim + (self.indexer.head_dim if self.indexer is not None else 0)

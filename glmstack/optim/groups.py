@@ -11,7 +11,8 @@ RMSNorm". Two matrices are left open by that sentence and are options here (Opti
   Its balancing bias `e_score_correction_bias` is a buffer moved by glmstack.train.balance, never by an optimiser.
 
 3-D expert banks (E, out, in) go to Muon and are orthogonalised per expert. `muon_split` names matrices to be
-orthogonalised per head (GLM-5's Muon Split for MLA up-projections), e.g. {"q_b_proj.weight": 64}.
+orthogonalised per head (GLM-5's Muon Split for MLA up-projections), e.g. {"q_b_proj.weight": 64}; modules may
+declare their own (`muon_split()`, MLA does), which is how Muon Split is on by default for GLM-5.
 
     opt, groups = build_optimizer(model, OptimConfig())   # groups: name -> "muon" | "adamw"
 """
@@ -66,6 +67,15 @@ def assign_groups(model: nn.Module, *, lm_head: str = "adamw", router: str = "mu
     return out
 
 
+def default_muon_split(model: nn.Module) -> dict[str, int]:
+    """Splits the modules declare (MLA: its up-projections per head, GLM-5's Muon Split, on by default)."""
+    out: dict[str, int] = {}
+    for m in model.modules():
+        if hasattr(m, "muon_split"):
+            out.update(m.muon_split())
+    return out
+
+
 def _split_of(name: str, muon_split: dict[str, int]) -> int | None:
     hits = [n for suffix, n in muon_split.items() if name.endswith(suffix)]
     assert len(hits) <= 1, f"{name} matches several muon_split entries"
@@ -103,12 +113,13 @@ def build_optimizer(model: nn.Module, cfg) -> tuple[Optimizers, dict[str, str]]:
     """Muon and AdamW over `model` per `cfg` (an OptimConfig); every group remembers its peak lr as initial_lr."""
     groups = assign_groups(model, lm_head=cfg.lm_head, router=cfg.router)
     params = dict(model.named_parameters())
+    muon_split = {**default_muon_split(model), **cfg.muon_split}  # a 0 in cfg turns a default split off
     muon_groups: dict[int | None, list] = defaultdict(list)
     adam_decay, adam_no_decay = [], []
     for name, kind in groups.items():
         p = params[name]
         if kind == "muon":
-            muon_groups[_split_of(name, cfg.muon_split)].append(p)
+            muon_groups[_split_of(name, muon_split)].append(p)
         elif p.ndim >= 2:
             adam_decay.append(p)
         else:
