@@ -11,7 +11,8 @@ Reasoning is open from the start when the completion starts with `<think>`, or w
 (`in_reasoning`; default True for "glm-4.7", whose generation prompt pre-fills `<think>`). A `<tool_call>` inside
 unterminated reasoning ends it (GLM-5.1 does that, vLLM #42400). A call that is unterminated or does not match the
 grammar is returned as content, verbatim; nothing here raises on model output.
-Reasoning and content are `.strip()`ped (the template strips both); empty ones are None.
+Reasoning and content are `.strip()`ped (the template strips both); empty ones are None. Text from the first stop
+token (`<|user|>`, `<|observation|>`, `<|endoftext|>`) on is ignored.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from glmstack.chat.schema import ArgTyper, tool_parameters
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+# A completion ends at GLM's stop tokens (config.json eos_token_id); engines that keep one in the text get it cut.
+STOP_TOKENS = ("<|user|>", "<|observation|>", "<|endoftext|>")
 _PAIR = re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>\s*", re.DOTALL)
 
 
@@ -35,6 +38,7 @@ def default_in_reasoning(style: str) -> bool:
 def parse(text: str, tools=None, style: str = "glm-4.5", in_reasoning: bool | None = None) -> dict:
     if in_reasoning is None:
         in_reasoning = default_in_reasoning(style)
+    text = text[: stop_index(text)]
     reasoning, rest = split_reasoning(text, in_reasoning)
     typers = _typers(tools)
     content, calls, pos = [], [], 0
@@ -52,6 +56,12 @@ def parse(text: str, tools=None, style: str = "glm-4.5", in_reasoning: bool | No
             calls.append(call)
         pos = end + len(CALL_CLOSE)
     return assistant_message("".join(content).strip(), reasoning.strip(), calls)
+
+
+def stop_index(text: str) -> int:
+    """Index of the first stop token in `text`, else len(text)."""
+    found = [i for i in (text.find(t) for t in STOP_TOKENS) if i >= 0]
+    return min(found, default=len(text))
 
 
 def split_reasoning(text: str, in_reasoning: bool) -> tuple[str, str]:

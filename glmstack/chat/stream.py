@@ -8,7 +8,7 @@ What: `StreamParser(tools, style).feed(chunk) -> [delta, ...]` and `.finish() ->
 Contract: for any text and any way of cutting it into chunks, `accumulate(all deltas) == parse(text)`
 (glmstack.chat.parse is the reference; tests/unit/test_chat_stream.py checks random chunkings).
 
-How: a four-state scanner (start, reasoning, content, inside a call). Text that could be the beginning of a tag
+How: text is first cut at the first stop token (as parse() does), then fed to a four-state scanner (start, reasoning, content, inside a call). Text that could be the beginning of a tag
 is held back until the next chunk decides it; whitespace at the end of reasoning/content is held back until
 something follows it, because parse() strips both. A tool call is held until its `</tool_call>`: only then is it
 known to be well formed (otherwise parse() returns it as content), after which its name and its arguments (one
@@ -23,11 +23,13 @@ import json
 from glmstack.chat.parse import (
     CALL_CLOSE,
     CALL_OPEN,
+    STOP_TOKENS,
     THINK_CLOSE,
     THINK_OPEN,
     _typers,
     default_in_reasoning,
     parse_call,
+    stop_index,
 )
 
 _START, _REASONING, _CONTENT, _CALL = "start", "reasoning", "content", "call"
@@ -75,14 +77,28 @@ class StreamParser:
         self.searched = 0  # inside a call, buf[:searched] holds no "</tool_call>": long calls stay linear
         self.reasoning = _Stripped()
         self.content = _Stripped()
+        self.raw = ""  # text not yet known to come before a stop token
+        self.stopped = False
 
     def feed(self, chunk: str) -> list[dict]:
-        self.buf += chunk
+        if not self.stopped:
+            self._cut_at_stop(chunk)
         return self._drain(final=False)
 
     def finish(self) -> list[dict]:
         """Flush at the end of the stream: held text is decided, an unterminated call becomes content."""
+        self.buf, self.raw, self.stopped = self.buf + self.raw, "", True
         return self._drain(final=True)
+
+    def _cut_at_stop(self, chunk: str) -> None:
+        """Pass text on to the scanner up to the first stop token, holding back a possible partial one."""
+        self.raw += chunk
+        cut = stop_index(self.raw)
+        if cut < len(self.raw):
+            self.buf, self.raw, self.stopped = self.buf + self.raw[:cut], "", True
+            return
+        keep = len(self.raw) - _held_suffix(self.raw, STOP_TOKENS)
+        self.buf, self.raw = self.buf + self.raw[:keep], self.raw[keep:]
 
     # ---- the scanner ---------------------------------------------------------------------------------------
 

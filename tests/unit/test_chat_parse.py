@@ -72,6 +72,12 @@ def test_malformed_calls_are_content(text):
     assert m["tool_calls"] == [] and m["content"] == "before " + text
 
 
+def test_stop_tokens_end_the_completion():
+    m = parse("Hi.<tool_call>now</tool_call><|observation|>ignored <tool_call>x</tool_call>")
+    assert m["content"] == "Hi." and len(m["tool_calls"]) == 1
+    assert parse("<tool_call>f<|endoftext|></tool_call>")["content"] == "<tool_call>f"
+
+
 def test_malformed_then_good_call():
     m = parse("<tool_call>a b</tool_call> x <tool_call>ok</tool_call>")
     assert m["content"] == "<tool_call>a b</tool_call> x" and m["tool_calls"][0]["function"]["name"] == "ok"

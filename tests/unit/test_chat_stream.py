@@ -15,7 +15,7 @@ TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {
 # Pieces that make tags, partial tags, whitespace and text collide at every possible offset.
 PIECES = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>",
           "</arg_value>", "<", "</", "<tool", "_call>", "think>", "f", "s", "n", "g h", "12", "\n", " ", "  \n",
-          "text", "é😀", '{"a": [1]}', "True"]  # fmt: skip
+          "text", "é😀", '{"a": [1]}', "True", "<|user|>", "<|observation|>", "<|end", "oftext|>"]  # fmt: skip
 WELL_FORMED = st.builds(
     lambda s, n: f"<tool_call>f<arg_key>s</arg_key><arg_value>{s}</arg_value><arg_key>n</arg_key>"
     f"<arg_value>{n}</arg_value></tool_call>",
