@@ -12,8 +12,7 @@ always leaves no process and no work dir behind, whatever the program did.
 
 from __future__ import annotations
 
-import base64
-import json
+import marshal
 import os
 import selectors
 import signal
@@ -61,11 +60,10 @@ def _as_bytes(data: str | bytes | None) -> bytes:
 
 
 def _payload(code: str, stdin, files, argv, rlimits: dict, uid: int | None, deathsig: bool) -> bytes:
-    body = json.dumps({
+    body = marshal.dumps({  # boot.py reads it; version 2+ of marshal is the same in every Python 3
         "code": code, "argv": list(argv), "uid": uid, "rlimits": rlimits, "deathsig": deathsig,
-        "stdin": base64.b64encode(_as_bytes(stdin)).decode(),
-        "files": {name: base64.b64encode(_as_bytes(data)).decode() for name, data in (files or {}).items()},
-    }).encode()
+        "stdin": _as_bytes(stdin), "files": {str(name): _as_bytes(data) for name, data in (files or {}).items()},
+    }, 4)
     return b"%d\n" % len(body) + body
 
 
