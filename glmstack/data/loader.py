@@ -110,3 +110,17 @@ class PackedLoader(_EpochLoader):
 
     def row(self, i: int) -> dict[str, np.ndarray]:
         return row_arrays(self.rows[i], self._tokens, self.seq_len, self.shards.eos_id)
+
+
+def build_loader(*, path, seq_len: int, batch_size: int, rank: int = 0, world_size: int = 1, seed: int = 0,
+                 split: str = "train", packing: str = "concat", mixture: dict | None = None, **options):
+    """The loader a training stage asks for by config (glmstack/train/stage.py, TrainConfig.data):
+    packing "concat" -> PretrainLoader, "best_fit" -> PackedLoader; the validation split is read in order."""
+    if mixture:
+        raise ValueError("data.mixture: source weights are applied when the shards are built "
+                         "(glmstack.data.DataConfig.mixture / corpus.shares), not by the loader")
+    loaders = {"concat": PretrainLoader, "best_fit": PackedLoader}
+    if packing not in loaders:
+        raise ValueError(f"data.packing={packing!r}: expected one of {', '.join(loaders)}")
+    return loaders[packing](path, seq_len=seq_len, batch_size=batch_size, rank=rank, world_size=world_size,
+                            seed=seed, shuffle=split == "train", **options)
