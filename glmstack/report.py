@@ -24,7 +24,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 STAGES = ("pretrain", "midtrain")  # training stages whose metrics.jsonl the report reads, in order
-BALANCE_KEYS = ("load_imbalance", "maxvio", "expert_load_maxvio", "router/maxvio")  # scalar per step if logged
+LAYER_BALANCE = "moe/max_over_mean/"  # the loop's per-MoE-layer max/mean expert load (glmstack/train/balance.py)
+BALANCE_KEYS = ("moe/max_over_mean",)  # worst layer, when per-layer values are absent
 
 
 def read_metrics(path: str | Path) -> list[dict]:
@@ -41,13 +42,21 @@ def read_metrics(path: str | Path) -> list[dict]:
     return rows
 
 
-def _series(rows: list[dict], key: str, offset: int = 0) -> tuple[list[int], list[float]]:
+def _series(rows: list[dict], key: str, offset: int = 0, smooth: float = 0.0) -> tuple[list[int], list[float]]:
+    """(steps, values) of `key`; `smooth` > 0 applies an exponential moving average (per-step losses are noisy)."""
     pts = [(r.get("step", i) + offset, r[key]) for i, r in enumerate(rows) if isinstance(r.get(key), (int, float))]
-    return [p[0] for p in pts], [float(p[1]) for p in pts]
+    ys, avg = [], None
+    for _, v in pts:
+        avg = v if avg is None or not smooth else smooth * avg + (1 - smooth) * v
+        ys.append(float(avg))
+    return [p[0] for p in pts], ys
 
 
 def imbalance(row: dict) -> float | None:
-    """Expert load imbalance of one metrics row: max load / mean load (1.0 = perfectly balanced)."""
+    """Expert load imbalance of one metrics row: max load / mean load averaged over layers (1.0 = even)."""
+    per_layer = [v for k, v in row.items() if k.startswith(LAYER_BALANCE)]
+    if per_layer:
+        return sum(per_layer) / len(per_layer)
     for key in BALANCE_KEYS:
         if isinstance(row.get(key), (int, float)):
             return float(row[key])
@@ -94,13 +103,12 @@ def plot_training(run_dir: Path, plots: Path) -> list[str]:
             continue
         if offset:
             boundaries.append((offset, stage))
-        for key, style in (("loss", "-"), ("lm_loss", "-"), ("mtp_loss", "--"), ("val_loss", "o-")):
-            xs, ys = _series(rs, key, offset)
-            loss.append((f"{stage} {key}", xs, ys, style))
+        for key, style, smooth in (("lm_loss", "-", 0.9), ("mtp_loss", "--", 0.9), ("val_loss", "o-", 0.0)):
+            xs, ys = _series(rs, key, offset, smooth)
+            loss.append((f"{stage} {key}" + (" (EMA)" if smooth else ""), xs, ys, style))
         lr.append((stage, *_series(rs, "lr", offset), "-"))
-        pts = [(r.get("step", i) + offset, imbalance(r)) for i, r in enumerate(rs)]
-        pts = [p for p in pts if p[1] is not None]
-        bal.append((stage, [p[0] for p in pts], [p[1] for p in pts], "-"))
+        bal_rows = [{"step": r.get("step", i), "imbalance": imbalance(r)} for i, r in enumerate(rs)]
+        bal.append((f"{stage} (EMA)", *_series(bal_rows, "imbalance", offset, 0.9), "-"))
         offset += max((r.get("step", 0) for r in rs), default=0)
     drawn = []
     if _plot(plots / "losses.png", "Loss", "step", "cross-entropy (nats)", loss, boundaries):
@@ -159,8 +167,8 @@ def _markdown(summary: dict, drawn: list[str]) -> str:
         out += ["", "## Wall-clock time", "", "| stage | seconds |", "|---|---|"]
         out += [f"| {k} | {v:.1f} |" for k, v in summary["timings"].items()]
     captions = {
-        "losses.png": "Training loss (solid), MTP loss (dashed) and held-out loss (dots); the dotted line marks "
-        "the start of mid-training.",
+        "losses.png": "Next-token loss (solid, moving average), MTP loss (dashed) and held-out loss (dots); the "
+        "dotted line marks the start of mid-training.",
         "lr.png": "Learning rate schedule of each stage.",
         "expert_load.png": "Router balance: max expert load over mean load, averaged over MoE layers. Loss-free "
         "balancing (a bias per expert, no auxiliary loss gradient) pulls it towards 1.",

@@ -13,7 +13,7 @@ import pytest
 
 from glmstack.recipes import speedrun
 
-STAGE_NAMES = ["data", "tokenizer", "pretrain", "midtrain", "evaluate", "report"]
+STAGE_NAMES = ["tokenizer", "data", "pretrain", "midtrain", "evaluate", "report"]
 
 
 def _speedrun(out: Path, stop_after: str | None = None) -> subprocess.CompletedProcess:
@@ -32,7 +32,7 @@ def runs(tmp_path_factory):
     a, b = base / "a", base / "b"
     first = _speedrun(a, stop_after="pretrain")
     assert first.returncode == speedrun.STOPPED_EXIT, first.stdout[-3000:] + first.stderr[-3000:]
-    marks = {s: (a / s / "DONE.json").stat().st_mtime_ns for s in ("data", "tokenizer", "pretrain")}
+    marks = {s: (a / s / "DONE.json").stat().st_mtime_ns for s in ("tokenizer", "data", "pretrain")}
     second = _speedrun(a)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     straight = _speedrun(b)
