@@ -66,6 +66,11 @@ def parse_fim(text: str, mode: str, prefix_len: int | None = None) -> tuple[str,
     raise ValueError(f"unknown FIM mode {mode!r}")
 
 
+def has_sentinel(text: str) -> bool:
+    """A text that already contains a sentinel string cannot be FIM-formatted unambiguously: left as is."""
+    return PRE in text or SUF in text or MID in text
+
+
 def choose(doc_id: str, cfg: FIMConfig, part: int = 0) -> tuple[str | None, random.Random]:
     """(mode or None for no FIM, the rng for the cut) for one document (or repo fragment `part`)."""
     rng = random.Random(int(unit_hash(cfg.seed, "fim-cut", doc_id, part) * 2**53))
@@ -78,13 +83,13 @@ def choose(doc_id: str, cfg: FIMConfig, part: int = 0) -> tuple[str | None, rand
 def fim_text(text: str, doc_id: str, cfg: FIMConfig, part: int = 0) -> str:
     """String-level FIM of one document (identity when not selected)."""
     mode, rng = choose(doc_id, cfg, part)
-    return text if mode is None else format_fim(*fim_split(text, rng), mode=mode)
+    return text if mode is None or has_sentinel(text) else format_fim(*fim_split(text, rng), mode=mode)
 
 
 def fim_ids(text: str, doc_id: str, tokenizer, cfg: FIMConfig, part: int = 0) -> list[int]:
     """Token-level FIM: each part encoded separately, sentinels by name; no end-of-document token added."""
     mode, rng = choose(doc_id, cfg, part)
-    if mode is None:
+    if mode is None or has_sentinel(text):
         return tokenizer.encode(text)
     p, m, s = fim_split(text, rng)
     pre, suf, mid = (tokenizer.token_id(t) for t in (PRE, SUF, MID))
