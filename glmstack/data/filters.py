@@ -116,6 +116,8 @@ def _top_ngram_frac(ws: list[str], n: int) -> float:
     if not grams:
         return 0.0
     top, count = grams.most_common(1)[0]
+    if count < 2:  # nothing repeats (datatrove counts a unique n-gram too, which flags every short text)
+        return 0.0
     return count * sum(len(w) for w in top) / max(1, sum(len(w) for w in ws))
 
 
