@@ -88,11 +88,11 @@ def inputs(T: int, H: int, I: int, seed: int = 0):
     return (q, kk, v), (q_lat, kv), (qi, ki, w)
 
 
-def timed(fn, repeats: int) -> float:
+def timed(fn, repeats: int, *args) -> float:
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
-        fn()
+        fn(*args)
         best = min(best, time.perf_counter() - t0)
     return best
 
@@ -121,8 +121,8 @@ def main(argv=None) -> int:
         for T in args.lengths:
             mha, (q_lat, kv), idx = inputs(T, H, I)
             repeats = 2 if T <= 4096 else 1
-            t_dense = timed(lambda: dense_attention(*mha), repeats)
-            t_dsa = timed(lambda: dsa_attention(q_lat, kv, *idx, k), repeats)
+            t_dense = timed(dense_attention, repeats, *mha)
+            t_dsa = timed(dsa_attention, repeats, q_lat, kv, *idx, k)
             f_dense, f_dsa = flops(T, H, I, k)
             speedup, flop_ratio = t_dense / t_dsa, f_dense / f_dsa
             print(f"{T:>6} {t_dense:>9.3f} {t_dsa:>9.3f} {speedup:>10.2f} {flop_ratio:>10.2f} "

@@ -36,7 +36,8 @@ HF_FIXED_KEYS = {
 }
 HF_ALIASES = {"num_mtp_layers": "num_nextn_predict_layers", "num_local_experts": "n_routed_experts"}
 MODEL_TYPES = ("glm4_moe", "glm_moe_dsa")  # GLM-4.5 GQA / GLM-5 MLA + DSA (mla.py, dsa.py)
-TRAINING_FIELDS = ("mtp_loss_weight", "aux_loss_weight", "use_grouped_mm", "num_mtp_depths")
+TRAINING_FIELDS = ("mtp_loss_weight", "aux_loss_weight", "use_grouped_mm", "num_mtp_depths", "dsa_stage",
+                   "dsa_loss_weight")
 # fields only one model type writes to config.json
 MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "rope_interleave",
               "indexer_rope_interleave", "index_topk", "index_head_dim", "index_n_heads", "indexer_types")
@@ -91,6 +92,8 @@ class ModelConfig:
     use_grouped_mm: bool = True  # experts via torch._grouped_mm (False: the plain per-expert loop reference)
     num_mtp_depths: int = 0  # MTP depths in loss/drafting; past num_nextn_predict_layers the last MTP layer is
     #                          reused with shared parameters (GLM-5: 1 layer x 3 depths); 0 = one per layer
+    dsa_stage: str = "select"  # DSA: dense | warmup (only indexers train) | sparse | select | frozen (dsa.py)
+    dsa_loss_weight: float = 1.0  # gradient weight of the indexer KL in warmup/sparse (MCORE dsa_indexer_loss_coeff)
 
     def __post_init__(self):
         problems = self.problems()
@@ -161,6 +164,8 @@ class ModelConfig:
         if types is not None and (len(types) != self.num_hidden_layers or set(types) - {"full", "shared"}
                                   or types[0] != "full"):
             p.append(f"indexer_types must list 'full'/'shared' per layer, starting with 'full'; got {types}")
+        if self.dsa_stage not in ("dense", "warmup", "sparse", "select", "frozen"):
+            p.append(f"dsa_stage {self.dsa_stage!r} is not one of dense, warmup, sparse, select, frozen")
         if self.num_mtp_depths and not self.num_nextn_predict_layers:
             p.append("num_mtp_depths needs num_nextn_predict_layers >= 1")
         return p

@@ -6,12 +6,14 @@ to the `index_topk` best (DeepSeek-V3.2 Eq. 1–2; research/arch-math.md §1). N
 `GlmMoeDsaIndexer` (interleaved RoPE on the first `qk_rope_head_dim` dims, LayerNorm'd key, no Hadamard/FP8).
 
 Why a training mode (HF's indexer is `@torch.no_grad` and cannot learn; arch-math.md §1.3–1.4):
+  * "dense"   dense MLA, indexer unused (pre-/mid-training before DSA, as GLM-5 starts from a dense checkpoint);
   * "warmup"  dense warm-up: attention stays dense, the indexer learns KL(p ‖ softmax(I)) where p is the main
               attention summed over heads and L1-normalised; the recipe freezes everything else.
   * "sparse"  sparse adaptation: top-k selection on, the same KL restricted to the selected keys, and the
               indexer's inputs detached so it learns only from its KL and the model only from the LM loss.
-  * "select"  (default, also inference and GLM-5 RL) selection without any indexer loss; `freeze_indexers`
-              also turns its gradients off, as GLM-5 does in RL.
+  * "select"  (default, also inference and GLM-5 RL) selection without any indexer loss; stage "frozen"
+              (`freeze_indexers`) also turns its gradients off, as GLM-5 does in RL.
+ModelConfig.dsa_stage names the stage; GLM applies it at construction (`apply_dsa_stage`).
 The KL is added to the gradient by `attach_loss` (the value never enters the LM loss, so the training loop needs
 no change; the indexer's `last_loss` holds it for logging). Selection is deterministic torch.topk (GLM-5 found a
 non-deterministic top-k collapsed RL); `stable_ties` also makes exact ties independent of shapes (select_topk).
@@ -28,9 +30,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from glmstack.model.indexer_loss import indexer_kl
+from glmstack.model.indexer_loss import indexer_kl, topk_recall
 
-MODES = ("select", "warmup", "sparse")
+MODES = ("dense", "select", "warmup", "sparse")
+# training stage -> indexer mode; `frozen` and `warmup` also change which parameters train (apply_dsa_stage)
+STAGES = {"dense": "dense", "warmup": "warmup", "sparse": "sparse", "select": "select", "frozen": "select"}
 
 
 def is_full_indexer_layer(cfg, layer_idx: int) -> bool:
@@ -112,6 +116,8 @@ class Indexer(nn.Module):
         self.loss_coeff = 1.0  # gradient weight of the KL (MCORE dsa_indexer_loss_coeff)
         self.pending_loss: torch.Tensor | None = None
         self.last_loss: torch.Tensor | None = None  # detached, for logging
+        self.recall_k = 0  # > 0: each forward measures top-k recall of the main attention (measure_recall)
+        self.last_recall: float | None = None
 
     def _rope(self, x, cos_sin, unsqueeze: bool):
         from glmstack.model.mla import apply_rope  # mla imports this module; import late to avoid a cycle
@@ -144,9 +150,11 @@ class Indexer(nn.Module):
 
         teacher(mask_B1TS) -> (B, H, T, S) detached main-attention probabilities under that mask.
         """
-        self.pending_loss = None
-        if self.mode == "warmup" and not torch.is_grad_enabled():
-            return None  # warm-up evaluation: attention stays dense
+        self.pending_loss = self.last_loss = None
+        if self.recall_k and teacher is not None:
+            self._probe_recall(x_BTD, q_resid_BTQ, cos_sin, k_BSE, mask_B1TS, teacher)
+        if self.mode == "dense" or (self.mode == "warmup" and not torch.is_grad_enabled()):
+            return None  # dense attention (warm-up evaluation included)
         if self.mode == "select" or not torch.is_grad_enabled():
             with torch.no_grad():
                 scores_BTS = self.scores(x_BTD, q_resid_BTQ, cos_sin, k_BSE)
@@ -161,6 +169,11 @@ class Indexer(nn.Module):
             self.pending_loss = indexer_kl(teacher(loss_mask_B1TS), scores_BTS, loss_mask_B1TS)
             self.last_loss = self.pending_loss.detach()
         return topk_BTK
+
+    @torch.no_grad()
+    def _probe_recall(self, x_BTD, q_resid_BTQ, cos_sin, k_BSE, mask_B1TS, teacher) -> None:
+        scores_BTS = self.scores(x_BTD, q_resid_BTQ, cos_sin, k_BSE)
+        self.last_recall = topk_recall(teacher(mask_B1TS), scores_BTS, mask_B1TS, self.recall_k)
 
     def attach_loss(self, out: torch.Tensor) -> torch.Tensor:
         """Route the pending KL's gradient (× loss_coeff) through `out`, then clear it."""
@@ -183,6 +196,41 @@ def set_indexer_mode(model: nn.Module, mode: str, loss_coeff: float | None = Non
         ix.mode = mode
         if loss_coeff is not None:
             ix.loss_coeff = loss_coeff
+
+
+def apply_dsa_stage(model: nn.Module, stage: str | None = None, loss_coeff: float | None = None) -> None:
+    """Put `model` in a DSA training stage (default: model.cfg.dsa_stage); a no-op for models without indexers.
+
+    dense | warmup (only indexers train) | sparse (all train) | select | frozen (indexers do not train).
+    """
+    cfg = getattr(model, "cfg", None)
+    stage = stage or getattr(cfg, "dsa_stage", "select")
+    if loss_coeff is None:
+        loss_coeff = getattr(cfg, "dsa_loss_weight", None)
+    if stage not in STAGES:
+        raise ValueError(f"DSA stage {stage!r} is not one of {sorted(STAGES)}")
+    if not indexers(model):
+        return
+    set_indexer_mode(model, STAGES[stage], loss_coeff)
+    if stage == "warmup":
+        freeze_all_but_indexers(model)
+    elif stage == "frozen":
+        freeze_indexers(model)
+
+
+@torch.no_grad()
+def measure_recall(model: nn.Module, input_ids: torch.Tensor, k: int) -> list[float]:
+    """Per layer with an indexer: share of the main attention's top-k keys (heads summed) the indexer's top-k
+    also ranks in its top-k, over query rows with more than k causal keys (dense attention's view)."""
+    ixs = indexers(model)
+    for ix in ixs:
+        ix.recall_k, ix.last_recall = k, None
+    try:
+        model(input_ids)
+    finally:
+        for ix in ixs:
+            ix.recall_k = 0
+    return [ix.last_recall for ix in ixs if ix.last_recall is not None]
 
 
 def freeze_all_but_indexers(model: nn.Module) -> None:

@@ -25,6 +25,7 @@ from torch import nn
 from glmstack.model.attention import Attention, segment_mask
 from glmstack.model.config import ModelConfig
 from glmstack.model.layers import MLP, RMSNorm
+from glmstack.model.dsa import apply_dsa_stage, indexer_loss
 from glmstack.model.mla import MLAttention
 from glmstack.model.moe import MoE, Experts, Router
 from glmstack.model.mtp import MTPLayer, mtp_targets
@@ -47,6 +48,7 @@ class GLMOutput:
     aux_loss: torch.Tensor | None = None  # sequence-wise balance loss summed over the MoE layers that ran
     expert_load: torch.Tensor | None = None  # (n_moe_layers, E) routed-token counts; MTP rows last
     hidden: torch.Tensor | None = None  # (B, T, D) trunk output after the final norm (MTP depth 1 reads it)
+    indexer_loss: torch.Tensor | None = None  # DSA warm-up/sparse: mean indexer KL over layers (detached, logging)
 
 
 class Block(nn.Module):
@@ -88,6 +90,7 @@ class GLM(nn.Module):
         for layer in self.layers:
             if isinstance(layer.self_attn, MLAttention):
                 layer.self_attn.topk_share = share
+        apply_dsa_stage(self)  # cfg.dsa_stage: which indexer mode, which parameters train (no-op without DSA)
         if dtype is not None:
             self.cast(dtype)
         if device is not None:
@@ -164,6 +167,8 @@ class GLM(nn.Module):
         out.expert_load = self._stack_loads(loads, x_BTD.device)
         if labels is not None:
             out.loss = self._total_loss(out, mtp_weight, aux_loss_weight)
+        if self.cfg.is_mla:  # the KL's gradient already flows through the attention outputs (dsa.attach_loss)
+            out.indexer_loss = indexer_loss(self)
         return out
 
     def _mtp_losses(self, input_ids, labels, h_BTD, cos, sin, mask, segment_ids, auxes, loads):

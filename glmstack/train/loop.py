@@ -57,6 +57,8 @@ def pretrain_loss(model, batch: dict, values: dict) -> tuple[torch.Tensor, dict]
         metrics["mtp_loss"] = torch.stack(out.mtp_loss).mean().detach()
     if getattr(out, "aux_loss", None) is not None:
         metrics["aux_loss"] = out.aux_loss.detach()
+    if getattr(out, "indexer_loss", None) is not None:  # GLM-5 DSA warm-up / sparse stages
+        metrics["indexer_loss"] = out.indexer_loss
     if getattr(out, "expert_load", None) is not None:
         metrics["expert_load"] = out.expert_load.detach()
     return out.loss, metrics

@@ -61,6 +61,7 @@ def resolve_checkpoint(ref: str, out_dir: str) -> Path:
 def build_model(cfg: TrainConfig, device: torch.device):
     """A fresh GLM from the preset (seeded init) or the previous stage's checkpoint; stage RoPE base applied."""
     from glmstack.model import GLM, ModelConfig, load_hf
+    from glmstack.model.dsa import apply_dsa_stage
 
     overrides = dict(cfg.model_overrides)
     if cfg.rope_theta:
@@ -69,6 +70,7 @@ def build_model(cfg: TrainConfig, device: torch.device):
         model = load_hf(resolve_checkpoint(cfg.init_from, cfg.out_dir), dtype=torch.float32)
         if overrides:  # e.g. mid-training's RoPE base change: same weights, new config fields
             model.cfg = dataclasses.replace(model.cfg, **overrides)
+            apply_dsa_stage(model)  # GLM-5 DSA stages (dsa_stage override): indexer mode, what trains
         return model.to(device)
     return GLM(ModelConfig.preset(cfg.model, **overrides)).init_weights(seed=cfg.seed, device=device)
 
