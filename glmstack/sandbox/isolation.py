@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import itertools
 import os
 import random
 import shutil
@@ -28,6 +29,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +39,7 @@ UID_BASE, UID_SLOTS = 2_000_000_000, 4096  # far above any real account; uid_t i
 LOCK_DIR = Path(tempfile.gettempdir()) / "glmstack-sandbox-uids"
 SANDBOX_DIR = "/sandbox"
 MODES = ("bwrap", "unshare", "plain")
+PAGE = os.sysconf("SC_PAGE_SIZE")
 LAYERS = {
     "bwrap": ("process", "rlimits", "session", "clean-env", "workdir", "pid-ns", "net-ns", "ipc-ns", "ro-root",
               "hidden-host-files", "tmpfs-workdir", "die-with-parent"),
@@ -99,17 +102,35 @@ def uid_pids(uid: int) -> list[int]:
     return pids
 
 
-def kill_uid(uid: int, rounds: int = 50) -> None:
-    """SIGKILL every process whose real uid is `uid`; repeat while a forking one races us."""
-    for _ in range(rounds):
+def resident_bytes(uid: int) -> int:
+    """Total resident memory of the processes owned by `uid` (the sandbox's memory watchdog)."""
+    total = 0
+    for pid in uid_pids(uid):
+        try:
+            with open(f"/proc/{pid}/statm") as f:
+                total += int(f.read().split()[1]) * PAGE
+        except (OSError, IndexError):
+            pass
+    return total
+
+
+def kill_uid(uid: int, wait_s: float = 5.0) -> None:
+    """SIGKILL every process whose uid is `uid`, again while a forking one races us, and wait until they are gone
+    (a killed process with a lot of memory takes a while to exit)."""
+    deadline = time.monotonic() + wait_s
+    for rnd in itertools.count():
         pids = uid_pids(uid)
         if not pids:
+            return
+        if time.monotonic() > deadline:
+            warnings.warn(f"sandbox: processes {pids} of uid {uid} survive SIGKILL", RuntimeWarning, stacklevel=2)
             return
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        time.sleep(min(0.001 * rnd, 0.02))
 
 
 # ---------------------------------------------------------------- command lines
@@ -211,14 +232,30 @@ def uid_usable(mode: str) -> bool:
     return bool(os.stat(exe).st_mode & 0o001) and all(os.stat(p).st_mode & 0o001 for p in exe.parents)
 
 
-def _work_dir_prefix(uid: int | None, clear_stale: bool) -> str:
-    """Host work dirs are named by uid, so holding a uid's lock proves its older dirs are stale: a runner
-    killed before its cleanup left them. Remove those before making a new one."""
-    prefix = f"glmstack-sandbox-{uid if uid is not None else 'u'}-"
-    if clear_stale and uid is not None:
-        for stale in Path(tempfile.gettempdir()).glob(prefix + "*"):
-            shutil.rmtree(stale, ignore_errors=True)
-    return prefix
+def _is_free(uid: int) -> bool:
+    """Whether no live runner holds `uid`'s lock (so its work dirs are stale)."""
+    try:
+        fd = os.open(LOCK_DIR / f"{uid - UID_BASE}.lock", os.O_RDWR)
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def clear_stale_work_dirs(own_uid: int) -> None:
+    """Remove host work dirs, and kill processes, left by runners killed before their cleanup (outside bwrap a
+    program's children can outlive a SIGKILLed runner). Dirs are named by uid, and a uid whose lock is free
+    (or our own, whose lock we hold) has no live runner."""
+    for d in Path(tempfile.gettempdir()).glob("glmstack-sandbox-[0-9]*-*"):
+        uid = int(d.name.split("-")[2])
+        if uid == own_uid or _is_free(uid):
+            kill_uid(uid)
+            shutil.rmtree(d, ignore_errors=True)
 
 
 @dataclass
@@ -255,6 +292,8 @@ def prepare(mode: str, work_dir_mb: int, site: bool = False, extra_ro: tuple[str
     if mode == "bwrap":
         return Launch(bwrap_argv(work_dir_mb, extra_ro) + python_argv(site), "/", env_for(SANDBOX_DIR),
                       layers, uid, None, slot)
-    host_dir = tempfile.mkdtemp(prefix=_work_dir_prefix(uid, clear_stale=True))
+    if uid is not None:
+        clear_stale_work_dirs(uid)
+    host_dir = tempfile.mkdtemp(prefix=f"glmstack-sandbox-{uid if uid is not None else 'u'}-")
     prefix = unshare_argv() if mode == "unshare" else deathsig_argv()
     return Launch(prefix + python_argv(site), host_dir, env_for(host_dir), layers, uid, host_dir, slot)

@@ -16,8 +16,9 @@ class Limits:
     """What one execution may use; `run(..., timeout_s=...)` style keywords override single fields."""
 
     timeout_s: float = 10.0  # wall clock; the parent kills every process of the sandbox when it passes
-    cpu_s: int | None = None  # RLIMIT_CPU (per process); None = ceil(timeout_s) + 1
-    memory_mb: int = 1024  # RLIMIT_AS: address space per process, so a huge allocation fails with MemoryError
+    cpu_s: int | None = None  # RLIMIT_CPU (per process); None = int(timeout_s) + 2
+    memory_mb: int = 1024  # RLIMIT_AS per process (a huge allocation fails with MemoryError) and, with
+    # the sandbox uid, the resident total of all its processes (a watchdog kills it past that: oom=True)
     max_output_bytes: int = 1 << 20  # stdout and stderr each; past it the sandbox is killed, output_truncated=True
     max_processes: int = 32  # RLIMIT_NPROC for the sandbox uid (threads count too): contains fork bombs
     max_open_files: int = 64  # RLIMIT_NOFILE

@@ -24,6 +24,7 @@ from glmstack.sandbox import isolation
 from glmstack.sandbox.limits import Limits
 
 EXIT_GRACE_S = 0.2  # after the launcher exits, read this long more for output still in the pipes
+WATCH_S = 0.05  # how often the sandbox's total resident memory is checked (when it has its own uid)
 OOM_MARKERS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory")
 
 
@@ -35,7 +36,8 @@ class Result:
     stderr: str
     exit_code: int | None
     timed_out: bool  # the wall clock passed timeout_s and the sandbox was killed
-    oom: bool  # the program ran out of its address space (MemoryError or an allocator failure)
+    oom: bool  # out of memory: MemoryError/allocator failure at the address-space limit, or killed because its
+    #            processes together held more than memory_mb resident (needs the sandbox uid)
     output_truncated: bool  # stdout or stderr passed max_output_bytes and the sandbox was killed
     duration_s: float
     mode: str  # bwrap | unshare | plain
@@ -87,8 +89,22 @@ def _kill(proc: subprocess.Popen) -> None:
         pass
 
 
-def _pump(proc, payload: bytes, limits: Limits) -> tuple[bytes, bytes, bool, bool]:
-    """Feed the payload and collect output until exit, timeout or overflow; returns (out, err, timed_out, trunc)."""
+def _send(fd: int, payload: bytes, sent: int) -> int:
+    """Write the next piece of the payload; returns the new count sent (all of it once the pipe broke)."""
+    try:
+        return sent + os.write(fd, payload[sent:sent + (1 << 16)])
+    except BlockingIOError:
+        return sent
+    except BrokenPipeError:  # the sandbox died before reading it all; its output says why
+        return len(payload)
+
+
+def _pump(proc, payload: bytes, limits: Limits, uid: int | None) -> tuple[bytes, bytes, str]:
+    """Feed the payload and collect output until the sandbox ends or breaks a limit.
+
+    Returns (stdout, stderr, why): why is "exit", "timeout", "output" (an output passed its limit) or "memory"
+    (the sandbox uid's processes together hold more than memory_mb resident, checked every WATCH_S).
+    """
     deadline = time.monotonic() + limits.timeout_s
     out, err = bytearray(), bytearray()
     bufs = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
@@ -98,39 +114,39 @@ def _pump(proc, payload: bytes, limits: Limits) -> tuple[bytes, bytes, bool, boo
     stdin_fd = proc.stdin.fileno()
     os.set_blocking(stdin_fd, False)
     sel.register(stdin_fd, selectors.EVENT_WRITE)
-    sent, open_outputs, exited_at = 0, 2, None
+    sent, open_outputs, exited_at, why = 0, 2, None, "exit"
     try:
         while open_outputs:
             now = time.monotonic()
             if now >= deadline:
-                return bytes(out), bytes(err), True, False
+                why = "timeout"
+                break
+            if uid is not None and isolation.resident_bytes(uid) > limits.memory_mb << 20:
+                why = "memory"
+                break
             if exited_at is None and proc.poll() is not None:
                 exited_at = now
             if exited_at is not None and now - exited_at > EXIT_GRACE_S:
                 break  # a daemon that escaped the session still holds the pipes (plain mode): stop reading
-            for key, _ in sel.select(min(deadline - now, EXIT_GRACE_S)):
-                fd = key.fd
-                if fd == stdin_fd:
-                    try:
-                        sent += os.write(fd, payload[sent:sent + (1 << 16)])
-                    except BlockingIOError:
-                        continue
-                    except BrokenPipeError:  # the sandbox died before reading it all; its output says why
-                        sent = len(payload)
+            for key, _ in sel.select(min(deadline - now, WATCH_S)):
+                if key.fd == stdin_fd:
+                    sent = _send(stdin_fd, payload, sent)
                     if sent >= len(payload):
-                        sel.unregister(fd)
+                        sel.unregister(stdin_fd)
                         proc.stdin.close()
                     continue
-                chunk = os.read(fd, 1 << 16)
+                chunk = os.read(key.fd, 1 << 16)
                 if not chunk:
-                    sel.unregister(fd)
+                    sel.unregister(key.fd)
                     open_outputs -= 1
                     continue
-                bufs[fd] += chunk
-                if len(bufs[fd]) > limits.max_output_bytes:
-                    del bufs[fd][limits.max_output_bytes:]
-                    return bytes(out), bytes(err), False, True
-        return bytes(out), bytes(err), False, False
+                bufs[key.fd] += chunk
+                if len(bufs[key.fd]) > limits.max_output_bytes:
+                    del bufs[key.fd][limits.max_output_bytes:]
+                    why = "output"
+                    open_outputs = 0
+                    break
+        return bytes(out), bytes(err), why
     finally:
         sel.close()
 
@@ -172,17 +188,17 @@ def run(code: str, *, stdin: str | bytes | None = None, files: dict[str, str | b
     try:
         proc = subprocess.Popen(launch.argv, cwd=launch.cwd, env=launch.env, stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-        out, err, timed_out, truncated = b"", b"", True, False
+        out, err, why = b"", b"", "interrupted"
         try:
-            out, err, timed_out, truncated = _pump(proc, payload, limits)
+            out, err, why = _pump(proc, payload, limits, launch.uid)
         finally:  # also on KeyboardInterrupt: nothing may outlive this call
             grace = limits.timeout_s - (time.monotonic() - start)
-            exit_code = _finish(proc, kill=timed_out or truncated, grace_s=grace)
+            exit_code = _finish(proc, kill=why != "exit", grace_s=grace)
     finally:
         launch.cleanup()
     duration = time.monotonic() - start
     stdout, stderr = out.decode(errors="replace"), err.decode(errors="replace")
-    oom = not timed_out and any(m in stderr[-4096:] for m in OOM_MARKERS)
-    return Result(stdout=stdout, stderr=stderr, exit_code=exit_code, timed_out=timed_out, oom=oom,
-                  output_truncated=truncated, duration_s=duration, mode=mode, layers=launch.layers,
+    oom = why == "memory" or (why == "exit" and any(m in stderr[-4096:] for m in OOM_MARKERS))
+    return Result(stdout=stdout, stderr=stderr, exit_code=exit_code, timed_out=why == "timeout", oom=oom,
+                  output_truncated=why == "output", duration_s=duration, mode=mode, layers=launch.layers,
                   uid=launch.uid, work_dir=launch.host_dir)
