@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from glmstack.model.attention import Attention, sdpa
 from glmstack.model.layers import MLP
 from glmstack.model.moe import MoE, _grouped_mm_ok, experts_grouped
-from glmstack.model.rope import rope_cos_sin, rotate_half
+from glmstack.model.rope import rope_cos_sin
 
 
 HIT_LOOP_MAX_TOKENS = 2  # measured on CPU (bench/decode.py): the hit-expert loop wins for 1-2 tokens
@@ -41,74 +41,112 @@ class FastForward:
         self.model, cfg = model, model.cfg
         dtype, device = model.embed_tokens.weight.dtype, model.embed_tokens.weight.device
         pos = torch.arange(max_len, device=device)[None]
-        cos, sin = rope_cos_sin(pos, cfg.rotary_dim, cfg.rope_theta, dtype)
-        self.cos_SR, self.sin_SR = cos[0], sin[0]  # (S, R) table; same values rope_cos_sin gives per position
+        cos, sin = rope_cos_sin(pos, cfg.rotary_dim, cfg.rope_theta, dtype)  # (1, S, R): rope_cos_sin's values
+        # Full head-width tables: cos 1 and sin 0 on the pass-through dims, so partial RoPE is 4 whole-tensor ops
+        Dh, R = cfg.head_dim, cfg.rotary_dim
+        self.cos_SK = torch.ones(max_len, Dh, dtype=dtype, device=device)
+        self.sin_SK = torch.zeros(max_len, Dh, dtype=dtype, device=device)
+        self.cos_SK[:, :R], self.sin_SK[:, :R] = cos[0], sin[0]
+        # rotate_half on the first R dims as a signed permutation matrix (entries 0/±1: the product is exact)
+        self.rot_KK = torch.zeros(Dh, Dh, dtype=dtype, device=device)
+        half = torch.arange(R // 2, device=device)
+        self.rot_KK[half + R // 2, half] = -1.0  # out[:R/2] = -x[R/2:R]
+        self.rot_KK[half, half + R // 2] = 1.0  # out[R/2:R] = x[:R/2]
 
     def rope(self, position_ids_BT):
-        return self.cos_SR[position_ids_BT], self.sin_SR[position_ids_BT]  # (B, T, R) each
+        """-> (cos, sin, rot): (B, T, 1, Dh) tables for the (B, T, H, Dh) layout, and the rotation matrix."""
+        return self.cos_SK[position_ids_BT][:, :, None], self.sin_SK[position_ids_BT][:, :, None], self.rot_KK
 
     def forward(self, input_ids_BT, position_ids_BT, cache, last_only: bool = False):
         """-> logits (B, T, V) (or (B, 1, V) with last_only), final-normed hidden (B, T, D)."""
         m = self.model
-        cos, sin = self.rope(position_ids_BT)
+        rope = self.rope(position_ids_BT)
         x_BTD = m.embed_tokens(input_ids_BT)
         for block in m.layers:
-            x_BTD = block_forward(block, x_BTD, cos, sin, cache)
-        h_BTD = m.norm(x_BTD)
+            x_BTD = block_forward(block, x_BTD, rope, cache)
+        h_BTD = rms_norm(m.norm, x_BTD)
         return m.lm_head(h_BTD[:, -1:] if last_only else h_BTD), h_BTD
 
     def mtp_step(self, layer: int, next_ids_BT, hidden_BTD, position_ids_BT, cache):
         """GLM.mtp_step on the fast blocks: -> (normed hidden (B, T, D), logits (B, T, V))."""
         m = self.model
         mtp = m.mtp_by_depth()[layer]
-        cos, sin = self.rope(position_ids_BT)
+        rope = self.rope(position_ids_BT)
         emb_BTD = m.embed_tokens(next_ids_BT)
-        x_BTD = mtp.eh_proj(torch.cat([mtp.enorm(emb_BTD), mtp.hnorm(hidden_BTD)], dim=-1))
-        h_BTD = mtp.final_norm(block_forward(mtp.block, x_BTD, cos, sin, cache))
+        x_BTD = mtp.eh_proj(torch.cat([rms_norm(mtp.enorm, emb_BTD), rms_norm(mtp.hnorm, hidden_BTD)], dim=-1))
+        h_BTD = rms_norm(mtp.final_norm, block_forward(mtp.block, x_BTD, rope, cache))
         return h_BTD, m.lm_head(h_BTD)
 
 
-def block_forward(block, x_BTD, cos, sin, cache):
-    x_BTD = x_BTD + attention_forward(block.self_attn, block.input_layernorm(x_BTD), cos, sin, cache)
-    h_BTD = block.post_attention_layernorm(x_BTD)
+def rms_norm(norm, x):
+    """layers.RMSNorm as one fused call when it is exact to do so (fp32); the module itself otherwise."""
+    if x.dtype == torch.float32 and norm.weight.dtype == torch.float32:
+        return F.rms_norm(x, norm.weight.shape, norm.weight, norm.eps)
+    return norm(x)
+
+
+def block_forward(block, x_BTD, rope, cache):
+    x_BTD = x_BTD + attention_forward(block.self_attn, rms_norm(block.input_layernorm, x_BTD), rope, cache)
+    h_BTD = rms_norm(block.post_attention_layernorm, x_BTD)
     mlp = block.mlp
     return x_BTD + (moe_forward(mlp, h_BTD) if isinstance(mlp, MoE) else mlp(h_BTD))
 
 
-def attention_forward(attn: Attention, x_BTD, cos, sin, cache):
+def attention_forward(attn: Attention, x_BTD, rope, cache):
     B, T, _ = x_BTD.shape
     q_BTHK = attn.q_proj(x_BTD).view(B, T, attn.n_heads, attn.head_dim)
     k_BTGK = attn.k_proj(x_BTD).view(B, T, attn.n_kv, attn.head_dim)
     v_BGTK = attn.v_proj(x_BTD).view(B, T, attn.n_kv, attn.head_dim).transpose(1, 2)
     if attn.q_norm is not None:
-        q_BTHK, k_BTGK = attn.q_norm(q_BTHK), attn.k_norm(k_BTGK)
-    q_BHTK = _rope(q_BTHK, cos, sin).transpose(1, 2)
-    k_BGTK = _rope(k_BTGK, cos, sin).transpose(1, 2)
+        q_BTHK, k_BTGK = rms_norm(attn.q_norm, q_BTHK), rms_norm(attn.k_norm, k_BTGK)
+    q_BHTK = _rope(q_BTHK, *rope).transpose(1, 2)
+    k_BGTK = _rope(k_BTGK, *rope).transpose(1, 2)
     k_BGSK, v_BGSK = cache.update(attn.layer_idx, k_BGTK, v_BGTK)
     o_BHTK = sdpa(q_BHTK, k_BGSK, v_BGSK, cache.attention_mask(attn.layer_idx, T))
     return attn.o_proj(o_BHTK.transpose(1, 2).reshape(B, T, attn.n_heads * attn.head_dim))
 
 
-def _rope(x_BTHK, cos_BTR, sin_BTR):
-    """apply_partial_rope in (B, T, H, Dh) layout: rotate the first R dims, keep the rest."""
-    r = cos_BTR.shape[-1]
-    cos, sin = cos_BTR[:, :, None], sin_BTR[:, :, None]
-    x_rot = x_BTHK[..., :r]
-    return torch.cat((x_rot * cos + rotate_half(x_rot) * sin, x_BTHK[..., r:]), dim=-1)
+def _rope(x_BTHK, cos_BT1K, sin_BT1K, rot_KK):
+    """apply_partial_rope in (B, T, H, Dh) layout: x cos + rotate_half(x) sin on the first R dims, x elsewhere."""
+    return x_BTHK * cos_BT1K + torch.matmul(x_BTHK, rot_KK) * sin_BT1K
 
 
 def moe_forward(moe: MoE, x_BTD):
     B, T, D = x_BTD.shape
     x_TD = x_BTD.reshape(B * T, D)
-    _, idx_TK, w_TK = moe.gate(x_TD)
+    idx_TK, w_TK = route(moe.gate, x_TD)
     w1, w2 = moe.experts.gate_up_proj, moe.experts.down_proj
-    if x_TD.shape[0] <= HIT_LOOP_MAX_TOKENS or not _grouped_mm_ok(x_TD):
+    if x_TD.shape[0] == 1:
+        y_TD = experts_one_token(x_TD, idx_TK, w_TK, w1, w2)
+    elif x_TD.shape[0] <= HIT_LOOP_MAX_TOKENS or not _grouped_mm_ok(x_TD):
         y_TD = experts_hit(x_TD, idx_TK, w_TK, w1, w2)
     else:  # many tokens hit most experts: one C++ grouped GEMM beats a Python loop over them
         y_TD = experts_grouped(x_TD, idx_TK, w_TK, w1, w2)
     if moe.shared_experts is not None:
         y_TD = y_TD + moe.shared_experts(x_TD)
     return y_TD.view(B, T, D)
+
+
+def route(router, x_TD):
+    """moe.Router without the training outputs: -> (expert ids (T, K), gate values (T, K) fp32)."""
+    if router.n_group > 1 or router.weight.dtype != torch.float32:
+        _, idx_TK, w_TK = router(x_TD)
+        return idx_TK, w_TK
+    scores_TE = F.linear(x_TD.float(), router.weight).sigmoid()
+    idx_TK = (scores_TE + router.e_score_correction_bias).topk(router.top_k, dim=-1, sorted=False).indices
+    w_TK = scores_TE.gather(1, idx_TK)
+    if router.norm_topk_prob:
+        w_TK = w_TK / (w_TK.sum(-1, keepdim=True) + 1e-20)
+    return idx_TK, w_TK * router.scale
+
+
+def experts_one_token(x_1D, idx_1K, w_1K, w_gate_up_EFD, w_down_EDF):
+    """Decode at batch 1: the K chosen experts straight from the host list, mixed by one (1, K) @ (K, D)."""
+    outs = []
+    for e in idx_1K[0].tolist():
+        gate_1F, up_1F = F.linear(x_1D, w_gate_up_EFD[e]).chunk(2, dim=-1)
+        outs.append(F.linear(F.silu(gate_1F) * up_1F, w_down_EDF[e]))
+    return torch.matmul(w_1K.to(x_1D.dtype), torch.cat(outs))
 
 
 def experts_hit(x_TD, idx_TK, w_TK, w_gate_up_EFD, w_down_EDF):

@@ -46,3 +46,17 @@ def test_engine_tokens_equal_with_fast_on_and_off(model):
     on = Engine(model, fast=True).generate(prompts, 16, stop_ids=[]).tokens
     off = Engine(model, fast=False).generate(prompts, 16, stop_ids=[]).tokens
     assert on == off
+
+
+def test_router_and_one_token_experts_match_reference(model):
+    from glmstack.inference.fast import experts_one_token, route
+
+    moe = model.layers[1].mlp
+    x = torch.randn(3, model.cfg.hidden_size)
+    _, idx_ref, w_ref = moe.gate(x)
+    idx, w = route(moe.gate, x)
+    assert torch.equal(idx.sort(-1).values, idx_ref.sort(-1).values)
+    torch.testing.assert_close(w.gather(1, idx.argsort(-1)), w_ref.gather(1, idx_ref.argsort(-1)))
+    w1, w2 = moe.experts.gate_up_proj, moe.experts.down_proj
+    torch.testing.assert_close(experts_one_token(x[:1], idx[:1], w[:1], w1, w2),
+                               experts_loop(x[:1], idx[:1], w[:1], w1, w2))
