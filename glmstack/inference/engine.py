@@ -96,9 +96,6 @@ class Engine:
             if step == 0:
                 stats["first_token_s"] = time.perf_counter() - t0
         rows = rows_out[0]
-        total = time.perf_counter() - t0
-        n_new = sum(len(r) for r in rows.out)
-        stats.update(new_tokens=n_new, total_s=total, tokens_per_s=n_new / max(total, 1e-9))
         text = [self._decode(r) for r in rows.out] if self.tokenizer is not None else None
         return GenerationResult(tokens=rows.out, text=text, finish_reason=rows.finish, stats=stats)
 
@@ -107,7 +104,7 @@ class Engine:
                speculative: str | None = None, draft_k: int = 2, stats: dict | None = None) -> Iterator[Delta]:
         """One prompt; yields a Delta per decoding step (text deltas when the engine has a tokenizer)."""
         ids: list[int] = []
-        shown = ""
+        shown = full = ""
         for new in self._run([prompt], max_new_tokens, temperature, top_p, top_k, seed, stop_ids, speculative,
                              draft_k, {} if stats is None else stats, []):
             ids.extend(new[0])
@@ -120,6 +117,8 @@ class Engine:
                     text, shown = full[len(shown):], full
             if new[0]:
                 yield Delta(ids=new[0], text=text)
+        if full != shown:  # the stream ended on an unfinished character: show what decode gives
+            yield Delta(ids=[], text=full[len(shown):])
 
     # ---------------------------------------------------------------- the loop
     def _run(self, prompts, max_new_tokens, temperature, top_p, top_k, seed, stop_ids, speculative, draft_k,
@@ -140,11 +139,14 @@ class Engine:
         slack = 2 * draft_k + 2 if speculative else 1
         cache = KVCache(B, P + budget + slack, start=start_B.to(self.device))
         run = (FastForward if self.fast else ReferenceForward)(self.model, P + budget + slack)
+        t0 = time.perf_counter()
         with torch.inference_mode():
             if speculative is None:
                 yield from self._plain(run, ids_BP, start_B, cache, rows, params, gen, stats)
             else:
                 yield from mtp_decode(run, self.cfg, ids_BP, start_B, cache, rows, params, gen, draft_k, stats)
+        total, n_new = time.perf_counter() - t0, sum(len(r) for r in rows.out)
+        stats.update(new_tokens=n_new, total_s=total, tokens_per_s=n_new / max(total, 1e-9))
 
     def _plain(self, run, ids_BP, start_B, cache, rows, params, gen, stats) -> Iterator[list[list[int]]]:
         P = ids_BP.shape[1]

@@ -1,0 +1,168 @@
+"""`glmstack generate` and `glmstack chat`: the engine on a checkpoint folder, from the terminal.
+
+Both load any glmstack or released GLM checkpoint folder (config.json + safetensors + tokenizer.json) with
+`load_hf` and `Tokenizer.load`. `generate` continues raw prompts (or, with --chat, answers them as a user turn);
+`chat` keeps a conversation in GLM's chat format (glmstack.chat.render with add_generation_prompt), streams the
+reply through StreamParser, shows reasoning dimmed and apart, and tool calls parsed.
+
+    glmstack generate CKPT --prompt "def fib(n):" --max-new-tokens 64 --speculative mtp --draft 3
+    glmstack generate CKPT --prompt "a" --prompt "b" --temperature 0.7 --top-p 0.9 --seed 0 --stats
+    glmstack chat CKPT [--system "..."] [--tools tools.json] [--no-think]      # /reset, /exit
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DIM, RESET = "\x1b[2m", "\x1b[0m"
+
+
+def _common(ap: argparse.ArgumentParser, temperature: float, top_p: float, max_new: int) -> None:
+    ap.add_argument("checkpoint", help="checkpoint folder (config.json, *.safetensors, tokenizer.json)")
+    ap.add_argument("--max-new-tokens", type=int, default=max_new)
+    ap.add_argument("--temperature", type=float, default=temperature, help="0 = greedy")
+    ap.add_argument("--top-p", type=float, default=top_p)
+    ap.add_argument("--top-k", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--speculative", choices=["none", "mtp"], default="none", help="MTP speculative decoding")
+    ap.add_argument("--draft", type=int, default=2, help="draft tokens per verify step with --speculative mtp")
+    ap.add_argument("--dtype", choices=list(DTYPES), default=None, help="default: the checkpoint's")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--style", choices=["auto", "glm-4.5", "glm-4.7"], default="auto", help="chat format")
+
+
+def _load(args):
+    from glmstack.inference import Engine
+    from glmstack.model import load_hf
+    from glmstack.tokenizer import Tokenizer
+
+    model = load_hf(args.checkpoint, dtype=DTYPES.get(args.dtype), device=args.device)
+    return Engine(model, Tokenizer.load(args.checkpoint))
+
+
+def _gen_kwargs(args) -> dict:
+    return dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                top_k=args.top_k, seed=args.seed, draft_k=args.draft,
+                speculative=None if args.speculative == "none" else args.speculative)
+
+
+def _style(args, engine) -> str:
+    if args.style != "auto":
+        return args.style
+    return "glm-4.7" if engine.cfg.model_type == "glm_moe_dsa" else "glm-4.5"
+
+
+def _print_stats(stats: dict) -> None:
+    keys = ("new_tokens", "tokens_per_s", "prefill_s", "mean_accepted_length", "acceptance_per_depth")
+    shown = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in stats.items() if k in keys}
+    print(json.dumps(shown), file=sys.stderr)
+
+
+# ---------------------------------------------------------------- generate
+def generate_main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="glmstack generate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common(ap, temperature=0.0, top_p=1.0, max_new=256)
+    ap.add_argument("--prompt", action="append", help="repeat for a batch; default: read stdin")
+    ap.add_argument("--chat", action="store_true", help="wrap each prompt as a user turn in the chat format")
+    ap.add_argument("--stats", action="store_true", help="print speed/acceptance stats to stderr")
+    args = ap.parse_args(argv)
+    engine = _load(args)
+    prompts = args.prompt or [sys.stdin.read()]
+    if args.chat:
+        from glmstack.chat import render
+
+        prompts = [render([{"role": "user", "content": p}], style=_style(args, engine), add_generation_prompt=True)
+                   for p in prompts]
+    try:
+        if len(prompts) == 1:  # stream a single prompt as it is generated
+            stats: dict = {}
+            for delta in engine.stream(prompts[0], stats=stats, **_gen_kwargs(args)):
+                print(delta.text, end="", flush=True)
+            print()
+        else:
+            res = engine.generate(prompts, **_gen_kwargs(args))
+            stats = res.stats
+            for i, text in enumerate(res.text):
+                print(f"=== {i} ({res.finish_reason[i]})\n{text}")
+    except ValueError as e:
+        print(f"glmstack generate: {e}", file=sys.stderr)
+        return 2
+    if args.stats:
+        _print_stats(stats)
+    return 0
+
+
+# ---------------------------------------------------------------- chat
+def _show(delta: dict, tty: bool, state: dict) -> None:
+    """Print one StreamParser delta: reasoning dimmed, content plain, a finished tool call as name(args)."""
+    if "reasoning_content" in delta:
+        text = delta["reasoning_content"]
+        print(f"{DIM}{text}{RESET}" if tty else text, end="", flush=True)
+        state["reasoning"] = True
+    if "content" in delta:
+        if state.pop("reasoning", False):
+            print("\n")  # reasoning ends: keep the answer apart
+        print(delta["content"], end="", flush=True)
+    for call in delta.get("tool_calls", []):
+        fn = call.get("function", {})
+        if "name" in fn:
+            print(f"{')' if state.get('call_open') else ''}\n[tool call] {fn['name']}(", end="", flush=True)
+            state["call_open"] = True
+        print(fn.get("arguments", ""), end="", flush=True)
+
+
+def chat_main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="glmstack chat", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common(ap, temperature=0.6, top_p=0.95, max_new=1024)
+    ap.add_argument("--system", default=None, help="system message")
+    ap.add_argument("--tools", default=None, help="JSON file with a list of OpenAI-style tool definitions")
+    ap.add_argument("--no-think", action="store_true", help="disable thinking (enable_thinking=False)")
+    ap.add_argument("--stats", action="store_true", help="print speed/acceptance stats after each reply")
+    args = ap.parse_args(argv)
+    from glmstack.chat import StreamParser, accumulate, render
+
+    engine = _load(args)
+    style, tty = _style(args, engine), sys.stdout.isatty()
+    tools = json.loads(open(args.tools).read()) if args.tools else None
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    messages = list(system)
+    print(f"chatting with {args.checkpoint} ({style}); /reset clears the conversation, /exit quits", file=sys.stderr)
+    while True:
+        try:
+            line = input("\n> " if tty else "")
+        except EOFError:
+            return 0
+        if line.strip() in ("/exit", "/quit"):
+            return 0
+        if line.strip() == "/reset":
+            messages = list(system)
+            continue
+        messages.append({"role": "user", "content": line})
+        prompt = render(messages, tools, style=style, enable_thinking=not args.no_think, add_generation_prompt=True)
+        parser, deltas, state, stats = StreamParser(tools, style), [], {}, {}
+        try:
+            for piece in engine.stream(prompt, stats=stats, **_gen_kwargs(args)):
+                for d in parser.feed(piece.text):
+                    deltas.append(d)
+                    _show(d, tty, state)
+        except ValueError as e:  # e.g. the conversation outgrew the context
+            print(f"\nglmstack chat: {e}", file=sys.stderr)
+            messages.pop()
+            continue
+        for d in parser.finish():
+            deltas.append(d)
+            _show(d, tty, state)
+        print(")" if state.get("call_open") else "")
+        reply = accumulate(deltas)
+        if not reply["tool_calls"]:
+            del reply["tool_calls"]
+        messages.append(reply)
+        if args.stats:
+            _print_stats(stats)
