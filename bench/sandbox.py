@@ -30,7 +30,9 @@ from glmstack.sandbox.run import run
 
 def _reference(program: str) -> tuple[bool, float]:
     t = time.monotonic()
-    p = subprocess.run([isolation.python_exe(), "-I", "-S", "-c", program], capture_output=True, timeout=30)
+    p = subprocess.run(
+        [isolation.python_exe(), "-I", "-S", "-c", program], capture_output=True, timeout=30, check=False
+    )
     return p.returncode == 0, time.monotonic() - t
 
 
@@ -48,8 +50,11 @@ def measure(fn, programs: list[str], concurrency: int) -> dict:
     with ThreadPoolExecutor(concurrency) as ex:
         out = list(ex.map(fn, programs))
     wall = time.monotonic() - t
-    return {"per_s": len(programs) / wall, "median_ms": 1000 * statistics.median(d for _, d in out),
-            "passed": sum(ok for ok, _ in out)}
+    return {
+        "per_s": len(programs) / wall,
+        "median_ms": 1000 * statistics.median(d for _, d in out),
+        "passed": sum(ok for ok, _ in out),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,17 +64,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="run the problem set this many times per row")
     args = ap.parse_args(argv)
     problems = load_problems().values()
-    programs = [check_program(p["prompt"] + p["canonical_solution"], p["test"], p["entry_point"])
-                for p in problems] * args.repeat
+    programs = [
+        check_program(p["prompt"] + p["canonical_solution"], p["test"], p["entry_point"]) for p in problems
+    ] * args.repeat
     print(f"{len(programs)} HumanEval executions per row; interpreter {isolation.python_exe()}")
     print(f"{'runner':<22}{'conc':>5}{'exec/s':>9}{'median ms':>11}{'passed':>8}{'vs ref':>8}")
     for conc in args.concurrency:
         ref = measure(_reference, programs, conc)
-        rows = [("subprocess (ref)", ref)] + [(f"sandbox {m}", measure(_sandboxed(m), programs, conc))
-                                             for m in args.modes]
+        rows = [("subprocess (ref)", ref)] + [
+            (f"sandbox {m}", measure(_sandboxed(m), programs, conc)) for m in args.modes
+        ]
         for name, m in rows:
-            print(f"{name:<22}{conc:>5}{m['per_s']:>9.1f}{m['median_ms']:>11.1f}{m['passed']:>8}"
-                  f"{m['per_s'] / ref['per_s']:>8.2f}")
+            print(
+                f"{name:<22}{conc:>5}{m['per_s']:>9.1f}{m['median_ms']:>11.1f}{m['passed']:>8}"
+                f"{m['per_s'] / ref['per_s']:>8.2f}"
+            )
     return 0
 
 

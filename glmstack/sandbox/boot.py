@@ -75,7 +75,7 @@ def _install_stdin(data):
     os.lseek(fd, 0, os.SEEK_SET)
     os.dup2(fd, 0)
     os.close(fd)
-    sys.stdin = open(0, "r", closefd=False, errors="replace")
+    sys.stdin = open(0, "r", closefd=False, errors="replace")  # noqa: SIM115 (open for the program's lifetime)
 
 
 def _main():
@@ -95,10 +95,10 @@ def _main():
     main.__file__ = "main.py"
     sys.modules["__main__"] = main
     try:
-        exec(compile(code, "main.py", "exec"), main.__dict__)
+        exec(compile(code, "main.py", "exec"), main.__dict__)  # noqa: S102 (running it is the point; we are sandboxed)
     except SystemExit:
         raise
-    except BaseException as e:  # print the traceback from the program's frames on, without this file's
+    except BaseException as e:  # noqa: BLE001 -- print the traceback from the program's frames on, without this file's
         import linecache
         import traceback
 

@@ -65,14 +65,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.stdin_file:
         with open(args.stdin_file, "rb") as f:
             stdin = f.read()
-    limits = Limits(timeout_s=args.timeout, memory_mb=args.memory_mb, max_output_bytes=args.max_output,
-                    max_processes=args.max_processes)
+    limits = Limits(
+        timeout_s=args.timeout,
+        memory_mb=args.memory_mb,
+        max_output_bytes=args.max_output,
+        max_processes=args.max_processes,
+    )
     r = run(_program(args), stdin=stdin, limits=limits, mode=args.mode)
     if args.json:
         print(json.dumps(dataclasses.asdict(r), indent=1))
     else:
         sys.stdout.write(r.stdout)
         sys.stderr.write(r.stderr)
-        print(f"[sandbox] exit={r.exit_code} flags={r.flags()} duration={r.duration_s:.3f}s mode={r.mode} "
-              f"layers={','.join(r.layers)}", file=sys.stderr)
+        print(
+            f"[sandbox] exit={r.exit_code} flags={r.flags()} duration={r.duration_s:.3f}s mode={r.mode} "
+            f"layers={','.join(r.layers)}",
+            file=sys.stderr,
+        )
     return 0 if r.ok else 1

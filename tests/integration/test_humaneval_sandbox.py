@@ -27,8 +27,9 @@ def test_wrong_solutions_fail(problems):
     good = run_tests(p["prompt"] + p["canonical_solution"], p["test"], p["entry_point"])
     wrong = run_tests(p["prompt"] + "    return False\n", p["test"], p["entry_point"])
     assert good.ok and not wrong.ok and "AssertionError" in wrong.stderr
-    hang = run_tests(p["prompt"] + "    while True:\n        pass\n", p["test"], p["entry_point"],
-                     limits=Limits(timeout_s=1))
+    hang = run_tests(
+        p["prompt"] + "    while True:\n        pass\n", p["test"], p["entry_point"], limits=Limits(timeout_s=1)
+    )
     assert hang.timed_out and not hang.ok
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from glmstack.sandbox import Limits, isolation, run
+from glmstack.sandbox import Limits, isolation, run, uids
 
 T = 2.0  # timeout of the cases that should hit it
 LIM = Limits(timeout_s=T, memory_mb=512, max_processes=32)
@@ -55,7 +55,7 @@ def _alive(procs) -> set:
 def assert_nothing_left(r):
     assert _descendants(os.getpid()) == set(), "a sandbox process outlived run()"
     if r.uid is not None:
-        assert isolation.uid_pids(r.uid) == [], "a process of the sandbox uid outlived run()"
+        assert uids.uid_pids(r.uid) == [], "a process of the sandbox uid outlived run()"
     if r.work_dir is not None:
         assert not os.path.exists(r.work_dir)
 
@@ -100,8 +100,11 @@ BUSY_THREADS = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("code", [FORK_BOMB, "while True: pass", BUSY_THREADS, "import time; time.sleep(60)"],
-                         ids=["fork_bomb", "infinite_loop", "busy_threads", "sleep"])
+@pytest.mark.parametrize(
+    "code",
+    [FORK_BOMB, "while True: pass", BUSY_THREADS, "import time; time.sleep(60)"],
+    ids=["fork_bomb", "infinite_loop", "busy_threads", "sleep"],
+)
 def test_runaway_programs_are_killed_at_the_timeout(mode, code):
     r, worst = _host_responsive_during(lambda: run(code, limits=LIM, mode=mode))
     assert r.timed_out and not r.ok and T <= r.duration_s < T + 3
@@ -221,8 +224,14 @@ def bwrap():
 
 def test_writes_outside_the_work_dir_do_not_reach_the_host(bwrap):
     marker = f"glmstack-adversarial-{uuid.uuid4().hex}"
-    targets = [PROJECT_FILE.parent / marker, Path("/tmp") / marker, Path("/usr") / marker,
-               Path("/etc") / marker, Path("/") / marker, Path("/root") / marker]
+    targets = [
+        PROJECT_FILE.parent / marker,
+        Path("/tmp") / marker,
+        Path("/usr") / marker,
+        Path("/etc") / marker,
+        Path("/") / marker,
+        Path("/root") / marker,
+    ]
     code = f"""for p in {[str(t) for t in targets]!r}:
     try:
         open(p, "w").write("pwned")

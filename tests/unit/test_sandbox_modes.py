@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from glmstack.sandbox import isolation, run
+from glmstack.sandbox import isolation, run, uids
 
 SYSTEM_PYTHON = "/usr/bin/python3"  # world-readable, so a root caller can drop to the sandbox uid outside bwrap
 
@@ -30,7 +30,7 @@ def test_weaker_modes_run_and_remove_their_work_dir(mode, reachable_python):
     assert r.work_dir is not None and not os.path.exists(r.work_dir)
     assert set(isolation.LAYERS[mode]) <= set(r.layers)
     if os.geteuid() == 0:
-        assert "uid" in r.layers and isolation.uid_pids(r.uid) == []
+        assert "uid" in r.layers and uids.uid_pids(r.uid) == []
 
 
 def test_bwrap_work_dir_is_a_fresh_tmpfs():
@@ -57,3 +57,16 @@ def test_root_without_reachable_interpreter_is_refused(monkeypatch, tmp_path):
 def test_auto_resolves_to_an_available_mode():
     assert isolation.resolve("auto") in isolation.MODES
     assert isolation.available(isolation.resolve("auto"))
+
+
+CAPS = "s = open('/proc/self/status').read(); print([ln for ln in s.splitlines() if ln[:6] in ('CapEff', 'CapPrm', 'NoNewP')])"
+
+
+@pytest.mark.parametrize("mode", ["bwrap", "unshare", "plain"])
+def test_no_capabilities_and_no_new_privileges(mode, reachable_python):
+    _need(mode)
+    r = run(CAPS, mode=mode, timeout_s=5)
+    assert r.ok, r.stderr
+    assert "'CapPrm:\\t0000000000000000'" in r.stdout and "'CapEff:\\t0000000000000000'" in r.stdout
+    if mode == "bwrap" or "no-new-privs" in r.layers:
+        assert "'NoNewPrivs:\\t1'" in r.stdout

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from glmstack.sandbox import Limits, isolation, run
+from glmstack.sandbox import Limits, run, uids
 from glmstack.sandbox.limits import Limits as L2
 
 SHORT = Limits(timeout_s=5.0, memory_mb=512)
@@ -81,6 +81,6 @@ def test_bad_mode_is_an_error():
 @pytest.mark.skipif(os.geteuid() != 0, reason="a dedicated uid needs root")
 def test_runs_as_its_own_unprivileged_uid_and_leaves_nothing():
     r = run("import os; print(os.getuid(), os.getgid(), os.getgroups())", limits=SHORT)
-    assert r.uid is not None and r.uid >= isolation.UID_BASE and "uid" in r.layers
+    assert r.uid is not None and r.uid >= uids.UID_BASE and "uid" in r.layers
     assert r.stdout == f"{r.uid} {r.uid} []\n"
-    assert isolation.uid_pids(r.uid) == []
+    assert uids.uid_pids(r.uid) == []

@@ -1,0 +1,123 @@
+"""Sandbox uids: one unprivileged uid per execution, and finding, measuring and killing its processes.
+
+Why a uid of its own: RLIMIT_NPROC counts processes per real uid and is not enforced for root, so a root
+caller's fork-bomb limit only bites on a fresh non-root uid; and since a process cannot change its uid back,
+"every process of that uid" is exactly the sandbox, whatever it did (setsid, double fork, reparenting), which
+gives the sweep after each run and the resident-memory watchdog. Uids are UID_BASE + slot, far above real
+accounts; a slot is held with an flock in LOCK_DIR, so concurrent runners (threads or other processes) never
+share one, and a free lock proves that a uid's leftover work dirs and processes belong to a dead runner.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import itertools
+import os
+import random
+import shutil
+import signal
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+UID_BASE, UID_SLOTS = 2_000_000_000, 4096  # uid_t is 32-bit
+LOCK_DIR = Path(tempfile.gettempdir()) / "glmstack-sandbox-uids"
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+class UidSlot:
+    """An exclusive unprivileged uid for one execution, held by an flock so other runners skip it."""
+
+    def __init__(self):
+        LOCK_DIR.mkdir(mode=0o700, exist_ok=True)
+        for slot in random.sample(range(UID_SLOTS), 64):
+            fd = os.open(LOCK_DIR / f"{slot}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            self.uid, self._fd = UID_BASE + slot, fd
+            return
+        raise RuntimeError("sandbox: no free uid slot (more than 4096 concurrent executions?)")
+
+    def release(self) -> None:
+        kill_uid(self.uid)
+        os.close(self._fd)
+
+
+def uid_pids(uid: int) -> list[int]:
+    """Live (not zombie) processes owned by `uid`: zombies hold nothing and cannot be killed.
+
+    /proc/<pid> belongs to the process's effective uid; a stat per process keeps this scan well under 1 ms.
+    """
+    pids = []
+    for name in os.listdir("/proc"):
+        try:
+            if not name.isdigit() or os.stat(f"/proc/{name}").st_uid != uid:
+                continue
+            with open(f"/proc/{name}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            pids.append(int(name))
+    return pids
+
+
+def resident_bytes(uid: int) -> int:
+    """Total resident memory of the processes owned by `uid` (the sandbox's memory watchdog)."""
+    total = 0
+    for pid in uid_pids(uid):
+        try:
+            with open(f"/proc/{pid}/statm") as f:
+                total += int(f.read().split()[1]) * PAGE
+        except (OSError, IndexError):
+            pass
+    return total
+
+
+def kill_uid(uid: int, wait_s: float = 5.0) -> None:
+    """SIGKILL every process whose uid is `uid`, again while a forking one races us, and wait until they are gone
+    (a killed process with a lot of memory takes a while to exit)."""
+    deadline = time.monotonic() + wait_s
+    for rnd in itertools.count():
+        pids = uid_pids(uid)
+        if not pids:
+            return
+        if time.monotonic() > deadline:
+            warnings.warn(f"sandbox: processes {pids} of uid {uid} survive SIGKILL", RuntimeWarning, stacklevel=2)
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(min(0.001 * rnd, 0.02))
+
+
+def _is_free(uid: int) -> bool:
+    """Whether no live runner holds `uid`'s lock (so its work dirs are stale)."""
+    try:
+        fd = os.open(LOCK_DIR / f"{uid - UID_BASE}.lock", os.O_RDWR)
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def clear_stale_work_dirs(own_uid: int) -> None:
+    """Remove host work dirs, and kill processes, left by runners killed before their cleanup (outside bwrap a
+    program's children can outlive a SIGKILLed runner). Dirs are named by uid, and a uid whose lock is free
+    (or our own, whose lock we hold) has no live runner."""
+    for d in Path(tempfile.gettempdir()).glob("glmstack-sandbox-[0-9]*-*"):
+        uid = int(d.name.split("-")[2])
+        if uid == own_uid or _is_free(uid):
+            kill_uid(uid)
+            shutil.rmtree(d, ignore_errors=True)
