@@ -108,7 +108,7 @@ BUSY_THREADS = textwrap.dedent("""
 def test_runaway_programs_are_killed_at_the_timeout(mode, code):
     r, worst = _host_responsive_during(lambda: run(code, limits=LIM, mode=mode))
     assert r.timed_out and not r.ok and T <= r.duration_s < T + 3
-    assert worst < 2.0, f"host process start took {worst:.2f}s during the run"
+    assert worst < 2.5, f"host process start took {worst:.2f}s during the run"
     assert_nothing_left(r)
 
 
