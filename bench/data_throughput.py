@@ -36,8 +36,12 @@ def stages(docs, tok, rows, minilm: int):
     filters = build_filters(fcfg, Decontaminator(default_eval_texts()))
     import copy
 
-    timed("filters + decontamination", docs, lambda ds: [apply_filters(copy.copy(d), fcfg, filters, FilterReport())
-                                                         for d in ds], rows)
+    timed(
+        "filters + decontamination",
+        docs,
+        lambda ds: [apply_filters(copy.copy(d), fcfg, filters, FilterReport()) for d in ds],
+        rows,
+    )
     timed("exact hash", docs, lambda ds: [exact_hash(d.text) for d in ds], rows)
     hasher = MinHasher(MinHashConfig())
     timed("MinHash signatures", docs, lambda ds: [hasher.signature(d.text) for d in ds], rows)
@@ -48,13 +52,16 @@ def stages(docs, tok, rows, minilm: int):
     timed("SemDeDup (hashed)", prose, lambda ds: semdedup_drops([d.text for d in ds], SemDedupConfig()), rows)
     if minilm:
         sub = prose[:minilm]
-        timed("SemDeDup (MiniLM)", sub, lambda ds: semdedup_drops([d.text for d in ds],
-                                                                 SemDedupConfig(embedder="minilm")), rows)
+        timed(
+            "SemDeDup (MiniLM)",
+            sub,
+            lambda ds: semdedup_drops([d.text for d in ds], SemDedupConfig(embedder="minilm")),
+            rows,
+        )
     timed("tokenize", docs, lambda ds: [tok.encode(d.text) for d in ds], rows)
     timed("tokenize (batch)", docs, lambda ds: tok.encode_batch([d.text for d in ds]), rows)
     code = [d for d in docs if d.kind == "code"]
-    timed("FIM + tokenize (code)", code, lambda ds: [fim_ids(d.text, d.id, tok, FIMConfig(rate=1.0)) for d in ds],
-          rows)
+    timed("FIM + tokenize (code)", code, lambda ds: [fim_ids(d.text, d.id, tok, FIMConfig(rate=1.0)) for d in ds], rows)
 
 
 def main(argv=None) -> int:
@@ -74,8 +81,12 @@ def main(argv=None) -> int:
     from glmstack.data.pipeline import DataConfig, build_dataset
 
     with tempfile.TemporaryDirectory() as out:
-        timed("build_dataset (all stages)", docs, lambda _: build_dataset(
-            DataConfig(corpus=cfg, progress=False), tok, out), rows)
+        timed(
+            "build_dataset (all stages)",
+            docs,
+            lambda _: build_dataset(DataConfig(corpus=cfg, progress=False), tok, out),
+            rows,
+        )
         from glmstack.data.loader import PackedLoader, PretrainLoader
 
         for cls in (PretrainLoader, PackedLoader):

@@ -59,7 +59,7 @@ def run_datasketch(texts: list[str], ngram: int, num_perm: int = 100) -> tuple[l
     for i, x in enumerate(texts):
         ws = WORD_RE.findall(x.lower())
         m = MinHash(num_perm=num_perm)
-        m.update_batch([" ".join(ws[k:k + ngram]).encode() for k in range(max(1, len(ws) - ngram + 1))])
+        m.update_batch([" ".join(ws[k : k + ngram]).encode() for k in range(max(1, len(ws) - ngram + 1))])
         hits = lsh.query(m)
         matches.append(min(hits) if hits else -1)
         lsh.insert(i, m)
@@ -69,15 +69,19 @@ def run_datasketch(texts: list[str], ngram: int, num_perm: int = 100) -> tuple[l
 def report(name: str, matches, n_base, base, planted, rates, jac, seconds):
     found = np.array([matches[n_base + i] == i for i in range(len(planted))])
     fp = np.mean([m >= 0 for m in matches[:n_base]])
-    rows = [f"{name}: {len(matches) / seconds:,.0f} docs/s ({seconds:.2f} s), false positives on base docs "
-            f"{fp:.2%}"]
+    speed = f"{len(matches) / seconds:,.0f} docs/s ({seconds:.2f} s)"
+    rows = [f"{name}: {speed}, false positives on base docs {fp:.2%}"]
     for lo, hi in ((0.8, 1.01), (0.7, 0.8), (0.5, 0.7), (0.0, 0.5)):
         sel = (jac >= lo) & (jac < hi)
         if sel.any():
-            rows.append(f"  recall for Jaccard [{lo:.1f}, {min(hi, 1):.1f}): {found[sel].mean():.3f} ({sel.sum()} pairs)")
-    sel = (rates >= 0.05)
-    rows.append(f"  recall for 5-20% edited words: {found[sel].mean():.3f} ({sel.sum()} pairs; "
-                f"their Jaccard {jac[sel].min():.2f}-{jac[sel].max():.2f})")
+            rows.append(
+                f"  recall for Jaccard [{lo:.1f}, {min(hi, 1):.1f}): {found[sel].mean():.3f} ({sel.sum()} pairs)"
+            )
+    sel = rates >= 0.05
+    rows.append(
+        f"  recall for 5-20% edited words: {found[sel].mean():.3f} ({sel.sum()} pairs; "
+        f"their Jaccard {jac[sel].min():.2f}-{jac[sel].max():.2f})"
+    )
     return "\n".join(rows)
 
 
@@ -94,7 +98,9 @@ def main(argv=None) -> int:
     mb = sum(len(t) for t in texts) / 1e6
     print(f"{len(texts)} documents ({mb:.1f} MB): {args.base} base + {args.planted} planted (1-20% of words edited)")
     cfg = MinHashConfig(ngram=args.ngram)
-    print(f"ours: word {cfg.ngram}-grams, {cfg.bands} bands x {cfg.rows} rows, confirm at estimated J >= {cfg.threshold}")
+    print(
+        f"ours: word {cfg.ngram}-grams, {cfg.bands} bands x {cfg.rows} rows, confirm at estimated J >= {cfg.threshold}"
+    )
     for name, fn in (("glmstack", run_ours), ("datasketch", run_datasketch)):
         matches, secs = fn(texts, args.ngram)
         print(report(name, matches, args.base, base, planted, np.array(rates), jac, secs))

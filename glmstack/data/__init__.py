@@ -12,10 +12,14 @@ packing + loader (batches), cli. Imports are lazy so `import glmstack.data` stay
 from __future__ import annotations
 
 _EXPORTS = {
-    "DataConfig": "glmstack.data.pipeline", "build_dataset": "glmstack.data.pipeline",
-    "PretrainLoader": "glmstack.data.loader", "PackedLoader": "glmstack.data.loader",
-    "CorpusConfig": "glmstack.data.corpus", "corpus_docs": "glmstack.data.corpus",
-    "format_fim": "glmstack.data.fim", "parse_fim": "glmstack.data.fim",
+    "DataConfig": "glmstack.data.pipeline",
+    "build_dataset": "glmstack.data.pipeline",
+    "PretrainLoader": "glmstack.data.loader",
+    "PackedLoader": "glmstack.data.loader",
+    "CorpusConfig": "glmstack.data.corpus",
+    "corpus_docs": "glmstack.data.corpus",
+    "format_fim": "glmstack.data.fim",
+    "parse_fim": "glmstack.data.fim",
 }
 
 

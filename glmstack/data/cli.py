@@ -66,8 +66,12 @@ def train_tokenizer(cfg: DataConfig, vocab_size: int, max_mb: float = 20.0):
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="glmstack data", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p = argparse.ArgumentParser(
+        prog="glmstack data",
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
     p.add_argument("recipe", help=f"one of {sorted(RECIPES)} or a JSON config file")
     p.add_argument("--out", default="runs/data", help="output folder (train/, eval/, tokenizer/, summary.json)")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder; trained on the data when absent")

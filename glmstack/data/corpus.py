@@ -21,9 +21,10 @@ import ast
 import os
 import random
 import sysconfig
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import Literal
 
 from glmstack.data.mathgen import problem_set
 from glmstack.data.mixture import unit_hash
@@ -31,8 +32,20 @@ from glmstack.data.repo import repo_document
 from glmstack.data.sources import Doc
 
 # skipped stdlib folders: tests are huge and repetitive; the rest are vendored or platform-specific
-SKIP_PACKAGES = {"test", "idlelib", "lib2to3", "site-packages", "dist-packages", "ensurepip", "turtledemo",
-                 "__pycache__", "tkinter", "config-3.11-x86_64-linux-gnu", "pydoc_data", "lib-dynload"}
+SKIP_PACKAGES = {
+    "test",
+    "idlelib",
+    "lib2to3",
+    "site-packages",
+    "dist-packages",
+    "ensurepip",
+    "turtledemo",
+    "__pycache__",
+    "tkinter",
+    "config-3.11-x86_64-linux-gnu",
+    "pydoc_data",
+    "lib-dynload",
+}
 
 
 @dataclass(kw_only=True)
@@ -40,9 +53,16 @@ class CorpusConfig:
     size_mb: float = 4.0  # raw text budget over all parts (before filtering and dedup)
     seed: int = 0  # picks files, problems, template slots and the eval split
     eval_fraction: float = 0.02  # share of documents held out for evaluation (never trained on)
-    shares: dict[str, float] = field(default_factory=lambda: {
-        "stdlib-code": 0.3, "stdlib-repos": 0.25, "pydoc": 0.12, "docstrings": 0.13, "math": 0.15,
-        "templates": 0.05})  # fraction of size_mb per part; a missing part is skipped
+    shares: dict[str, float] = field(
+        default_factory=lambda: {
+            "stdlib-code": 0.3,
+            "stdlib-repos": 0.25,
+            "pydoc": 0.12,
+            "docstrings": 0.13,
+            "math": 0.15,
+            "templates": 0.05,
+        }
+    )  # fraction of size_mb per part; a missing part is skipped
     max_repo_kb: int = 256  # packages larger than this are left out of stdlib-repos
 
 
@@ -73,23 +93,36 @@ def _read(path: Path) -> str:
 def stdlib_code(budget: int, seed: int) -> Iterator[Doc]:
     files = [p for p in stdlib_root().glob("*.py")]
     for p in sorted(_take(files, budget, lambda p: p.stat().st_size, seed, "code")):
-        yield Doc(id=f"stdlib-code/{p.name}", text=_read(p), source="stdlib-code", kind="code", lang="python",
-                  path=p.name)
+        yield Doc(
+            id=f"stdlib-code/{p.name}", text=_read(p), source="stdlib-code", kind="code", lang="python", path=p.name
+        )
 
 
 def _package_files(pkg: Path) -> dict[str, str]:
-    return {str(p.relative_to(pkg)): _read(p) for p in sorted(pkg.rglob("*.py"))
-            if "__pycache__" not in p.parts and "tests" not in p.parts}
+    return {
+        str(p.relative_to(pkg)): _read(p)
+        for p in sorted(pkg.rglob("*.py"))
+        if "__pycache__" not in p.parts and "tests" not in p.parts
+    }
 
 
 def stdlib_repos(budget: int, seed: int, max_kb: int) -> Iterator[Doc]:
-    pkgs = [p for p in stdlib_root().iterdir()
-            if p.is_dir() and (p / "__init__.py").exists() and p.name not in SKIP_PACKAGES]
+    pkgs = [
+        p
+        for p in stdlib_root().iterdir()
+        if p.is_dir() and (p / "__init__.py").exists() and p.name not in SKIP_PACKAGES
+    ]
     sizes = {p: sum(f.stat().st_size for f in p.rglob("*.py")) for p in pkgs}
     pkgs = [p for p in pkgs if sizes[p] <= max_kb * 1024]
     for p in sorted(_take(pkgs, budget, sizes.get, seed, "repos")):
-        yield Doc(id=f"stdlib-repos/{p.name}", text=repo_document(p.name, _package_files(p), seed),
-                  source="stdlib-repos", kind="repo", lang="python", path=p.name)
+        yield Doc(
+            id=f"stdlib-repos/{p.name}",
+            text=repo_document(p.name, _package_files(p), seed),
+            source="stdlib-repos",
+            kind="repo",
+            lang="python",
+            path=p.name,
+        )
 
 
 def pydoc_pages(budget: int, seed: int) -> Iterator[Doc]:
@@ -115,8 +148,9 @@ def docstrings(budget: int, seed: int, min_words: int = 30) -> Iterator[Doc]:
                 doc = ast.get_docstring(node)
                 if doc and len(doc.split()) >= min_words:
                     name = getattr(node, "name", "")
-                    yield Doc(id=f"docstrings/{p.stem}.{name}:{node.lineno if name else 0}", text=doc,
-                              source="docstrings")
+                    yield Doc(
+                        id=f"docstrings/{p.stem}.{name}:{node.lineno if name else 0}", text=doc, source="docstrings"
+                    )
                     used += len(doc)
                     if used >= budget:
                         return
@@ -131,42 +165,81 @@ def math_sets(budget: int, seed: int) -> Iterator[Doc]:
 
 
 TEMPLATES = [
-    ("Welcome to {city} {svc} Services, the {svc} specialists of {city}. Since {year} our {count} licensed "
-     "technicians have helped homeowners in {area} with every kind of job, large or small. Every visit begins "
-     "with a free consultation by {person} and an honest written estimate. Our team arrives within {n} hours, "
-     "keeps the work area clean, and explains each step before it starts. Call {phone} to book an appointment "
-     "today. We also offer emergency visits on {day}, a {pct} percent senior discount, and flexible payment "
-     "plans, and every job is backed by our {n2} year guarantee. Find us at {num} {street} Street, open from "
-     "{hour} in the morning."),
-    ("{name} is a {adj} {room} apartment in the {area} district of {city}. This listing offers a fully "
-     "equipped kitchen, {n} beds, fast wireless internet, and a washing machine for longer stays. Guests love "
-     "the view of {street} Park and the {n2} minute walk to cafes, shops and public transport. The host, "
-     "{person}, has welcomed {count} guests since {year} and is happy to share tips about {city}. Check-in is "
-     "from {hour} in the afternoon. The nightly price is {price} dollars, with a {pct} percent discount for "
-     "stays of a week or more. Smoking and parties are not allowed on {day}. Book {name} today."),
+    (
+        "Welcome to {city} {svc} Services, the {svc} specialists of {city}. Since {year} our {count} licensed "
+        "technicians have helped homeowners in {area} with every kind of job, large or small. Every visit begins "
+        "with a free consultation by {person} and an honest written estimate. Our team arrives within {n} hours, "
+        "keeps the work area clean, and explains each step before it starts. Call {phone} to book an appointment "
+        "today. We also offer emergency visits on {day}, a {pct} percent senior discount, and flexible payment "
+        "plans, and every job is backed by our {n2} year guarantee. Find us at {num} {street} Street, open from "
+        "{hour} in the morning."
+    ),
+    (
+        "{name} is a {adj} {room} apartment in the {area} district of {city}. This listing offers a fully "
+        "equipped kitchen, {n} beds, fast wireless internet, and a washing machine for longer stays. Guests love "
+        "the view of {street} Park and the {n2} minute walk to cafes, shops and public transport. The host, "
+        "{person}, has welcomed {count} guests since {year} and is happy to share tips about {city}. Check-in is "
+        "from {hour} in the afternoon. The nightly price is {price} dollars, with a {pct} percent discount for "
+        "stays of a week or more. Smoking and parties are not allowed on {day}. Book {name} today."
+    ),
 ]
 FIRST = ["Maria", "John", "Aiko", "Pedro", "Grace", "Omar", "Linh", "Sara", "Tom", "Ines", "Kwame", "Yara", "Lars"]
 LAST = ["Smith", "Garcia", "Tanaka", "Okafor", "Novak", "Silva", "Khan", "Berg", "Rossi", "Cohen", "Park"]
 SLOTS = {
-    "city": ["Springfield", "Riverton", "Lakeside", "Fairview", "Georgetown", "Salem", "Madison", "Clinton",
-             "Arlington", "Ashland", "Bristol", "Dover", "Milton", "Oxford", "Newport", "Auburn", "Dayton"],
+    "city": [
+        "Springfield",
+        "Riverton",
+        "Lakeside",
+        "Fairview",
+        "Georgetown",
+        "Salem",
+        "Madison",
+        "Clinton",
+        "Arlington",
+        "Ashland",
+        "Bristol",
+        "Dover",
+        "Milton",
+        "Oxford",
+        "Newport",
+        "Auburn",
+        "Dayton",
+    ],
     "svc": ["plumbing", "roofing", "painting", "electrical", "landscaping", "moving", "cleaning", "flooring"],
     "street": ["Oak", "Main", "Elm", "Pine", "Maple", "Cedar", "Lake", "Hill", "Park", "Walnut", "Birch"],
     "area": ["north", "south", "east", "west", "old town", "harbor", "university", "market", "river"],
     "day": ["weekends", "holidays", "Sundays", "Mondays", "public holidays", "Saturdays"],
     "adj": ["cozy", "bright", "spacious", "modern", "charming", "quiet", "sunny", "elegant"],
     "room": ["one bedroom", "two bedroom", "studio", "three bedroom", "loft", "garden"],
-    "name": ["Sunny Loft", "Garden View", "Blue Door", "Old Mill", "The Nest", "Harbor Rest", "Green Corner",
-             "Red Roof", "Quiet Place", "City Nook"],
+    "name": [
+        "Sunny Loft",
+        "Garden View",
+        "Blue Door",
+        "Old Mill",
+        "The Nest",
+        "Harbor Rest",
+        "Green Corner",
+        "Red Roof",
+        "Quiet Place",
+        "City Nook",
+    ],
 }
 
 
 def _slot_values(rng: random.Random) -> dict:
     vals = {k: rng.choice(v) for k, v in SLOTS.items()}
-    vals.update(phone=f"555-{rng.randint(1000, 9999)}", n=rng.randint(2, 48), n2=rng.randint(2, 30),
-                num=rng.randint(1, 999), year=rng.randint(1950, 2023), count=rng.randint(3, 900),
-                pct=rng.randint(5, 40), hour=rng.choice(["six", "seven", "eight", "nine", "ten", "two", "three"]),
-                price=rng.randint(40, 400), person=f"{rng.choice(FIRST)} {rng.choice(LAST)}")
+    vals.update(
+        phone=f"555-{rng.randint(1000, 9999)}",
+        n=rng.randint(2, 48),
+        n2=rng.randint(2, 30),
+        num=rng.randint(1, 999),
+        year=rng.randint(1950, 2023),
+        count=rng.randint(3, 900),
+        pct=rng.randint(5, 40),
+        hour=rng.choice(["six", "seven", "eight", "nine", "ten", "two", "three"]),
+        price=rng.randint(40, 400),
+        person=f"{rng.choice(FIRST)} {rng.choice(LAST)}",
+    )
     return vals
 
 

@@ -67,14 +67,12 @@ class Decontaminator:
             for t in texts:
                 ws = words(t.lower())
                 for i in range(len(ws) - n + 1):
-                    self.grams.setdefault(tuple(ws[i:i + n]), bench)
+                    self.grams.setdefault(tuple(ws[i : i + n]), bench)
 
     def __call__(self, doc: Doc) -> str | None:
         ws = words(doc.text.lower())
         for i in range(len(ws) - self.n + 1):
-            hit = self.grams.get(tuple(ws[i:i + self.n]))
+            hit = self.grams.get(tuple(ws[i : i + self.n]))
             if hit:
                 return f"overlaps {hit} ({self.n}-gram)"
         return None
-
-

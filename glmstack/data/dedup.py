@@ -77,7 +77,7 @@ class MinHasher:
         with np.errstate(over="ignore"):
             out = wh[: len(wh) - n + 1].copy()
             for k in range(1, n):
-                out = out * np.uint64(0x9E3779B97F4A7C15) + wh[k: len(wh) - n + 1 + k]
+                out = out * np.uint64(0x9E3779B97F4A7C15) + wh[k : len(wh) - n + 1 + k]
         return np.unique(out)
 
     def signature(self, text: str) -> np.ndarray:
@@ -85,7 +85,7 @@ class MinHasher:
         sig = np.full(self.num_perm, np.iinfo(np.uint64).max, dtype=np.uint64)
         with np.errstate(over="ignore"):
             for i in range(0, len(sh), 2048):  # blocks bound the (shingles x perms) matrix
-                block = sh[i: i + 2048, None] * self.a[None, :] + self.b[None, :]
+                block = sh[i : i + 2048, None] * self.a[None, :] + self.b[None, :]
                 np.minimum(sig, block.min(axis=0), out=sig)
         return sig
 
@@ -100,7 +100,7 @@ class LSHIndex:
 
     def add(self, sig: np.ndarray) -> int:
         r = self.cfg.rows
-        keys = [sig[b * r:(b + 1) * r].tobytes() for b in range(self.cfg.bands)]
+        keys = [sig[b * r : (b + 1) * r].tobytes() for b in range(self.cfg.bands)]
         candidates = sorted({j for b, k in enumerate(keys) for j in self.tables[b].get(k, ())})
         match = -1
         for j in candidates:  # earliest first: the survivor of a cluster is its first document
@@ -133,8 +133,10 @@ def dedup_decisions(exact: list[bytes], sigs: list[np.ndarray | None], cfg: MinH
 
 def jaccard(a: str, b: str, ngram: int = 5) -> float:
     """Exact shingle Jaccard (tests and benchmarks use it as ground truth)."""
+
     def sh(t):
         ws = WORD_RE.findall(t.lower())
-        return {tuple(ws[i:i + ngram]) for i in range(max(1, len(ws) - ngram + 1))}
+        return {tuple(ws[i : i + ngram]) for i in range(max(1, len(ws) - ngram + 1))}
+
     sa, sb = sh(a), sh(b)
     return len(sa & sb) / max(1, len(sa | sb))

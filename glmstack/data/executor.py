@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from tqdm import tqdm
 
@@ -26,13 +27,28 @@ def _call(args):
     return unit
 
 
-def run_units(fn: Callable[[int], None], units: list[int], done: Callable[[int], Path], *, executor: str = "local",
-              workers: int = 1, desc: str = "", progress: bool = True, logging_dir: str | Path = "",
-              options: dict[str, Any] | None = None) -> None:
+def run_units(
+    fn: Callable[[int], None],
+    units: list[int],
+    done: Callable[[int], Path],
+    *,
+    executor: str = "local",
+    workers: int = 1,
+    desc: str = "",
+    progress: bool = True,
+    logging_dir: str | Path = "",
+    options: dict[str, Any] | None = None,
+) -> None:
     """Run `fn(unit)` for every unit whose `done(unit)` marker is missing."""
     todo = [u for u in units if not done(u).exists()]
-    bar = tqdm(total=len(units), initial=len(units) - len(todo), desc=desc, unit="unit", disable=not progress,
-               dynamic_ncols=True)
+    bar = tqdm(
+        total=len(units),
+        initial=len(units) - len(todo),
+        desc=desc,
+        unit="unit",
+        disable=not progress,
+        dynamic_ncols=True,
+    )
     if executor == "local" or (executor == "processes" and workers <= 1):
         for u in todo:
             fn(u)

@@ -53,14 +53,14 @@ def format_fim(prefix: str, middle: str, suffix: str, mode: str = "psm") -> str:
 def parse_fim(text: str, mode: str, prefix_len: int | None = None) -> tuple[str, str, str]:
     """Invert `format_fim`. spm_v2 joins prefix and middle, so its split needs `prefix_len`."""
     if mode == "psm":
-        head, middle = text[len(PRE):].rsplit(MID, 1)
+        head, middle = text[len(PRE) :].rsplit(MID, 1)
         prefix, suffix = head.split(SUF, 1)
         return prefix, middle, suffix
     if mode == "spm_v2":
-        suffix, pm = text[len(PRE) + len(SUF):].rsplit(MID, 1)
+        suffix, pm = text[len(PRE) + len(SUF) :].rsplit(MID, 1)
         return pm[:prefix_len], pm[prefix_len:], suffix
     if mode == "spm_glm":
-        suffix, rest = text[len(SUF):].split(PRE, 1)
+        suffix, rest = text[len(SUF) :].split(PRE, 1)
         prefix, middle = rest.rsplit(MID, 1)
         return prefix, middle, suffix
     raise ValueError(f"unknown FIM mode {mode!r}")

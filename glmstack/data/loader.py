@@ -29,16 +29,26 @@ from glmstack.data.shards import TokenShards
 class _EpochLoader:
     """Shared iteration: a per-epoch permutation of `n_items`, split into global batches across ranks."""
 
-    def __init__(self, n_items: int, batch_size: int, rank: int, world_size: int, seed: int, shuffle: bool,
-                 max_epochs: int | None):
+    def __init__(
+        self,
+        n_items: int,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        shuffle: bool,
+        max_epochs: int | None,
+    ):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
         self.n_items, self.batch_size, self.rank, self.world_size = n_items, batch_size, rank, world_size
         self.seed, self.shuffle, self.max_epochs = seed, shuffle, max_epochs
         self.batches_per_epoch = n_items // (batch_size * world_size)
         if self.batches_per_epoch == 0:
-            raise ValueError(f"{n_items} rows cannot fill one global batch of {batch_size} x {world_size}; "
-                             "use a smaller seq_len / batch_size or build more data")
+            raise ValueError(
+                f"{n_items} rows cannot fill one global batch of {batch_size} x {world_size}; "
+                "use a smaller seq_len / batch_size or build more data"
+            )
         self.epoch, self.batch = 0, 0
 
     def order(self, epoch: int) -> np.ndarray:
@@ -49,7 +59,7 @@ class _EpochLoader:
     def _items(self) -> np.ndarray:
         g = self.batch_size * self.world_size
         start = self.batch * g + self.rank * self.batch_size
-        return self.order(self.epoch)[start: start + self.batch_size]
+        return self.order(self.epoch)[start : start + self.batch_size]
 
     def _advance(self) -> None:
         self.batch += 1
@@ -82,8 +92,17 @@ class _EpochLoader:
 class PretrainLoader(_EpochLoader):
     """Concatenate and cut: windows of seq_len + 1 tokens -> input_ids / labels shifted by one."""
 
-    def __init__(self, data_dir, seq_len: int, batch_size: int, rank: int = 0, world_size: int = 1,
-                 seed: int = 0, shuffle: bool = True, max_epochs: int | None = None):
+    def __init__(
+        self,
+        data_dir,
+        seq_len: int,
+        batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+        shuffle: bool = True,
+        max_epochs: int | None = None,
+    ):
         self.shards = TokenShards(data_dir)
         self.seq_len = seq_len
         n_windows = max(0, (self.shards.n_tokens - 1) // seq_len)
@@ -97,8 +116,18 @@ class PretrainLoader(_EpochLoader):
 class PackedLoader(_EpochLoader):
     """Best-fit-decreasing packed rows with segment_ids and position_ids (mid-training)."""
 
-    def __init__(self, data_dir, seq_len: int, batch_size: int, rank: int = 0, world_size: int = 1,
-                 seed: int = 0, shuffle: bool = True, max_epochs: int | None = None, buffer: int = 1 << 16):
+    def __init__(
+        self,
+        data_dir,
+        seq_len: int,
+        batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+        shuffle: bool = True,
+        max_epochs: int | None = None,
+        buffer: int = 1 << 16,
+    ):
         self.shards = TokenShards(data_dir)
         self.seq_len = seq_len
         self.rows = pack([int(n) for n in self.shards.doc_len], seq_len, buffer)
@@ -112,15 +141,36 @@ class PackedLoader(_EpochLoader):
         return row_arrays(self.rows[i], self._tokens, self.seq_len, self.shards.eos_id)
 
 
-def build_loader(*, path, seq_len: int, batch_size: int, rank: int = 0, world_size: int = 1, seed: int = 0,
-                 split: str = "train", packing: str = "concat", mixture: dict | None = None, **options):
+def build_loader(
+    *,
+    path,
+    seq_len: int,
+    batch_size: int,
+    rank: int = 0,
+    world_size: int = 1,
+    seed: int = 0,
+    split: str = "train",
+    packing: str = "concat",
+    mixture: dict | None = None,
+    **options,
+):
     """The loader a training stage asks for by config (glmstack/train/stage.py, TrainConfig.data):
     packing "concat" -> PretrainLoader, "best_fit" -> PackedLoader; the validation split is read in order."""
     if mixture:
-        raise ValueError("data.mixture: source weights are applied when the shards are built "
-                         "(glmstack.data.DataConfig.mixture / corpus.shares), not by the loader")
+        raise ValueError(
+            "data.mixture: source weights are applied when the shards are built "
+            "(glmstack.data.DataConfig.mixture / corpus.shares), not by the loader"
+        )
     loaders = {"concat": PretrainLoader, "best_fit": PackedLoader}
     if packing not in loaders:
         raise ValueError(f"data.packing={packing!r}: expected one of {', '.join(loaders)}")
-    return loaders[packing](path, seq_len=seq_len, batch_size=batch_size, rank=rank, world_size=world_size,
-                            seed=seed, shuffle=split == "train", **options)
+    return loaders[packing](
+        path,
+        seq_len=seq_len,
+        batch_size=batch_size,
+        rank=rank,
+        world_size=world_size,
+        seed=seed,
+        shuffle=split == "train",
+        **options,
+    )

@@ -53,7 +53,7 @@ def pack(lengths: list[int], capacity: int, buffer: int = 1 << 16) -> list[list[
     chunks = chunk_lengths(lengths, capacity)
     rows = []
     for s in range(0, len(chunks), buffer):
-        part = chunks[s: s + buffer]
+        part = chunks[s : s + buffer]
         rows += [[part[i] for i in b] for b in best_fit_decreasing([c[2] for c in part], capacity)]
     return rows
 
@@ -70,10 +70,14 @@ def truncation_report(lengths: list[int], seq_len: int) -> dict:
     n = max(1, len(lengths))
     rows = pack(lengths, seq_len)
     used = sum(lengths)
-    return {"documents": len(lengths), "concat_truncated": concat_truncated(lengths, seq_len) / n,
-            "best_fit_truncated": sum(1 for x in lengths if x > seq_len) / n,
-            "concat_rows": used // seq_len, "best_fit_rows": len(rows),
-            "best_fit_fill": used / max(1, len(rows) * seq_len)}
+    return {
+        "documents": len(lengths),
+        "concat_truncated": concat_truncated(lengths, seq_len) / n,
+        "best_fit_truncated": sum(1 for x in lengths if x > seq_len) / n,
+        "concat_rows": used // seq_len,
+        "best_fit_rows": len(rows),
+        "best_fit_fill": used / max(1, len(rows) * seq_len),
+    }
 
 
 def row_arrays(row: list[tuple[int, int, int]], tokens_of, seq_len: int, pad_id: int) -> dict[str, np.ndarray]:
@@ -90,10 +94,10 @@ def row_arrays(row: list[tuple[int, int, int]], tokens_of, seq_len: int, pad_id:
     t = 0
     for k, (doc, start, n) in enumerate(row, 1):
         toks = tokens_of(doc, start, n)
-        ids[t: t + n] = toks
-        labels[t: t + n - 1] = toks[1:]
-        pos[t: t + n] = np.arange(n)
-        seg[t: t + n] = k
+        ids[t : t + n] = toks
+        labels[t : t + n - 1] = toks[1:]
+        pos[t : t + n] = np.arange(n)
+        seg[t : t + n] = k
         t += n
     return {"input_ids": ids, "labels": labels, "position_ids": pos, "segment_ids": seg}
 

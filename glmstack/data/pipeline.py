@@ -25,9 +25,10 @@ import heapq
 import json
 import pickle
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Any, Literal
 
 import numpy as np
 from tqdm import tqdm
@@ -90,8 +91,9 @@ def fingerprint(cfg: DataConfig, tokenizer) -> str:
     return h.hexdigest()[:16]
 
 
-def build_dataset(cfg: DataConfig, tokenizer, out_dir: str | Path,
-                  extra_sources: dict[str, Iterable[dict]] | None = None) -> dict:
+def build_dataset(
+    cfg: DataConfig, tokenizer, out_dir: str | Path, extra_sources: dict[str, Iterable[dict]] | None = None
+) -> dict:
     """Build train/ and eval/ token shards under `out_dir`; returns the summary dict (also summary.json).
 
     `extra_sources` maps a source name to any iterable of dicts with a "text" field (e.g. a Hugging Face
@@ -110,8 +112,14 @@ def build_dataset(cfg: DataConfig, tokenizer, out_dir: str | Path,
     # ---- 0. read ----------------------------------------------------------------------------------------------
     n_units = _read_stage(cfg, work, summary, extra_sources or {})
     units = list(range(n_units))
-    run = functools.partial(run_units, executor=cfg.executor, workers=cfg.workers, progress=cfg.progress,
-                            logging_dir=work / "datatrove", options=cfg.executor_options)
+    run = functools.partial(
+        run_units,
+        executor=cfg.executor,
+        workers=cfg.workers,
+        progress=cfg.progress,
+        logging_dir=work / "datatrove",
+        options=cfg.executor_options,
+    )
     # ---- 1. filter ---------------------------------------------------------------------------------------------
     run(functools.partial(filter_unit, ctx), units, lambda u: ctx.path("report", u, "json"), desc="filter")
     rows = _gather(ctx, units, summary)
@@ -227,9 +235,24 @@ def _gather(ctx: StageContext, units: list[int], summary: Summary) -> list[dict]
     rows = []
     for u in units:
         summary.add_filter_report(json.loads(ctx.path("report", u, "json").read_text()))
-        for j, (doc_id, source, kind, split, q, chars) in enumerate(json.loads(ctx.path("meta", u, "json").read_text())):
-            rows.append({"unit": u, "pos": j, "id": doc_id, "source": source, "kind": kind, "split": split,
-                         "quality": q, "chars": chars, "drop": None, "copies": 0, "level": None})
+        for j, (doc_id, source, kind, split, q, chars) in enumerate(
+            json.loads(ctx.path("meta", u, "json").read_text())
+        ):
+            rows.append(
+                {
+                    "unit": u,
+                    "pos": j,
+                    "id": doc_id,
+                    "source": source,
+                    "kind": kind,
+                    "split": split,
+                    "quality": q,
+                    "chars": chars,
+                    "drop": None,
+                    "copies": 0,
+                    "level": None,
+                }
+            )
     return rows
 
 
@@ -303,9 +326,8 @@ def _assemble(ctx: StageContext, units: list[int], rows: list[dict], out: Path, 
         if split == "train":
             ents.sort()
         writer = ShardWriter(out / split, ctx.cfg.shard_tokens, eos, vocab)
-        for _, u, j in tqdm(ents, desc=f"shards/{split}", unit="doc", disable=not ctx.cfg.progress,
-                            dynamic_ncols=True):
-            writer.add(tok[u][off[u][j]: off[u][j + 1]])
+        for _, u, j in tqdm(ents, desc=f"shards/{split}", unit="doc", disable=not ctx.cfg.progress, dynamic_ncols=True):
+            writer.add(tok[u][off[u][j] : off[u][j + 1]])
         summary.splits[split] = writer.close(split=split)
 
 

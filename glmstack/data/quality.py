@@ -23,8 +23,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-BOILER = ["Click here to subscribe!", "Accept all cookies", "Share this page on Facebook", "Sign up now",
-          "Advertisement", "Home | About | Contact | Login", "Copyright 2024. All rights reserved.", "Read more >>"]
+BOILER = [
+    "Click here to subscribe!",
+    "Accept all cookies",
+    "Share this page on Facebook",
+    "Sign up now",
+    "Advertisement",
+    "Home | About | Contact | Login",
+    "Copyright 2024. All rights reserved.",
+    "Read more >>",
+]
 
 
 @dataclass(kw_only=True)
@@ -59,8 +67,14 @@ class QualityModel:
         from sklearn.feature_extraction.text import HashingVectorizer
 
         self.cfg = cfg
-        self.vec = HashingVectorizer(n_features=cfg.n_features, ngram_range=(1, 2), alternate_sign=False,
-                                     norm="l2", lowercase=True, token_pattern=r"(?u)\b\w+\b|[<>&|!]")
+        self.vec = HashingVectorizer(
+            n_features=cfg.n_features,
+            ngram_range=(1, 2),
+            alternate_sign=False,
+            norm="l2",
+            lowercase=True,
+            token_pattern=r"(?u)\b\w+\b|[<>&|!]",
+        )
         self.clf = None
 
     def fit(self, positives: list[str]) -> dict:

@@ -22,8 +22,9 @@ class Summary:
     boilerplate_lines: int = 0
     drops: Counter = field(default_factory=Counter)  # step -> documents
     drops_by_source: dict = field(default_factory=lambda: defaultdict(Counter))
-    tokens: dict = field(default_factory=lambda: defaultdict(lambda: {"docs": 0, "unique_tokens": 0, "tokens": 0,
-                                                                     "copies": 0}))
+    tokens: dict = field(
+        default_factory=lambda: defaultdict(lambda: {"docs": 0, "unique_tokens": 0, "tokens": 0, "copies": 0})
+    )
     splits: dict = field(default_factory=dict)
     quality: dict = field(default_factory=dict)
 
@@ -59,16 +60,26 @@ class Summary:
         return out
 
     def mixture(self, mixture_cfg) -> dict:
-        return {"epochs_by_level": mixture_cfg.epochs_by_level, "source_epochs": mixture_cfg.source_epochs,
-                "unscored_epochs": mixture_cfg.unscored_epochs, "n_buckets": mixture_cfg.n_buckets,
-                "seed": mixture_cfg.seed, "by_split_source_level": dict(sorted(self.tokens.items()))}
+        return {
+            "epochs_by_level": mixture_cfg.epochs_by_level,
+            "source_epochs": mixture_cfg.source_epochs,
+            "unscored_epochs": mixture_cfg.unscored_epochs,
+            "n_buckets": mixture_cfg.n_buckets,
+            "seed": mixture_cfg.seed,
+            "by_split_source_level": dict(sorted(self.tokens.items())),
+        }
 
     def to_dict(self, mixture_cfg) -> dict:
-        return {"sources": self.sources, "steps": [list(s) for s in self.steps()],
-                "filter_reasons": dict(self.filter_reasons.most_common()),
-                "boilerplate_lines_removed": self.boilerplate_lines,
-                "drops_by_source": {k: dict(v) for k, v in self.drops_by_source.items()},
-                "quality_model": self.quality, "splits": self.splits, "mixture": self.mixture(mixture_cfg)}
+        return {
+            "sources": self.sources,
+            "steps": [list(s) for s in self.steps()],
+            "filter_reasons": dict(self.filter_reasons.most_common()),
+            "boilerplate_lines_removed": self.boilerplate_lines,
+            "drops_by_source": {k: dict(v) for k, v in self.drops_by_source.items()},
+            "quality_model": self.quality,
+            "splits": self.splits,
+            "mixture": self.mixture(mixture_cfg),
+        }
 
     def table(self) -> str:
         lines = [f"{'step':<28}{'docs in':>10}{'docs out':>10}{'removed':>10}"]
@@ -84,6 +95,8 @@ class Summary:
             lines.append(f"{key:<34}{t['docs']:>8}{t['copies']:>8}{t['unique_tokens']:>12}{t['tokens']:>12}")
         for split, meta in self.splits.items():
             toks = sum(s["tokens"] for s in meta["shards"])
-            lines.append(f"{split}: {sum(s['docs'] for s in meta['shards'])} documents, {toks} tokens, "
-                         f"{len(meta['shards'])} shard(s)")
+            lines.append(
+                f"{split}: {sum(s['docs'] for s in meta['shards'])} documents, {toks} tokens, "
+                f"{len(meta['shards'])} shard(s)"
+            )
         return "\n".join(lines)

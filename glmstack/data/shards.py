@@ -78,13 +78,16 @@ class TokenShards:
             raise FileNotFoundError(f"{index} not found: build the data first (glmstack data ...)")
         self.meta = json.loads(index.read_text())
         self.eos_id = int(self.meta["eos_id"])
-        self.tokens = [np.memmap(self.folder / f"{s['name']}.bin", dtype=DTYPE, mode="r")
-                       if s["tokens"] else np.zeros(0, DTYPE) for s in self.meta["shards"]]
+        self.tokens = [
+            np.memmap(self.folder / f"{s['name']}.bin", dtype=DTYPE, mode="r") if s["tokens"] else np.zeros(0, DTYPE)
+            for s in self.meta["shards"]
+        ]
         self.offsets = [np.load(self.folder / f"{s['name']}.idx.npy") for s in self.meta["shards"]]
         self.shard_start = np.zeros(len(self.tokens) + 1, dtype=np.int64)  # global token offset of each shard
         np.cumsum([len(t) for t in self.tokens], out=self.shard_start[1:])
-        self.doc_start = np.concatenate([o[:-1] + s for o, s in zip(self.offsets, self.shard_start)] or
-                                        [np.zeros(0, np.int64)])
+        self.doc_start = np.concatenate(
+            [o[:-1] + s for o, s in zip(self.offsets, self.shard_start)] or [np.zeros(0, np.int64)]
+        )
         self.doc_len = np.concatenate([np.diff(o) for o in self.offsets] or [np.zeros(0, np.int64)])
 
     @property
@@ -101,7 +104,7 @@ class TokenShards:
         while start < end:
             base = int(self.shard_start[s])
             take = min(end, int(self.shard_start[s + 1])) - start
-            parts.append(self.tokens[s][start - base: start - base + take])
+            parts.append(self.tokens[s][start - base : start - base + take])
             start += take
             s += 1
         return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)

@@ -16,16 +16,38 @@ import gzip
 import io
 import json
 import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Literal
+from typing import Any, Literal
 
 # extension -> language; a folder file outside this table is read as plain text (kind "text")
 CODE_EXTENSIONS = {
-    ".py": "python", ".pyi": "python", ".c": "c", ".h": "c", ".cc": "cpp", ".cpp": "cpp", ".hpp": "cpp",
-    ".java": "java", ".js": "javascript", ".ts": "typescript", ".go": "go", ".rs": "rust", ".rb": "ruby",
-    ".sh": "shell", ".cs": "csharp", ".kt": "kotlin", ".swift": "swift", ".php": "php", ".scala": "scala",
-    ".lua": "lua", ".sql": "sql", ".r": "r", ".jl": "julia", ".m": "objc", ".pl": "perl",
+    ".py": "python",
+    ".pyi": "python",
+    ".c": "c",
+    ".h": "c",
+    ".cc": "cpp",
+    ".cpp": "cpp",
+    ".hpp": "cpp",
+    ".java": "java",
+    ".js": "javascript",
+    ".ts": "typescript",
+    ".go": "go",
+    ".rs": "rust",
+    ".rb": "ruby",
+    ".sh": "shell",
+    ".cs": "csharp",
+    ".kt": "kotlin",
+    ".swift": "swift",
+    ".php": "php",
+    ".scala": "scala",
+    ".lua": "lua",
+    ".sql": "sql",
+    ".r": "r",
+    ".jl": "julia",
+    ".m": "objc",
+    ".pl": "perl",
 }
 TEXT_EXTENSIONS = {".txt", ".md", ".rst", ".tex", ""}
 
@@ -45,11 +67,18 @@ class Doc:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        return {"id": self.id, "text": self.text, "source": self.source, "kind": self.kind, "lang": self.lang,
-                "path": self.path, "meta": self.meta}
+        return {
+            "id": self.id,
+            "text": self.text,
+            "source": self.source,
+            "kind": self.kind,
+            "lang": self.lang,
+            "path": self.path,
+            "meta": self.meta,
+        }
 
     @classmethod
-    def from_json(cls, d: dict) -> "Doc":
+    def from_json(cls, d: dict) -> Doc:
         return cls(**d)
 
 
@@ -82,15 +111,18 @@ def expand(path: str) -> list[str]:
     """Sorted list of files matching a path or glob (a folder expands to the files directly inside it)."""
     if os.path.isdir(path):
         return sorted(str(p) for p in Path(path).iterdir() if p.is_file())
-    return sorted(glob.glob(path, recursive=True)) if any(c in path for c in "*?[") else (
-        [path] if os.path.exists(path) else [])
+    return (
+        sorted(glob.glob(path, recursive=True))
+        if any(c in path for c in "*?[")
+        else ([path] if os.path.exists(path) else [])
+    )
 
 
 def open_binary(path: str) -> io.BufferedIOBase:
     """Open plain, gzip or zstandard files by extension, streaming (never the whole file in memory)."""
     if path.endswith(".gz"):
         return gzip.open(path, "rb")
-    if path.endswith(".zst") or path.endswith(".zstd"):
+    if path.endswith((".zst", ".zstd")):
         import zstandard
 
         return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb")))
@@ -137,8 +169,15 @@ def _make_doc(cfg: SourceConfig, rec: dict, where: str) -> Doc:
     doc_id = f"{cfg.name}/{rid}" if rid is not None else f"{cfg.name}/{os.path.basename(where)}"
     meta = {k: v for k, v in rec.items() if k not in (cfg.text_field, cfg.id_field) and _is_plain(v)}
     kind = rec.get("kind", cfg.doc_kind) if isinstance(rec.get("kind", cfg.doc_kind), str) else cfg.doc_kind
-    return Doc(id=doc_id, text=text, source=cfg.name, kind=kind, lang=str(rec.get("lang", "")),
-               path=str(rec.get("path", "")), meta=meta)
+    return Doc(
+        id=doc_id,
+        text=text,
+        source=cfg.name,
+        kind=kind,
+        lang=str(rec.get("lang", "")),
+        path=str(rec.get("path", "")),
+        meta=meta,
+    )
 
 
 def _is_plain(v: Any) -> bool:
@@ -176,13 +215,20 @@ def read_folder(cfg: SourceConfig, stats: SourceStats) -> Iterator[Doc]:
     if cfg.repo_level:
         from glmstack.data.repo import repo_document
 
-        yield Doc(id=f"{cfg.name}/{root.name}", text=repo_document(root.name, files), source=cfg.name,
-                  kind="repo", lang="python", path=root.name)
+        yield Doc(
+            id=f"{cfg.name}/{root.name}",
+            text=repo_document(root.name, files),
+            source=cfg.name,
+            kind="repo",
+            lang="python",
+            path=root.name,
+        )
         return
     for rel, text in files.items():
         lang = CODE_EXTENSIONS.get(Path(rel).suffix.lower(), "")
-        yield Doc(id=f"{cfg.name}/{rel}", text=text, source=cfg.name, kind="code" if lang else "text",
-                  lang=lang, path=rel)
+        yield Doc(
+            id=f"{cfg.name}/{rel}", text=text, source=cfg.name, kind="code" if lang else "text", lang=lang, path=rel
+        )
 
 
 def read_hf(dataset: Iterable[dict], cfg: SourceConfig) -> Iterator[Doc]:

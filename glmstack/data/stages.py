@@ -92,8 +92,13 @@ def filter_unit(ctx: StageContext, u: int) -> None:
     ctx.path("meta", u, "json").write_text(json.dumps(meta))
     save_npy(ctx.path("sig", u, "npy"), sigs)
     save_npy(ctx.path("hash", u, "npy"), hashes)
-    rep = {"removed": dict(report.removed), "reasons": dict(report.reasons), "by_source": dict(report.by_source),
-           "boilerplate_lines": report.boilerplate_lines, "kept": len(kept)}
+    rep = {
+        "removed": dict(report.removed),
+        "reasons": dict(report.reasons),
+        "by_source": dict(report.by_source),
+        "boilerplate_lines": report.boilerplate_lines,
+        "kept": len(kept),
+    }
     tmp = ctx.path("report", u, "json.tmp")
     tmp.write_text(json.dumps(rep))
     os.replace(tmp, ctx.path("report", u, "json"))

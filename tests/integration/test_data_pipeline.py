@@ -22,13 +22,16 @@ def tok():
 
 
 def _cfg(**kw):
-    base = dict(corpus=CorpusConfig(size_mb=0.15), unit_docs=32, progress=False)
+    base = {"corpus": CorpusConfig(size_mb=0.15), "unit_docs": 32, "progress": False}
     return DataConfig(**{**base, **kw})
 
 
 def _digest(out: Path) -> dict:
-    return {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for split in ("train", "eval") for p in sorted((out / split).iterdir())}
+    return {
+        str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for split in ("train", "eval")
+        for p in sorted((out / split).iterdir())
+    }
 
 
 def test_identical_across_runs_and_workers_and_resume(tmp_path, tok):
@@ -65,10 +68,14 @@ def test_summary_counts_and_loaders(tmp_path, tok):
 
 def test_bad_input_is_reported_and_the_run_continues(tmp_path, tok):
     path = tmp_path / "in.jsonl"
-    good = [json.dumps({"text": f"Document number {i} talks about topic {i * 7} in plain English words."})
-            for i in range(40)]
-    path.write_bytes(("\n".join(good[:20]) + "\n{broken json\n").encode() + b'{"text": "bad \xff bytes here and'
-                     b' some more words to pass"}\n' + ("\n".join(good[20:]) + "\n").encode())
+    good = [
+        json.dumps({"text": f"Document number {i} talks about topic {i * 7} in plain English words."})
+        for i in range(40)
+    ]
+    path.write_bytes(
+        ("\n".join(good[:20]) + "\n{broken json\n").encode() + b'{"text": "bad \xff bytes here and'
+        b' some more words to pass"}\n' + ("\n".join(good[20:]) + "\n").encode()
+    )
     cfg = _cfg(sources=[SourceConfig(name="web", path=str(path))], semdedup=SemDedupConfig(enabled=False))
     summary = build_dataset(cfg, tok, tmp_path / "out")
     web = summary["sources"]["web"]
@@ -84,7 +91,10 @@ def test_empty_input_gives_a_clear_message(tmp_path, tok):
         build_dataset(cfg, tok, tmp_path / "out")
     from glmstack.data.cli import main
 
-    assert main([str(_write_cfg(tmp_path, cfg)), "--out", str(tmp_path / "o2"), "--tokenizer", str(_save(tok, tmp_path))]) == 1
+    assert (
+        main([str(_write_cfg(tmp_path, cfg)), "--out", str(tmp_path / "o2"), "--tokenizer", str(_save(tok, tmp_path))])
+        == 1
+    )
 
 
 def _write_cfg(tmp_path, cfg):
@@ -97,3 +107,10 @@ def _write_cfg(tmp_path, cfg):
 def _save(tok, tmp_path):
     tok.save(tmp_path / "tok")
     return tmp_path / "tok"
+
+
+def test_datatrove_executor_gives_the_same_bytes(tmp_path, tok):
+    """The cluster path (datatrove's LocalPipelineExecutor here; Slurm/Ray take the same step) matches in-process."""
+    build_dataset(_cfg(), tok, tmp_path / "a")
+    build_dataset(_cfg(executor="datatrove-local", workers=2), tok, tmp_path / "b")
+    assert _digest(tmp_path / "a") == _digest(tmp_path / "b")

@@ -17,9 +17,15 @@ def test_deterministic_and_split_disjoint():
 def test_parts_and_size_knob():
     small = list(corpus_docs(CorpusConfig(size_mb=0.2), "all"))
     big = list(corpus_docs(CorpusConfig(size_mb=1.0), "all"))
-    assert set(Counter(d.source for d in small)) == {"stdlib-code", "stdlib-repos", "pydoc", "docstrings", "math",
-                                                     "templates"}
-    size = lambda docs: sum(len(d.text) for d in docs)  # noqa: E731
+    assert set(Counter(d.source for d in small)) == {
+        "stdlib-code",
+        "stdlib-repos",
+        "pydoc",
+        "docstrings",
+        "math",
+        "templates",
+    }
+    size = lambda docs: sum(len(d.text) for d in docs)
     assert size(small) < 0.4e6 and 0.7e6 < size(big) < 1.4e6
     kinds = {d.source: d.kind for d in big}
     assert kinds["stdlib-repos"] == "repo" and kinds["stdlib-code"] == "code" and kinds["math"] == "math"

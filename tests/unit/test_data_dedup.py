@@ -37,7 +37,11 @@ def test_exact_dedup_ignores_whitespace_and_case():
     cfg = MinHashConfig()
     h = MinHasher(cfg)
     texts = ["Hello   World\nagain", "hello world again", "something else entirely here"]
-    assert dedup_decisions([exact_hash(t) for t in texts], [h.signature(t) for t in texts], cfg) == [None, "exact", None]
+    assert dedup_decisions([exact_hash(t) for t in texts], [h.signature(t) for t in texts], cfg) == [
+        None,
+        "exact",
+        None,
+    ]
 
 
 def test_signature_agreement_estimates_jaccard_like_datasketch():
@@ -51,7 +55,7 @@ def test_signature_agreement_estimates_jaccard_like_datasketch():
         m1, m2 = MinHash(num_perm=h.num_perm), MinHash(num_perm=h.num_perm)
         for m, t in ((m1, a), (m2, b)):
             ws = t.lower().split()
-            m.update_batch([" ".join(ws[i:i + 5]).encode() for i in range(len(ws) - 4)])
+            m.update_batch([" ".join(ws[i : i + 5]).encode() for i in range(len(ws) - 4)])
         # both are unbiased estimates with std <= 0.05 at 100 permutations: allow 4 sigma
         assert abs(ours - truth) < 0.2 and abs(m1.jaccard(m2) - truth) < 0.2
 

@@ -6,8 +6,19 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from glmstack.data.fim import (MID, PRE, SUF, FIMConfig, choose, fim_ids, fim_split, fim_text, format_fim,
-                               has_sentinel, parse_fim)
+from glmstack.data.fim import (
+    MID,
+    PRE,
+    SUF,
+    FIMConfig,
+    choose,
+    fim_ids,
+    fim_split,
+    fim_text,
+    format_fim,
+    has_sentinel,
+    parse_fim,
+)
 
 
 @pytest.fixture(scope="module")
@@ -38,17 +49,20 @@ def _reassemble(ids, tok):
         return tok.decode(ids)
     i_mid = ids.index(mid)
     if ids[0] == pre and ids[1] == suf:  # spm_v2: S after SUF, then P+M after MID
-        return tok.decode(ids[i_mid + 1:]) + tok.decode(ids[2:i_mid])
+        return tok.decode(ids[i_mid + 1 :]) + tok.decode(ids[2:i_mid])
     if ids[0] == pre:  # psm
         i_suf = ids.index(suf)
-        return tok.decode(ids[1:i_suf]) + tok.decode(ids[i_mid + 1:]) + tok.decode(ids[i_suf + 1:i_mid])
+        return tok.decode(ids[1:i_suf]) + tok.decode(ids[i_mid + 1 :]) + tok.decode(ids[i_suf + 1 : i_mid])
     i_pre = ids.index(pre)  # spm_glm
-    return tok.decode(ids[i_pre + 1:i_mid]) + tok.decode(ids[i_mid + 1:]) + tok.decode(ids[1:i_pre])
+    return tok.decode(ids[i_pre + 1 : i_mid]) + tok.decode(ids[i_mid + 1 :]) + tok.decode(ids[1:i_pre])
 
 
 @settings(max_examples=200, deadline=None)
-@given(text=st.text(alphabet=st.characters(blacklist_categories=("Cs",)), min_size=0, max_size=200),
-       doc_id=st.text(min_size=1, max_size=8), fmt=st.sampled_from(["spm_v2", "spm_glm"]))
+@given(
+    text=st.text(alphabet=st.characters(blacklist_categories=("Cs",)), min_size=0, max_size=200),
+    doc_id=st.text(min_size=1, max_size=8),
+    fmt=st.sampled_from(["spm_v2", "spm_glm"]),
+)
 def test_token_fim_reassembles(tok, text, doc_id, fmt):
     assume(not has_sentinel(text))
     cfg = FIMConfig(rate=1.0, spm_rate=0.5, spm_format=fmt)
@@ -75,14 +89,14 @@ def test_sentinels_only_in_code():
     from glmstack.data.sources import Doc
     from glmstack.data.stages import encode_doc
 
-    class T:  # minimal stand-in: characters as ids, sentinels at 1000+
-        specials = {PRE: 1000, SUF: 1001, MID: 1002, "<|endoftext|>": 1003}
+    specials = {PRE: 1000, SUF: 1001, MID: 1002, "<|endoftext|>": 1003}
 
+    class T:  # minimal stand-in: characters as ids, sentinels at 1000+
         def encode(self, s):
             return [ord(c) for c in s]
 
         def token_id(self, name):
-            return self.specials[name]
+            return specials[name]
 
     cfg = DataConfig(fim=FIMConfig(rate=1.0))
     text = Doc(id="t", text="plain prose here", source="s", kind="text", meta={"split": "train"})

@@ -17,7 +17,9 @@ def _texts():
 def _minhash_drops(texts):
     cfg = MinHashConfig()
     h = MinHasher(cfg)
-    return [d is not None for d in dedup_decisions([exact_hash(t) for t in texts], [h.signature(t) for t in texts], cfg)]
+    return [
+        d is not None for d in dedup_decisions([exact_hash(t) for t in texts], [h.signature(t) for t in texts], cfg)
+    ]
 
 
 def test_semdedup_finds_template_pages_minhash_keeps():
