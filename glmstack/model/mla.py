@@ -80,6 +80,7 @@ class MLAttention(nn.Module):
         self.scale = self.qk_dim**-0.5  # GLM-5 uses default RoPE: no YaRN mscale
         self.interleave = bool(getattr(cfg, "rope_interleave", True))
         self.absorb = True  # decode with a cache uses the absorbed (MQA) path; False forces the plain reference
+        self.sparse_gather = True  # absorbed + DSA: attend over gathered top-k latents; False: the top-k as a mask
         bias = bool(getattr(cfg, "attention_bias", False))
         D, H = cfg.hidden_size, self.n_heads
         self.q_a_proj = nn.Linear(D, self.q_lora_rank, bias=bias)
@@ -136,6 +137,25 @@ class MLAttention(nn.Module):
         o_lat_BHTC = eager_attention(q_BHTd, k_B1Sd, ckv_B1SC, mask_B1TS, self.scale)
         return torch.einsum("bhtc,hvc->bhtv", o_lat_BHTC, w_uv_HVC)
 
+    def attend_sparse(self, q_nope_BHTN, q_rope_BHTR, ckv_B1SC, k_rope_B1SR, topk_BTK, mask_B1TS):
+        """DSA in MQA mode over the K selected latents only (gathered per query), O(T·K) instead of O(T·S).
+
+        Equal to attend_absorbed under sparse_mask(topk, mask) for every row with an allowed key.
+        """
+        w_uk_HNC, w_uv_HVC = self.w_uk_uv()
+        q_lat_BHTC = torch.einsum("bhtn,hnc->bhtc", q_nope_BHTN, w_uk_HNC)
+        acc = torch.promote_types(q_lat_BHTC.dtype, torch.float32)
+        q_BTHd = torch.cat([q_lat_BHTC, q_rope_BHTR], dim=-1).transpose(1, 2).to(acc)
+        kv_BSd = torch.cat([ckv_B1SC, k_rope_B1SR], dim=-1)[:, 0].to(acc)
+        B, T, K = topk_BTK.shape
+        idx_BTK = topk_BTK.long()
+        kv_BTKd = kv_BSd.gather(1, idx_BTK.reshape(B, T * K, 1).expand(-1, -1, kv_BSd.shape[-1])).view(B, T, K, -1)
+        keep_BTK = mask_B1TS[:, 0].expand(B, T, -1).gather(-1, idx_BTK)  # top-k may name masked (future) keys
+        logits_BTHK = torch.matmul(q_BTHd, kv_BTKd.transpose(-1, -2)) * self.scale
+        probs_BTHK = logits_BTHK.masked_fill(~keep_BTK[:, :, None], torch.finfo(acc).min).softmax(-1)
+        o_lat_BTHC = torch.matmul(probs_BTHK, kv_BTKd[..., : self.kv_lora_rank]).to(q_lat_BHTC.dtype)
+        return torch.einsum("bthc,hvc->bhtv", o_lat_BTHC, w_uv_HVC)
+
     # ------------------------------------------------------------------ forward
 
     def forward(self, x_BTD, cos_BTR, sin_BTR, mask_B1TS=None, cache=None):
@@ -151,10 +171,14 @@ class MLAttention(nn.Module):
         if mask_B1TS is None:
             mask_B1TS = causal_mask(T, S, x_BTD.device)
         main_qk = (q_nope, q_rope, ckv_B1SC, k_rope_B1SR)
-        attn_mask_B1TS = self._dsa_mask(x_BTD, q_resid_BTQ, cos_sin, idx_k_B1SE, mask_B1TS, main_qk)
+        topk_BTK = self._dsa_topk(x_BTD, q_resid_BTQ, cos_sin, idx_k_B1SE, mask_B1TS, main_qk)
         use_absorbed = self.absorb and cache is not None
-        attend = self.attend_absorbed if use_absorbed else self.attend_plain
-        o_BHTV = attend(q_nope, q_rope, ckv_B1SC, k_rope_B1SR, attn_mask_B1TS)
+        if topk_BTK is not None and use_absorbed and self.sparse_gather and topk_BTK.shape[-1] < S:
+            o_BHTV = self.attend_sparse(*main_qk, topk_BTK, mask_B1TS)
+        else:
+            attn_mask_B1TS = mask_B1TS if topk_BTK is None else sparse_mask(topk_BTK, mask_B1TS)
+            attend = self.attend_absorbed if use_absorbed else self.attend_plain
+            o_BHTV = attend(*main_qk, attn_mask_B1TS)
         out_BTD = self.o_proj(o_BHTV.transpose(1, 2).reshape(B, T, -1))
         if self.indexer is not None and self.indexer.pending_loss is not None:
             out_BTD = self.indexer.attach_loss(out_BTD)
@@ -170,10 +194,10 @@ class MLAttention(nn.Module):
         idx_k_B1SE = extra_B1Sx[..., self.rope_dim :] if idx_k_B1TE is not None else None
         return ckv_B1SC, k_rope_B1SR, idx_k_B1SE
 
-    def _dsa_mask(self, x_BTD, q_resid_BTQ, cos_sin, idx_k_B1SE, mask_B1TS, main_qk):
-        """Without DSA: the plain mask. With DSA: mask ∧ top-k selection (own indexer, or the shared one)."""
+    def _dsa_topk(self, x_BTD, q_resid_BTQ, cos_sin, idx_k_B1SE, mask_B1TS, main_qk):
+        """Top-k key indices (B, T, K) from this layer's indexer or the shared one; None = dense attention."""
         if not self.dsa:
-            return mask_B1TS
+            return None
         if self.indexer is not None:
             topk_BTK = self.indexer(x_BTD, q_resid_BTQ, cos_sin, idx_k_B1SE[:, 0], mask_B1TS, self._teacher(main_qk))
             if self.topk_share is not None:
@@ -182,9 +206,7 @@ class MLAttention(nn.Module):
             if self.topk_share is None or "topk" not in self.topk_share:
                 raise ValueError(f"layer {self.layer_idx} shares top-k indices but no full layer ran before it")
             topk_BTK = self.topk_share["topk"]
-        if topk_BTK is None:  # dense warm-up: attention stays dense
-            return mask_B1TS
-        return sparse_mask(topk_BTK, mask_B1TS)
+        return topk_BTK  # None in dense stages
 
     def _teacher(self, main_qk):
         """A closure giving the main attention's per-head probabilities (detached) for the indexer loss."""

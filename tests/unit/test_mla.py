@@ -97,3 +97,16 @@ def test_interleaved_rope_is_pairwise_rotation():
     pair0 = torch.stack([rotated[0], rotated[3]])  # first pair lands at positions 0 and R/2
     want = torch.stack([x[0] * c[0, 0, 0] - x[1] * s[0, 0, 0], x[1] * c[0, 0, 0] + x[0] * s[0, 0, 0]])
     torch.testing.assert_close(pair0, want)
+
+
+def test_sparse_gather_equals_masked_absorbed():
+    """Attention over the gathered top-k latents == absorbed attention with the top-k as a mask."""
+    from glmstack.model.dsa import select_topk, sparse_mask
+
+    m = make(dsa=False)
+    q_nope, q_rope, ckv, k_rope, _ = qkv(m, T=9)
+    causal = torch.ones(9, 9, dtype=torch.bool).tril()[None, None]
+    topk = select_topk(torch.randn(2, 9, 9), causal[:, 0], 4)  # early rows name future keys: must stay masked
+    want = m.attend_absorbed(q_nope, q_rope, ckv, k_rope, sparse_mask(topk, causal))
+    got = m.attend_sparse(q_nope, q_rope, ckv, k_rope, topk, causal)
+    torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
