@@ -122,20 +122,30 @@ def _pump(proc, payload: bytes, limits: Limits, uid: int | None) -> tuple[bytes,
     stdin_fd = proc.stdin.fileno()
     os.set_blocking(stdin_fd, False)
     sel.register(stdin_fd, selectors.EVENT_WRITE)
-    sent, open_outputs, exited_at, why = 0, 2, None, "exit"
+    sent, open_outputs, exited_at, why, next_watch = 0, 2, None, "exit", 0.0
     try:
-        while open_outputs:
+        while True:
             now = time.monotonic()
             if now >= deadline:
                 why = "timeout"
                 break
-            if uid is not None and uids.resident_bytes(uid) > limits.memory_mb << 20:
-                why = "memory"
-                break
+            if uid is not None and now >= next_watch:
+                next_watch = now + WATCH_S
+                if uids.resident_bytes(uid) > limits.memory_mb << 20:
+                    why = "memory"
+                    break
             if exited_at is None and proc.poll() is not None:
                 exited_at = now
-            if exited_at is not None and now - exited_at > EXIT_GRACE_S:
-                break  # a daemon that escaped the session still holds the pipes (plain mode): stop reading
+            # Done once the launcher exited and its output is read; a daemon that escaped the session (plain
+            # mode) may hold the pipes open, so stop reading EXIT_GRACE_S after the exit in any case.
+            if exited_at is not None and (not open_outputs or now - exited_at > EXIT_GRACE_S):
+                break
+            if not sel.get_map():  # outputs closed but the program lives on: keep watching it
+                try:
+                    proc.wait(timeout=min(deadline - now, WATCH_S))
+                except subprocess.TimeoutExpired:
+                    pass
+                continue
             for key, _ in sel.select(min(deadline - now, WATCH_S)):
                 if key.fd == stdin_fd:
                     sent = _send(stdin_fd, payload, sent)
@@ -151,23 +161,17 @@ def _pump(proc, payload: bytes, limits: Limits, uid: int | None) -> tuple[bytes,
                 bufs[key.fd] += chunk
                 if len(bufs[key.fd]) > limits.max_output_bytes:
                     del bufs[key.fd][limits.max_output_bytes :]
-                    why = "output"
-                    open_outputs = 0
-                    break
+                    return bytes(out), bytes(err), "output"
         return bytes(out), bytes(err), why
     finally:
         sel.close()
 
 
-def _finish(proc, kill: bool, grace_s: float) -> int:
-    """Reap the launcher (killing it first if asked, or if it outlives `grace_s`), then its process group."""
+def _finish(proc, kill: bool) -> int:
+    """Reap the launcher (killing it first if asked), then kill what is left of its process group."""
     if kill:
         _kill(proc)
-    try:
-        code = proc.wait(timeout=max(grace_s, 0.05))
-    except subprocess.TimeoutExpired:
-        _kill(proc)
-        code = proc.wait()
+    code = proc.wait()
     _kill(proc)  # stragglers that stayed in the group after closing their output (plain mode)
     for f in (proc.stdin, proc.stdout, proc.stderr):
         if not f.closed:
@@ -226,8 +230,7 @@ def run(
         try:
             out, err, why = _pump(proc, payload, limits, launch.uid)
         finally:  # also on KeyboardInterrupt: nothing may outlive this call
-            grace = limits.timeout_s - (time.monotonic() - start)
-            exit_code = _finish(proc, kill=why != "exit", grace_s=grace)
+            exit_code = _finish(proc, kill=why != "exit" or proc.poll() is None)
     finally:
         launch.cleanup()
     duration = time.monotonic() - start

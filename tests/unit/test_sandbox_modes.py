@@ -1,6 +1,7 @@
 """Each isolation mode runs programs, reports its layers, cleans up, and refuses to run untrusted code as root."""
 
 import os
+import tempfile
 
 import pytest
 
@@ -70,3 +71,34 @@ def test_no_capabilities_and_no_new_privileges(mode, reachable_python):
     assert "'CapPrm:\\t0000000000000000'" in r.stdout and "'CapEff:\\t0000000000000000'" in r.stdout
     if mode == "bwrap" or "no-new-privs" in r.layers:
         assert "'NoNewPrivs:\\t1'" in r.stdout
+
+
+LINGER = """import os, sys, time
+for _ in range(3):
+    if os.fork() == 0:
+        break
+open(f"f{os.getpid()}", "w").write("x")
+os.close(1)
+os.close(2)
+time.sleep(60)"""
+
+
+@pytest.mark.parametrize("mode", ["bwrap", "unshare", "plain"])
+def test_timed_out_run_leaves_no_process_and_no_work_dir(mode, reachable_python):
+    _need(mode)
+    before = set(os.listdir(tempfile.gettempdir()))
+    r = run(LINGER, mode=mode, timeout_s=1)  # closes its output and lingers: still timed out, still killed
+    assert r.timed_out and 1 <= r.duration_s < 4
+    if r.uid is not None:
+        assert uids.uid_pids(r.uid) == []
+    assert not [p for p in os.listdir("/proc") if p.isdigit() and _parent(p) == os.getpid()]
+    assert r.work_dir is None or not os.path.exists(r.work_dir)
+    assert {d for d in set(os.listdir(tempfile.gettempdir())) - before if d.startswith("glmstack-sandbox")} == set()
+
+
+def _parent(pid: str) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
