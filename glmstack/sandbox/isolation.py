@@ -88,8 +88,9 @@ def _ro_binds(extra: tuple[str, ...]) -> list[str]:
     exe = python_exe()
     prefix = os.path.realpath(sys.base_prefix) if exe == os.path.realpath(sys._base_executable) else None
     made = set()
-    for path in dict.fromkeys(p for p in (prefix, os.path.dirname(os.path.dirname(exe)), *extra) if p):
-        if path.startswith("/usr/"):
+    wanted = [prefix, os.path.dirname(os.path.dirname(exe)), *(os.path.realpath(e) for e in extra)]
+    for path in dict.fromkeys(p for p in wanted if p):
+        if path == "/usr" or path.startswith("/usr/"):  # already bound
             continue
         for parent in reversed(Path(path).parents[:-1]):  # "/a/b/c" -> /a, /a/b (not /)
             if str(parent) not in made:
