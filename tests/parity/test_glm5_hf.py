@@ -53,6 +53,24 @@ def test_hf_to_glmstack_logits(case, tmp_path):
 
 
 @pytest.mark.parametrize("case", ["topk_below_T", "index_share"])
+def test_lm_loss_gradients_match_hf(case, tmp_path):
+    """Every non-indexer gradient matches; the indexer gets none from the LM loss (HF's is @torch.no_grad)."""
+    cfg = tiny(case)
+    hf = hf_model(cfg)
+    hf.save_pretrained(tmp_path)
+    ours = load_hf(tmp_path, dtype=torch.float32)
+    ids = ids_(cfg, seed=2)
+    hf(ids, labels=ids).loss.backward()
+    ours(ids, labels=shifted_labels(ids)).lm_loss.backward()
+    for name, p in ours.named_parameters():
+        if ".indexer." in name:
+            assert p.grad is None, name
+            continue
+        hf_name = name if name == "lm_head.weight" else "model." + name
+        torch.testing.assert_close(p.grad, hf.get_parameter(hf_name).grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("case", ["topk_below_T", "index_share"])
 def test_glmstack_to_hf_logits(case, tmp_path):
     cfg = tiny(case)
     ours = GLM(cfg).init_weights(seed=3)
