@@ -7,8 +7,9 @@ s of the chosen experts, renormalised when `norm_topk_prob`, times `routed_scali
 
 Experts are 3-D banks `gate_up_proj (E, 2F, D)` (gate rows first) and `down_proj (E, D, F)`, the layout transformers
 keeps in memory. The fast path sorts the T*K (token, expert) pairs by expert and runs two `torch._grouped_mm`
-calls; `experts_loop` is the plain per-expert reference (`use_grouped_mm=False`), checked equal in
-tests/unit/test_model_moe.py forward and backward.
+calls on GPU (bf16, sm90+) or, elsewhere, one matmul per expert on contiguous row blocks with a hand-written
+backward (`experts_sorted`); `experts_loop` is the plain per-expert reference (`use_grouped_mm=False`). All three
+are checked equal in tests/unit/test_model_moe.py, forward and backward.
 
 Also here: the sequence-wise balance loss (DeepSeek-V3 Eq. 17-20) and per-expert token counts for the trainer's
 bias update. Shape legend: B batch, T tokens, D hidden, E experts, K experts per token, F expert width,
@@ -64,20 +65,18 @@ class Experts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(E, D, F_))
 
     def forward(self, x_TD, topk_idx_TK, topk_w_TK):
-        if self.use_grouped_mm and _grouped_mm_ok(x_TD):
+        if not self.use_grouped_mm:
+            return experts_loop(x_TD, topk_idx_TK, topk_w_TK, self.gate_up_proj, self.down_proj)
+        if _grouped_mm_ok(x_TD):
             return experts_grouped(x_TD, topk_idx_TK, topk_w_TK, self.gate_up_proj, self.down_proj)
-        return experts_loop(x_TD, topk_idx_TK, topk_w_TK, self.gate_up_proj, self.down_proj)
+        return experts_sorted(x_TD, topk_idx_TK, topk_w_TK, self.gate_up_proj, self.down_proj)
 
 
 def _grouped_mm_ok(x: torch.Tensor) -> bool:
-    """torch._grouped_mm runs on CPU (fp32/bf16) and on CUDA sm90+ in bf16; elsewhere use the loop."""
-    if not hasattr(torch, "_grouped_mm"):
-        return False
-    if x.device.type == "cpu":
-        return x.dtype in (torch.float32, torch.bfloat16)
-    if x.device.type == "cuda":
-        return x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device) >= (9, 0)
-    return False
+    """torch._grouped_mm's fused kernel: CUDA sm90+ in bf16. On CPU (torch 2.13) it loops over groups and its
+    backward is ~30x slower than experts_sorted (measured in docs/model.md), so CPU takes the sorted path."""
+    return (hasattr(torch, "_grouped_mm") and x.device.type == "cuda" and x.dtype == torch.bfloat16
+            and torch.cuda.get_device_capability(x.device) >= (9, 0))
 
 
 def experts_grouped(x_TD, topk_idx_TK, topk_w_TK, w_gate_up_EFD, w_down_EDF):
@@ -91,6 +90,65 @@ def experts_grouped(x_TD, topk_idx_TK, topk_w_TK, w_gate_up_EFD, w_down_EDF):
     y_ND = torch._grouped_mm(F.silu(gate_NF) * up_NF, w_down_EDF.transpose(-2, -1), offs=offs_E)
     y_TKD = y_ND[order_N.argsort()].view(T, K, -1)
     return torch.bmm(topk_w_TK.to(y_TKD.dtype).unsqueeze(1), y_TKD).squeeze(1)  # (T, D)
+
+
+def experts_sorted(x_TD, topk_idx_TK, topk_w_TK, w_gate_up_EFD, w_down_EDF):
+    """Same sort as experts_grouped, then one matmul per expert on contiguous row blocks with a hand-written
+    backward (no zero-filled slice gradients, no index_put): the fast path where _grouped_mm has no kernel."""
+    T, K = topk_idx_TK.shape
+    flat_N = topk_idx_TK.reshape(-1)
+    order_N = flat_N.argsort(stable=True)
+    counts = torch.bincount(flat_N, minlength=w_gate_up_EFD.shape[0]).tolist()  # host sync: free on CPU
+    y_ND = _SortedExperts.apply(x_TD, w_gate_up_EFD, w_down_EDF, order_N, counts, K)
+    return torch.bmm(topk_w_TK.to(y_ND.dtype).unsqueeze(1), y_ND.view(T, K, -1)).squeeze(1)  # (T, D)
+
+
+class _SortedExperts(torch.autograd.Function):
+    """y[(t, k)] = SwiGLU_{e(t,k)}(x[t]) for the N = T*K pairs, returned in (t, k) order."""
+
+    @staticmethod
+    def forward(ctx, x_TD, w_gu_EFD, w_d_EDF, order_N, counts, K):
+        tok_N = order_N // K
+        xs_ND = x_TD.index_select(0, tok_N)  # rows sorted by expert
+        h_NF2 = x_TD.new_empty(xs_ND.shape[0], w_gu_EFD.shape[1])
+        ys_ND = x_TD.new_empty(xs_ND.shape)
+        for e, (a, b) in _blocks(counts):
+            torch.mm(xs_ND[a:b], w_gu_EFD[e].t(), out=h_NF2[a:b])
+            torch.mm(_swiglu(h_NF2[a:b]), w_d_EDF[e].t(), out=ys_ND[a:b])
+        ctx.save_for_backward(xs_ND, h_NF2, w_gu_EFD, w_d_EDF, order_N)
+        ctx.counts, ctx.K, ctx.T = counts, K, x_TD.shape[0]
+        return torch.empty_like(ys_ND).index_copy_(0, order_N, ys_ND)
+
+    @staticmethod
+    def backward(ctx, dy_ND):
+        xs_ND, h_NF2, w_gu_EFD, w_d_EDF, order_N = ctx.saved_tensors
+        dys_ND = dy_ND.index_select(0, order_N)
+        dxs_ND, dw_gu, dw_d = torch.empty_like(xs_ND), torch.zeros_like(w_gu_EFD), torch.zeros_like(w_d_EDF)
+        for e, (a, b) in _blocks(ctx.counts):
+            gate, up = h_NF2[a:b].chunk(2, dim=-1)
+            sig = torch.sigmoid(gate)
+            act = gate * sig * up
+            torch.mm(dys_ND[a:b].t(), act, out=dw_d[e])
+            dact = dys_ND[a:b] @ w_d_EDF[e]
+            dh = torch.cat([dact * up * sig * (1 + gate * (1 - sig)), dact * gate * sig], dim=-1)
+            torch.mm(dh.t(), xs_ND[a:b], out=dw_gu[e])
+            torch.mm(dh, w_gu_EFD[e], out=dxs_ND[a:b])
+        dx_TD = dxs_ND.new_zeros(ctx.T, dxs_ND.shape[1]).index_add_(0, order_N // ctx.K, dxs_ND)
+        return dx_TD, dw_gu, dw_d, None, None, None
+
+
+def _blocks(counts: list[int]):
+    """(expert, (start, end)) of each non-empty expert's rows in the sorted order."""
+    start = 0
+    for e, n in enumerate(counts):
+        if n:
+            yield e, (start, start + n)
+        start += n
+
+
+def _swiglu(h_NF2: torch.Tensor) -> torch.Tensor:
+    gate, up = h_NF2.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
 def experts_loop(x_TD, topk_idx_TK, topk_w_TK, w_gate_up_EFD, w_down_EDF):

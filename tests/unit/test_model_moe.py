@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from glmstack.model import ModelConfig
-from glmstack.model.moe import MoE, Router, experts_grouped, experts_loop, sequence_balance_loss
+from glmstack.model.moe import MoE, Router, experts_grouped, experts_loop, experts_sorted, sequence_balance_loss
 
 pytestmark = pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason="torch without _grouped_mm")
 
@@ -14,8 +14,9 @@ def _bank(E=8, D=32, F=16, seed=0):
     return (torch.randn(E, 2 * F, D, generator=g) * 0.2, torch.randn(E, D, F, generator=g) * 0.2)
 
 
+@pytest.mark.parametrize("fast", [experts_grouped, experts_sorted])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
-def test_grouped_equals_loop_forward_backward(dtype, tol):
+def test_fast_experts_equal_loop_forward_backward(fast, dtype, tol):
     T, K, E = 50, 3, 8
     g = torch.Generator().manual_seed(1)
     x = torch.randn(T, 32, generator=g)
@@ -23,7 +24,7 @@ def test_grouped_equals_loop_forward_backward(dtype, tol):
     idx = (torch.rand(T, E, generator=g) * skew).topk(K, dim=-1).indices
     w = torch.rand(T, K, generator=g)
     results = []
-    for fn in (experts_grouped, experts_loop):
+    for fn in (fast, experts_loop):
         wgu, wd = (t.to(dtype).requires_grad_() for t in _bank())
         xx, ww = x.to(dtype).requires_grad_(), w.clone().requires_grad_()
         y = fn(xx, idx, ww, wgu, wd)
@@ -33,11 +34,12 @@ def test_grouped_equals_loop_forward_backward(dtype, tol):
         assert (a - b).norm() <= tol * b.norm()
 
 
-def test_empty_experts_get_zero_grad():
+@pytest.mark.parametrize("fast", [experts_grouped, experts_sorted])
+def test_empty_experts_get_zero_grad(fast):
     x = torch.randn(6, 32)
     idx = torch.tensor([[0, 1]] * 6)
     wgu, wd = (t.requires_grad_() for t in _bank())
-    experts_grouped(x, idx, torch.ones(6, 2), wgu, wd).sum().backward()
+    fast(x, idx, torch.ones(6, 2), wgu, wd).pow(2).sum().backward()
     assert wgu.grad[2:].abs().sum() == 0 and wgu.grad[:2].abs().sum() > 0
 
 
