@@ -110,6 +110,7 @@ class Indexer(nn.Module):
         self.wk = nn.Linear(D, self.head_dim, bias=False)
         self.k_norm = nn.LayerNorm(self.head_dim, eps=1e-6)
         self.weights_proj = nn.Linear(D, self.n_heads, bias=False)
+        self.weights_proj.keep_fp32 = True  # HF keeps it fp32 (`_keep_in_fp32_modules`); GLM.cast respects this
         self.scale = self.head_dim**-0.5
         self.mode = "select"
         self.stable_ties = False  # see select_topk: True makes tie order independent of the sequence length

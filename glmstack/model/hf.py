@@ -219,12 +219,18 @@ def save_hf(model: GLM, folder: str | os.PathLike, dtype: torch.dtype | None = N
 
 def _hf_tensor(state, ours: str, idx: tuple, dtype) -> torch.Tensor:
     t = state[ours][idx]
-    keep_fp32 = ours.endswith(("gate.weight", "e_score_correction_bias")) and ".mlp.gate." in ours
+    keep_fp32 = _keep_fp32(ours)
     return t.to("cpu", torch.float32 if keep_fp32 else dtype).contiguous()
 
 
+def _keep_fp32(ours: str) -> bool:
+    """Router weights, balancing biases and the DSA indexer's head weights are stored fp32 (as HF does)."""
+    router = ours.endswith(("gate.weight", "e_score_correction_bias")) and ".mlp.gate." in ours
+    return router or ours.endswith("indexer.weights_proj.weight")
+
+
 def _nbytes(state, ours: str, idx: tuple, dtype) -> int:
-    keep_fp32 = ".mlp.gate." in ours
+    keep_fp32 = _keep_fp32(ours)
     return state[ours][idx].numel() * (4 if keep_fp32 else torch.empty((), dtype=dtype).element_size())
 
 

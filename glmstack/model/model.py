@@ -24,8 +24,8 @@ from torch import nn
 
 from glmstack.model.attention import Attention, segment_mask
 from glmstack.model.config import ModelConfig
-from glmstack.model.layers import MLP, RMSNorm
 from glmstack.model.dsa import apply_dsa_stage, indexer_loss
+from glmstack.model.layers import MLP, RMSNorm
 from glmstack.model.mla import MLAttention
 from glmstack.model.moe import MoE, Experts, Router
 from glmstack.model.mtp import MTPLayer, mtp_targets
@@ -98,9 +98,10 @@ class GLM(nn.Module):
 
     # ---------------------------------------------------------------- dtype / init
     def cast(self, dtype: torch.dtype) -> GLM:
-        """Cast to `dtype` except the router weights and balancing biases, which stay fp32 (as in HF)."""
+        """Cast to `dtype` except the router weights and balancing biases, and the DSA indexer's head weights
+        (`weights_proj`, HF `_keep_in_fp32_modules`), which stay fp32 (as in HF)."""
         for module in self.modules():
-            if isinstance(module, Router):
+            if isinstance(module, Router) or getattr(module, "keep_fp32", False):
                 continue
             for name, p in module.named_parameters(recurse=False):
                 p.data = p.data.to(dtype)

@@ -94,3 +94,18 @@ def test_round_trip_with_shared_mtp(tmp_path):
     out_a, out_b = ours(ids, labels=shifted_labels(ids)), back(ids, labels=shifted_labels(ids))
     assert len(out_a.mtp_loss) == 3
     torch.testing.assert_close(out_a.loss, out_b.loss, atol=0, rtol=0)
+
+
+def test_bf16_keeps_indexer_head_weights_fp32(tmp_path):
+    cfg = tiny("topk_below_T")
+    ours = GLM(cfg, dtype=torch.bfloat16).init_weights(seed=0)
+    ix = ours.layers[0].self_attn.indexer
+    assert ix.weights_proj.weight.dtype == torch.float32 and ix.wq_b.weight.dtype == torch.bfloat16
+    save_hf(ours, tmp_path)
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as f:
+        w = f.get_tensor("model.layers.0.self_attn.indexer.weights_proj.weight")
+    assert w.dtype == torch.float32 and torch.equal(w, ix.weights_proj.weight)
+    back = load_hf(tmp_path)
+    assert back.layers[0].self_attn.indexer.weights_proj.weight.dtype == torch.float32
