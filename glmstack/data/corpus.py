@@ -10,7 +10,8 @@ What it holds (research spec §10), all from the running interpreter or our own 
   - templates     pages stamped from a few templates with different slot values: MinHash keeps them (the
                   slots break word 5-grams), SemDeDup should not (GLM-4.5 §2.1's motivating case).
 A seeded hash of each document id puts `eval_fraction` of documents in a held-out "eval" split that the
-"train" split never contains. `size_mb` caps the raw text: a few MB for a tiny speedrun, ~0.2 for tests.
+"train" split never contains (plus the first document of every part with at least 4, so tiny corpora still
+have a held-out document of each kind). `size_mb` caps the raw text: a few MB for a tiny speedrun, ~0.2 for tests.
 
     docs = list(corpus_docs(CorpusConfig(size_mb=0.5, seed=0), split="train"))
 """
@@ -266,17 +267,37 @@ def all_docs(cfg: CorpusConfig) -> Iterator[Doc]:
         raise ValueError(f"unknown corpus part(s) {sorted(unknown)}; valid: {sorted(parts)}")
     for name, make in parts.items():
         if budget.get(name, 0) > 0:
-            yield from make(budget[name])
+            yield from _tag_splits(make(budget[name]), cfg)
 
 
 def split_of(doc_id: str, cfg: CorpusConfig) -> str:
     return "eval" if unit_hash(cfg.seed, "split", doc_id) < cfg.eval_fraction else "train"
 
 
+def _tag_splits(docs: Iterator[Doc], cfg: CorpusConfig, hold: int = 4) -> Iterator[Doc]:
+    """Set meta["split"] by hash; the first document of a part with at least `hold` documents is always eval,
+    so every part is represented in the held-out split even at tiny sizes (and a part of 1-3 documents is
+    never emptied for training)."""
+    head: list[Doc] = []
+    for doc in docs:
+        doc.meta["split"] = split_of(doc.id, cfg)
+        if head is not None and len(head) < hold:
+            head.append(doc)
+            continue
+        if head:
+            head[0].meta["split"] = "eval"
+            yield from head
+            head = None
+        yield doc
+    if head and len(head) >= hold:
+        head[0].meta["split"] = "eval"
+    yield from head or []
+
+
 def corpus_docs(cfg: CorpusConfig, split: Literal["train", "eval", "all"] = "train") -> Iterator[Doc]:
-    """Documents of one split, in a fixed order."""
+    """Documents of one split (meta["split"] says which), in a fixed order."""
     for doc in all_docs(cfg):
-        if split == "all" or split_of(doc.id, cfg) == split:
+        if split == "all" or doc.meta["split"] == split:
             yield doc
 
 

@@ -34,7 +34,7 @@ import numpy as np
 from tqdm import tqdm
 
 from glmstack.config import to_dict, write_json
-from glmstack.data.corpus import CorpusConfig, corpus_docs, split_of
+from glmstack.data.corpus import CorpusConfig, corpus_docs
 from glmstack.data.dedup import MinHashConfig, dedup_decisions
 from glmstack.data.executor import run_units
 from glmstack.data.filters import FilterConfig
@@ -155,8 +155,7 @@ def _iter_sources(cfg: DataConfig, extra: dict[str, Iterable[dict]], stats: dict
     for src in cfg.sources:
         stats[src.name] = st = SourceStats()
         if src.kind == "corpus":
-            for doc in corpus_docs(cfg.corpus, split="all"):
-                doc.meta["split"] = split_of(doc.id, cfg.corpus)
+            for doc in corpus_docs(cfg.corpus, split="all"):  # the corpus tags its own eval split
                 st.docs, st.bytes = st.docs + 1, st.bytes + len(doc.text)
                 yield doc
             continue

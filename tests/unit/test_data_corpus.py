@@ -38,3 +38,8 @@ def test_seed_changes_the_corpus():
     a = [d.id for d in corpus_docs(CorpusConfig(size_mb=0.3, seed=0), "all")]
     b = [d.id for d in corpus_docs(CorpusConfig(size_mb=0.3, seed=1), "all")]
     assert a != b
+
+
+def test_every_part_has_a_held_out_document_even_when_tiny():
+    docs = list(corpus_docs(CorpusConfig(size_mb=0.2, seed=3), "eval"))
+    assert {"stdlib-code", "pydoc", "docstrings", "math"} <= {d.source for d in docs}
