@@ -6,9 +6,9 @@ limited to the best `topk_group` of `n_group` groups (group score = sum of its t
 s of the chosen experts, renormalised when `norm_topk_prob`, times `routed_scaling_factor`.
 
 Experts are 3-D banks `gate_up_proj (E, 2F, D)` (gate rows first) and `down_proj (E, D, F)`, the layout transformers
-keeps in memory. The fast path sorts the T*K (token, expert) pairs by expert and runs two `torch._grouped_mm`
-calls on GPU (bf16, sm90+) or, elsewhere, one matmul per expert on contiguous row blocks with a hand-written
-backward (`experts_sorted`); `experts_loop` is the plain per-expert reference (`use_grouped_mm=False`). All three
+keeps in memory. The fast path (`experts_grouped`) sorts the T*K (token, expert) pairs by expert and runs two
+`torch._grouped_mm` calls on GPU (bf16, sm90+; `experts_grouped_mm`) or, elsewhere, one matmul per expert on
+contiguous row blocks with a hand-written backward (`experts_sorted`); `experts_loop` is the plain per-expert reference (`use_grouped_mm=False`). All three
 are checked equal in tests/unit/test_model_moe.py, forward and backward.
 
 Also here: the sequence-wise balance loss (DeepSeek-V3 Eq. 17-20) and per-expert token counts for the trainer's
@@ -65,21 +65,29 @@ class Experts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(E, D, F_))
 
     def forward(self, x_TD, topk_idx_TK, topk_w_TK):
-        if not self.use_grouped_mm:
-            return experts_loop(x_TD, topk_idx_TK, topk_w_TK, self.gate_up_proj, self.down_proj)
-        if _grouped_mm_ok(x_TD):
-            return experts_grouped(x_TD, topk_idx_TK, topk_w_TK, self.gate_up_proj, self.down_proj)
-        return experts_sorted(x_TD, topk_idx_TK, topk_w_TK, self.gate_up_proj, self.down_proj)
+        fn = experts_grouped if self.use_grouped_mm and _grouped_mm_ok(x_TD) else experts_loop
+        return fn(x_TD, topk_idx_TK, topk_w_TK, self.gate_up_proj, self.down_proj)
 
 
 def _grouped_mm_ok(x: torch.Tensor) -> bool:
+    """experts_grouped runs here (it picks the kernel itself); False sends callers to the reference loop."""
+    return x.device.type in ("cpu", "cuda") and x.dtype in (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _grouped_mm_kernel_ok(x: torch.Tensor) -> bool:
     """torch._grouped_mm's fused kernel: CUDA sm90+ in bf16. On CPU (torch 2.13) it loops over groups and its
-    backward is ~30x slower than experts_sorted (measured in docs/model.md), so CPU takes the sorted path."""
+    backward is far slower than experts_sorted (docs/model.md), so CPU takes the sorted path."""
     return (hasattr(torch, "_grouped_mm") and x.device.type == "cuda" and x.dtype == torch.bfloat16
             and torch.cuda.get_device_capability(x.device) >= (9, 0))
 
 
 def experts_grouped(x_TD, topk_idx_TK, topk_w_TK, w_gate_up_EFD, w_down_EDF):
+    """The fast grouped path: torch._grouped_mm where it has a kernel, else the sorted per-expert blocks."""
+    fn = experts_grouped_mm if _grouped_mm_kernel_ok(x_TD) else experts_sorted
+    return fn(x_TD, topk_idx_TK, topk_w_TK, w_gate_up_EFD, w_down_EDF)
+
+
+def experts_grouped_mm(x_TD, topk_idx_TK, topk_w_TK, w_gate_up_EFD, w_down_EDF):
     """Sort the (token, expert) pairs by expert, two grouped GEMMs, un-sort, weighted sum over K. No host sync."""
     T, K = topk_idx_TK.shape
     flat_N = topk_idx_TK.reshape(-1)
@@ -93,7 +101,7 @@ def experts_grouped(x_TD, topk_idx_TK, topk_w_TK, w_gate_up_EFD, w_down_EDF):
 
 
 def experts_sorted(x_TD, topk_idx_TK, topk_w_TK, w_gate_up_EFD, w_down_EDF):
-    """Same sort as experts_grouped, then one matmul per expert on contiguous row blocks with a hand-written
+    """Same sort as experts_grouped_mm, then one matmul per expert on contiguous row blocks with a hand-written
     backward (no zero-filled slice gradients, no index_put): the fast path where _grouped_mm has no kernel."""
     T, K = topk_idx_TK.shape
     flat_N = topk_idx_TK.reshape(-1)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from glmstack.model import ModelConfig
-from glmstack.model.moe import MoE, Router, experts_grouped, experts_loop, experts_sorted, sequence_balance_loss
+from glmstack.model.moe import MoE, Router, experts_grouped_mm, experts_loop, experts_sorted, sequence_balance_loss
 
 pytestmark = pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason="torch without _grouped_mm")
 
@@ -14,7 +14,7 @@ def _bank(E=8, D=32, F=16, seed=0):
     return (torch.randn(E, 2 * F, D, generator=g) * 0.2, torch.randn(E, D, F, generator=g) * 0.2)
 
 
-@pytest.mark.parametrize("fast", [experts_grouped, experts_sorted])
+@pytest.mark.parametrize("fast", [experts_grouped_mm, experts_sorted])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
 def test_fast_experts_equal_loop_forward_backward(fast, dtype, tol):
     T, K, E = 50, 3, 8
@@ -34,7 +34,7 @@ def test_fast_experts_equal_loop_forward_backward(fast, dtype, tol):
         assert (a - b).norm() <= tol * b.norm()
 
 
-@pytest.mark.parametrize("fast", [experts_grouped, experts_sorted])
+@pytest.mark.parametrize("fast", [experts_grouped_mm, experts_sorted])
 def test_empty_experts_get_zero_grad(fast):
     x = torch.randn(6, 32)
     idx = torch.tensor([[0, 1]] * 6)
