@@ -307,7 +307,7 @@ def _mixture(cfg: DataConfig, rows: list[dict], summary: Summary) -> None:
 
 def _assemble(ctx: StageContext, units: list[int], rows: list[dict], out: Path, summary: Summary) -> None:
     """Write train/ (copies, seeded shuffle) and eval/ (canonical order) from the per-unit token files."""
-    tok = {u: np.fromfile(ctx.path("tok", u, "bin"), dtype=np.uint32) for u in units}
+    tok = {u: _map_tokens(ctx.path("tok", u, "bin")) for u in units}
     off = {u: np.load(ctx.path("tok", u, "idx.npy")) for u in units}
     local: dict[int, int] = {}
     entries: dict[str, list] = {"train": [], "eval": []}
@@ -328,6 +328,11 @@ def _assemble(ctx: StageContext, units: list[int], rows: list[dict], out: Path, 
         for _, u, j in tqdm(ents, desc=f"shards/{split}", unit="doc", disable=not ctx.cfg.progress, dynamic_ncols=True):
             writer.add(tok[u][off[u][j] : off[u][j + 1]])
         summary.splits[split] = writer.close(split=split)
+
+
+def _map_tokens(path: Path) -> np.ndarray:
+    """Memory-map a unit's tokens (bounded memory); an empty file cannot be mapped."""
+    return np.memmap(path, dtype=np.uint32, mode="r") if path.stat().st_size else np.zeros(0, np.uint32)
 
 
 def _finish(cfg: DataConfig, tokenizer, out: Path, work: Path, fp: str, summary: Summary) -> dict:

@@ -1,4 +1,5 @@
-"""Document sources: JSONL (plain / .gz / .zst), Parquet, folders of text or code, HF `datasets` objects.
+"""Document sources: JSONL (plain / .gz / .zst), Parquet, folders of text or code, HF `datasets` (objects or
+folders written by save_to_disk).
 
 Every source is a generator of `Doc`s so the pipeline streams with bounded memory: a file is read line by line
 (JSONL) or record batch by record batch (Parquet), never loaded whole. Bad input never stops a run: a malformed
@@ -85,7 +86,8 @@ class Doc:
 @dataclass(kw_only=True)
 class SourceConfig:
     name: str  # label used in ids, the summary table and per-source quality percentiles
-    kind: Literal["jsonl", "parquet", "folder", "corpus"] = "jsonl"  # reader to use; "corpus" = built-in default
+    kind: Literal["jsonl", "parquet", "folder", "hf", "corpus"] = "jsonl"
+    # ^ reader: "hf" = a Hugging Face dataset saved with save_to_disk (needs `datasets`); "corpus" = built-in default
     path: str = ""  # file, glob, or folder; globs are sorted so the read order is fixed
     text_field: str = "text"  # record field holding the document text
     id_field: str = "id"  # record field holding a stable id (position is used when absent)
@@ -239,6 +241,17 @@ def read_hf(dataset: Iterable[dict], cfg: SourceConfig) -> Iterator[Doc]:
         yield _make_doc(cfg, rec, str(i))
 
 
+def read_hf_disk(cfg: SourceConfig, stats: SourceStats) -> Iterator[Doc]:
+    """A dataset folder written by `datasets.Dataset.save_to_disk` (memory-mapped Arrow, so streaming)."""
+    try:
+        import datasets
+    except ImportError:
+        raise EmptyInputError(f"source {cfg.name!r}: kind 'hf' needs the `datasets` package") from None
+    if not os.path.isdir(cfg.path):
+        raise EmptyInputError(f"source {cfg.name!r}: {cfg.path!r} is not a saved dataset folder")
+    yield from read_hf(datasets.load_from_disk(cfg.path), cfg)
+
+
 def read_source(cfg: SourceConfig, stats: SourceStats, corpus_cfg=None) -> Iterator[Doc]:
     """Dispatch on `cfg.kind`; counts documents and bytes into `stats`."""
     if cfg.kind == "corpus":
@@ -246,7 +259,8 @@ def read_source(cfg: SourceConfig, stats: SourceStats, corpus_cfg=None) -> Itera
 
         docs: Iterable[Doc] = corpus_docs(corpus_cfg or CorpusConfig(), split="train")
     else:
-        docs = {"jsonl": read_jsonl, "parquet": read_parquet, "folder": read_folder}[cfg.kind](cfg, stats)
+        readers = {"jsonl": read_jsonl, "parquet": read_parquet, "folder": read_folder, "hf": read_hf_disk}
+        docs = readers[cfg.kind](cfg, stats)
     for doc in docs:
         stats.docs += 1
         stats.bytes += len(doc.text.encode("utf-8", errors="replace"))
