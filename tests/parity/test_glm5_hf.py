@@ -109,3 +109,22 @@ def test_bf16_keeps_indexer_head_weights_fp32(tmp_path):
     assert w.dtype == torch.float32 and torch.equal(w, ix.weights_proj.weight)
     back = load_hf(tmp_path)
     assert back.layers[0].self_attn.indexer.weights_proj.weight.dtype == torch.float32
+
+
+def test_glm5_preset_is_the_released_config():
+    import dataclasses
+
+    ref = ModelConfig.from_hf("/work/shared/reference/configs/glm-5.json", num_mtp_depths=3)
+    preset = ModelConfig.preset("glm-5")
+    assert dataclasses.replace(ref, hf_metadata={}) == dataclasses.replace(preset, hf_metadata={})
+    hf = transformers.GlmMoeDsaConfig(**ModelConfig.preset("glm-5").to_hf())
+    assert (hf.qk_head_dim, hf.head_dim, hf.indexer_types.count("full")) == (256, 64, 78)
+
+
+def test_index_share_schedule_from_hf_keys():
+    """GLM-5.2 style freq/offset keys become indexer_types (21 full of 78 layers) and are written back as a list."""
+    d = {**ModelConfig.preset("glm-5").to_hf(), "index_topk_freq": 4, "index_skip_topk_offset": 3}
+    del d["indexer_types"]
+    cfg = ModelConfig.from_hf(d)
+    assert cfg.indexer_types.count("full") == 21 and cfg.indexer_types[:4] == ["full"] * 3 + ["shared"]
+    assert transformers.GlmMoeDsaConfig(**cfg.to_hf()).indexer_types == cfg.indexer_types
