@@ -21,7 +21,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 STAGES = ("pretrain", "midtrain")  # training stages whose metrics.jsonl the report reads, in order
 LAYER_BALANCE = "moe/max_over_mean/"  # the loop's per-MoE-layer max/mean expert load (glmstack/train/balance.py)
@@ -50,6 +50,12 @@ def _series(rows: list[dict], key: str, offset: int = 0, smooth: float = 0.0) ->
         avg = v if avg is None or not smooth else smooth * avg + (1 - smooth) * v
         ys.append(float(avg))
     return [p[0] for p in pts], ys
+
+
+def _smoothing(n_points: int) -> float:
+    """EMA factor averaging over ~1/20 of a curve's points (none for short curves)."""
+    window = n_points / 20
+    return 1 - 1 / window if window > 1 else 0.0
 
 
 def imbalance(row: dict) -> float | None:
@@ -103,12 +109,13 @@ def plot_training(run_dir: Path, plots: Path) -> list[str]:
             continue
         if offset:
             boundaries.append((offset, stage))
-        for key, style, smooth in (("lm_loss", "-", 0.9), ("mtp_loss", "--", 0.9), ("val_loss", "o-", 0.0)):
+        ema = _smoothing(len(rs))
+        for key, style, smooth in (("lm_loss", "-", ema), ("mtp_loss", "--", ema), ("val_loss", "o-", 0.0)):
             xs, ys = _series(rs, key, offset, smooth)
             loss.append((f"{stage} {key}" + (" (EMA)" if smooth else ""), xs, ys, style))
         lr.append((stage, *_series(rs, "lr", offset), "-"))
         bal_rows = [{"step": r.get("step", i), "imbalance": imbalance(r)} for i, r in enumerate(rs)]
-        bal.append((f"{stage} (EMA)", *_series(bal_rows, "imbalance", offset, 0.9), "-"))
+        bal.append((f"{stage} (EMA)", *_series(bal_rows, "imbalance", offset, _smoothing(len(rs))), "-"))
         offset += max((r.get("step", 0) for r in rs), default=0)
     drawn = []
     if _plot(plots / "losses.png", "Loss", "step", "cross-entropy (nats)", loss, boundaries):
@@ -181,7 +188,7 @@ def _markdown(summary: dict, drawn: list[str]) -> str:
     if summary.get("samples"):
         out += ["## Samples", ""]
         for s in summary["samples"]:
-            out += [f"**{s.get('model', 'model')}**, prompt `{s['prompt'].strip()[:60]}`:", "", "```python",
+            out += [f"**{s.get('model', 'model')}**, prompt `{s['prompt'][:60]!r}`:", "", "```python",
                     s["prompt"] + s["completion"], "```", ""]
     if summary.get("config"):
         out += ["## Configuration", "", "```json", json.dumps(summary["config"], indent=2), "```", ""]

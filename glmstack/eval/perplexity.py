@@ -13,6 +13,7 @@ forward pass per batch of held-out sequences through the model API in docs/CONTR
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 
 import torch
 import torch.nn.functional as F
@@ -53,5 +54,5 @@ def position_buckets(nll: torch.Tensor, n_buckets: int = 8) -> tuple[list[int], 
     n = nll.numel()
     n_buckets = max(1, min(n_buckets, n))
     edges = [math.floor(i * n / n_buckets) for i in range(n_buckets + 1)]
-    means = [nll[a:b].mean().item() for a, b in zip(edges[:-1], edges[1:])]
+    means = [nll[a:b].mean().item() for a, b in pairwise(edges)]
     return edges[:-1], means
