@@ -112,6 +112,8 @@ class Optimizers:
 def build_optimizer(model: nn.Module, cfg) -> tuple[Optimizers, dict[str, str]]:
     """Muon and AdamW over `model` per `cfg` (an OptimConfig); every group remembers its peak lr as initial_lr."""
     groups = assign_groups(model, lm_head=cfg.lm_head, router=cfg.router)
+    if not cfg.muon:  # the all-AdamW baseline
+        groups = {name: "adamw" for name in groups}
     params = dict(model.named_parameters())
     muon_split = {**default_muon_split(model), **cfg.muon_split}  # a 0 in cfg turns a default split off
     muon_groups: dict[int | None, list] = defaultdict(list)

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 @dataclass(kw_only=True)
 class OptimConfig:
+    muon: bool = True  # False = AdamW for every parameter (the baseline for ablations and bench/train_step.py)
     lr: float = 2.5e-4  # peak lr for Muon and AdamW alike (match_rms_adamw makes them share it; GLM-4.5 §2.4)
     adamw_lr: float | None = None  # separate AdamW peak lr; None = lr
     weight_decay: float = 0.1  # decoupled, Muon matrices, embeddings and the head (GLM-4.5)

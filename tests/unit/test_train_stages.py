@@ -1,0 +1,29 @@
+"""pretrain -> midtrain: midtrain starts from the pretrain checkpoint with the new RoPE base and context."""
+
+import torch
+from safetensors.torch import load_file
+
+from glmstack.model import ModelConfig
+from glmstack.train import checkpoint
+from glmstack.train.stage import load_config, run
+
+FAST = ["micro_batch_size=2", "log.progress=false", "log.plots=false", "log.val_every=0", "ckpt.every=0",
+        "schedule.batch_warmup_steps=0"]
+
+
+def _weights(folder):
+    return {k: v for f in folder.glob("*.safetensors") for k, v in load_file(str(f)).items()}
+
+
+def test_midtrain_continues_from_pretrain(tmp_path):
+    run(load_config("tiny", "pretrain", FAST + [f"out_dir={tmp_path}", "steps=2", "seq_len=16"]))
+    pre = checkpoint.latest(tmp_path / "tiny" / "pretrain")
+    mid_cfg = load_config("tiny", "midtrain", FAST + [f"out_dir={tmp_path}", "steps=0", "seq_len=32"])
+    assert mid_cfg.init_from == "tiny/pretrain" and mid_cfg.schedule.step_offset > 0
+    run(mid_cfg)
+    mid = checkpoint.latest(tmp_path / "tiny" / "midtrain")
+    a, b = _weights(pre), _weights(mid)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert ModelConfig.from_hf(pre).rope_theta == 1e4 and ModelConfig.from_hf(mid).rope_theta == 1e6
+    result = run(load_config("tiny", "midtrain", FAST + [f"out_dir={tmp_path}", "steps=1", "seq_len=32"]))
+    assert result["step"] == 1 and result["loss"] < 20
