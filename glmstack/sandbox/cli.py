@@ -44,7 +44,7 @@ def _info(mode: str) -> int:
     print(f"mode: {chosen}  (available: {', '.join(m for m in isolation.MODES if isolation.available(m))})")
     uid = "uid" if isolation.uid_usable(chosen) else "no dedicated uid"
     print(f"layers: {', '.join(isolation.LAYERS[chosen])}, {uid}")
-    print(f"interpreter: {isolation.python_exe()}")
+    print(f"interpreter: {isolation.interpreter(chosen)}")
     return 0
 
 

@@ -33,6 +33,7 @@ from glmstack.sandbox.uids import UidSlot, clear_stale_work_dirs
 
 BOOT = (Path(__file__).with_name("boot.py")).read_text()
 SANDBOX_DIR = "/sandbox"
+SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")  # fallbacks a sandbox uid can usually run
 MODES = ("bwrap", "unshare", "plain")
 LAYERS = {
     "bwrap": (
@@ -71,6 +72,10 @@ def env_for(home: str) -> dict[str, str]:
         "LANG": "C.UTF-8",
         "PYTHONIOENCODING": "utf-8",
         "PYTHONDONTWRITEBYTECODE": "1",
+        # one thread per numerical library: threads count against max_processes, and cores are shared
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
     }
 
 
@@ -149,8 +154,8 @@ def unshare_argv() -> list[str]:
     return [*deathsig_argv(), "unshare", "--pid", "--net", "--ipc", "--uts", "--fork", "--kill-child"]
 
 
-def python_argv(site: bool = False) -> list[str]:
-    return [python_exe(), "-I", *([] if site else ["-S"]), "-c", BOOT]
+def python_argv(exe: str, site: bool = False) -> list[str]:
+    return [exe, "-I", *([] if site else ["-S"]), "-c", BOOT]
 
 
 # ---------------------------------------------------------------- mode detection
@@ -193,14 +198,34 @@ def resolve(mode: str = "auto") -> str:
     return chosen
 
 
+@functools.cache
+def _warn_once(message: str) -> None:
+    warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+
+def _reachable(exe: str) -> bool:
+    """Whether any uid may execute `exe` (world-x on it and on every directory above it)."""
+    p = Path(exe)
+    return os.path.exists(p) and all(os.stat(q).st_mode & 0o001 for q in (p, *p.parents))
+
+
+def interpreter(mode: str) -> str:
+    """The interpreter for this run: python_exe(), except that outside bwrap a root caller needs one the sandbox
+    uid can execute, so an unreachable default (e.g. pyenv under /root, mode 0700) falls back to a system
+    python3, with a warning. An explicit GLMSTACK_SANDBOX_PYTHON is never replaced."""
+    exe = python_exe()
+    if mode == "bwrap" or os.geteuid() != 0 or _reachable(exe) or os.environ.get("GLMSTACK_SANDBOX_PYTHON"):
+        return exe
+    for candidate in SYSTEM_PYTHONS:
+        if _reachable(os.path.realpath(candidate)):
+            _warn_once(f"sandbox: {exe} is not reachable by the sandbox uid; running {candidate} instead")
+            return os.path.realpath(candidate)
+    return exe
+
+
 def uid_usable(mode: str) -> bool:
-    """A dedicated uid needs root, and outside bwrap the interpreter must be reachable for that uid."""
-    if os.geteuid() != 0:
-        return False
-    if mode == "bwrap":
-        return True
-    exe = Path(python_exe())
-    return bool(os.stat(exe).st_mode & 0o001) and all(os.stat(p).st_mode & 0o001 for p in exe.parents)
+    """A dedicated uid needs root, and outside bwrap an interpreter that uid can execute."""
+    return os.geteuid() == 0 and (mode == "bwrap" or _reachable(interpreter(mode)))
 
 
 @dataclass
@@ -224,10 +249,11 @@ class Launch:
 
 def prepare(mode: str, work_dir_mb: int, site: bool = False, extra_ro: tuple[str, ...] = ()) -> Launch:
     """Allocate the uid and work dir and build the command line for one execution in `mode`."""
+    exe = interpreter(mode)
     slot = UidSlot() if uid_usable(mode) else None
     if slot is None and os.geteuid() == 0 and mode != "bwrap" and not os.environ.get("GLMSTACK_SANDBOX_UNSAFE_ROOT"):
         raise RuntimeError(
-            f"sandbox: refusing to run untrusted code as root in {mode!r} mode: {python_exe()} is not reachable by "
+            f"sandbox: refusing to run untrusted code as root in {mode!r} mode: {exe} is not reachable by "
             "an unprivileged uid. Install bubblewrap, or set GLMSTACK_SANDBOX_PYTHON to a world-readable "
             "interpreter such as /usr/bin/python3 (or GLMSTACK_SANDBOX_UNSAFE_ROOT=1 to run as root anyway)."
         )
@@ -237,10 +263,16 @@ def prepare(mode: str, work_dir_mb: int, site: bool = False, extra_ro: tuple[str
     uid = slot.uid if slot else None
     if mode == "bwrap":
         return Launch(
-            bwrap_argv(work_dir_mb, extra_ro) + python_argv(site), "/", env_for(SANDBOX_DIR), layers, uid, None, slot
+            bwrap_argv(work_dir_mb, extra_ro) + python_argv(exe, site),
+            "/",
+            env_for(SANDBOX_DIR),
+            layers,
+            uid,
+            None,
+            slot,
         )
     if uid is not None:
         clear_stale_work_dirs(uid)
     host_dir = tempfile.mkdtemp(prefix=f"glmstack-sandbox-{uid if uid is not None else 'u'}-")
     prefix = unshare_argv() if mode == "unshare" else deathsig_argv()
-    return Launch(prefix + python_argv(site), host_dir, env_for(host_dir), layers, uid, host_dir, slot)
+    return Launch(prefix + python_argv(exe, site), host_dir, env_for(host_dir), layers, uid, host_dir, slot)

@@ -55,6 +55,21 @@ def test_root_without_reachable_interpreter_is_refused(monkeypatch, tmp_path):
         run("print(1)", mode="plain")
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="the fallback concerns root callers")
+def test_root_falls_back_to_a_system_python_the_uid_can_run(monkeypatch, tmp_path):
+    _need("plain")
+    if not os.access(SYSTEM_PYTHON, os.X_OK):
+        pytest.skip("no /usr/bin/python3")
+    hidden = tmp_path / "hidden"
+    hidden.mkdir(mode=0o700)
+    monkeypatch.setattr(isolation, "python_exe", lambda: str(hidden / "python3"))
+    monkeypatch.delenv("GLMSTACK_SANDBOX_PYTHON", raising=False)
+    isolation._warn_once.cache_clear()  # it warns once per process
+    with pytest.warns(RuntimeWarning, match="not reachable by the sandbox uid"):
+        r = run("import sys; print(sys.executable)", mode="plain", timeout_s=5)
+    assert r.ok and r.stdout.strip() == os.path.realpath(SYSTEM_PYTHON) and "uid" in r.layers
+
+
 def test_auto_resolves_to_an_available_mode():
     assert isolation.resolve("auto") in isolation.MODES
     assert isolation.available(isolation.resolve("auto"))
