@@ -202,7 +202,8 @@ def set_indexer_mode(model: nn.Module, mode: str, loss_coeff: float | None = Non
 def apply_dsa_stage(model: nn.Module, stage: str | None = None, loss_coeff: float | None = None) -> None:
     """Put `model` in a DSA training stage (default: model.cfg.dsa_stage); a no-op for models without indexers.
 
-    dense | warmup (only indexers train) | sparse (all train) | select | frozen (indexers do not train).
+    What trains: warmup = only the indexers; sparse = everything; dense / select / frozen = everything but the
+    indexers (they get no gradient there, and requires_grad off keeps them out of the optimiser and DDP).
     """
     cfg = getattr(model, "cfg", None)
     stage = stage or getattr(cfg, "dsa_stage", "select")
@@ -215,8 +216,11 @@ def apply_dsa_stage(model: nn.Module, stage: str | None = None, loss_coeff: floa
     set_indexer_mode(model, STAGES[stage], loss_coeff)
     if stage == "warmup":
         freeze_all_but_indexers(model)
-    elif stage == "frozen":
-        freeze_indexers(model)
+        return
+    model.requires_grad_(True)
+    if stage != "sparse":
+        for ix in indexers(model):
+            ix.requires_grad_(False)
 
 
 @torch.no_grad()
