@@ -275,23 +275,26 @@ def split_of(doc_id: str, cfg: CorpusConfig) -> str:
 
 
 def _tag_splits(docs: Iterator[Doc], cfg: CorpusConfig, hold: int = 4) -> Iterator[Doc]:
-    """Set meta["split"] by hash; the first document of a part with at least `hold` documents is always eval,
-    so every part is represented in the held-out split even at tiny sizes (and a part of 1-3 documents is
-    never emptied for training)."""
-    head: list[Doc] = []
+    """Set meta["split"] by hash; in a part with at least `hold` documents the shortest of the first `hold` is
+    always eval too, so every part is represented in the held-out split even at tiny sizes, without taking a
+    big share of a tiny corpus (and a part of 1-3 documents is never emptied for training)."""
+    head: list[Doc] | None = []
     for doc in docs:
         doc.meta["split"] = split_of(doc.id, cfg)
         if head is not None and len(head) < hold:
             head.append(doc)
             continue
         if head:
-            head[0].meta["split"] = "eval"
-            yield from head
+            yield from _hold_out_shortest(head)
             head = None
         yield doc
-    if head and len(head) >= hold:
-        head[0].meta["split"] = "eval"
-    yield from head or []
+    if head:
+        yield from _hold_out_shortest(head) if len(head) >= hold else head
+
+
+def _hold_out_shortest(head: list[Doc]) -> list[Doc]:
+    min(head, key=lambda d: len(d.text)).meta["split"] = "eval"
+    return head
 
 
 def corpus_docs(cfg: CorpusConfig, split: Literal["train", "eval", "all"] = "train") -> Iterator[Doc]:
