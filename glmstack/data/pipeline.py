@@ -34,7 +34,7 @@ import numpy as np
 from tqdm import tqdm
 
 from glmstack.config import to_dict, write_json
-from glmstack.data.corpus import CorpusConfig, corpus_docs
+from glmstack.data.corpus import CorpusConfig
 from glmstack.data.dedup import MinHashConfig, dedup_decisions
 from glmstack.data.executor import run_units
 from glmstack.data.filters import FilterConfig
@@ -154,13 +154,9 @@ def _prepare(out: Path, fp: str) -> Path:
 def _iter_sources(cfg: DataConfig, extra: dict[str, Iterable[dict]], stats: dict[str, SourceStats]):
     for src in cfg.sources:
         stats[src.name] = st = SourceStats()
-        if src.kind == "corpus":
-            for doc in corpus_docs(cfg.corpus, split="all"):  # the corpus tags its own eval split
-                st.docs, st.bytes = st.docs + 1, st.bytes + len(doc.text)
-                yield doc
-            continue
-        for doc in read_source(src, st):
-            doc.meta["split"] = _split(doc.id, cfg)
+        for doc in read_source(src, st, cfg.corpus):
+            if src.kind != "corpus":  # the corpus tags its own eval split
+                doc.meta["split"] = _split(doc.id, cfg)
             yield doc
     for name, data in extra.items():
         stats[name] = st = SourceStats()

@@ -257,7 +257,7 @@ def read_source(cfg: SourceConfig, stats: SourceStats, corpus_cfg=None) -> Itera
     if cfg.kind == "corpus":
         from glmstack.data.corpus import CorpusConfig, corpus_docs
 
-        docs: Iterable[Doc] = corpus_docs(corpus_cfg or CorpusConfig(), split="train")
+        docs: Iterable[Doc] = corpus_docs(corpus_cfg or CorpusConfig(), split="all")  # meta["split"] is set
     else:
         readers = {"jsonl": read_jsonl, "parquet": read_parquet, "folder": read_folder, "hf": read_hf_disk}
         docs = readers[cfg.kind](cfg, stats)
