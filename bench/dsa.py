@@ -12,6 +12,8 @@ What is timed, per length (batch 1, fp32, one thread unless --threads):
          MLA's MQA mode, as DSA is built (DeepSeek-V3.2 §2.1: one gathered latent [c_kv ; k_rope] (512 + 64) per
          selected key, shared by all heads, instead of H per-head keys and values), in query blocks so memory stays
          O(block · L).
+Then decode: one new token against T cached positions, both sides in MQA mode (dense: all T latents; DSA: the
+indexer over T keys, top-k, k gathered latents), best of 20.
 Projections are excluded on both sides (the absorbed W_UK / W_UV products cost per token what decompressing K, V
 costs). The FLOP ratio counts multiply-adds of the causal pairs actually computed (dense H·512 per pair; DSA
 I·128 per pair + H·(576 + 512) per selected pair); the time ratio is dense / DSA (> 1: DSA is faster).
@@ -97,6 +99,31 @@ def timed(fn, repeats: int, *args) -> float:
     return best
 
 
+def dense_decode(q_Hc, kv_TC):
+    """One decode query over all T cached latents in MQA mode (absorbed MLA, what serving runs) -> (H, C)."""
+    probs_HT = (q_Hc @ kv_TC.T * QK**-0.5).softmax(-1)
+    return probs_HT @ kv_TC[:, :LATENT]
+
+
+def dsa_decode(q_Hc, kv_TC, qi_IE, ki_TE, w_I, k: int):
+    """One decode query: indexer over all T keys, top-k, attention over the k gathered latents -> (H, C)."""
+    scores_T = w_I @ torch.relu(qi_IE @ ki_TE.T)
+    kv_KC = kv_TC.index_select(0, scores_T.topk(min(k, kv_TC.shape[0])).indices)
+    return dense_decode(q_Hc, kv_KC)
+
+
+def decode_rows(lengths, H: int, I: int, k: int, repeats: int = 20):
+    """Per-token decode time at each context length (1 query, absorbed MQA mode both sides)."""
+    print(f"decode, one token, ms:\n{'T':>6} {'dense ms':>9} {'dsa ms':>9} {'time ratio':>10} {'flop ratio':>10}")
+    for T in lengths:
+        _, (q_lat, kv), (qi, ki, w) = inputs(T, H, I)
+        args = (q_lat[-1], kv)
+        t_dense = timed(dense_decode, repeats, *args) * 1e3
+        t_dsa = timed(dsa_decode, repeats, *args, qi[-1], ki, w[-1], k) * 1e3
+        flop_ratio = H * (2 * LATENT + ROPE) * T / (I * INDEX_DIM * T + H * (2 * LATENT + ROPE) * min(k, T))
+        print(f"{T:>6} {t_dense:>9.3f} {t_dsa:>9.3f} {t_dense / t_dsa:>10.2f} {flop_ratio:>10.2f}", flush=True)
+
+
 def check_dense_equivalence(H: int, I: int):
     """With k >= T the MQA-mode DSA path must equal dense causal MQA attention (guards the timed code)."""
     _, (q_lat, kv), idx = inputs(300, H, I, seed=1)
@@ -116,7 +143,8 @@ def main(argv=None) -> int:
     H, I, k = 64 // args.scale, 32 // args.scale, 2048 // args.scale
     check_dense_equivalence(H, I)
     print(f"heads {H} x (qk {QK} + v {V}), indexer {I} x {INDEX_DIM}, top-k {k}, threads {args.threads}")
-    print(f"{'T':>6} {'dense s':>9} {'dsa s':>9} {'time ratio':>10} {'flop ratio':>10} {'time/flop':>9}")
+    print(f"prefill (causal, all T queries), s:\n{'T':>6} {'dense s':>9} {'dsa s':>9} {'time ratio':>10} "
+          f"{'flop ratio':>10} {'time/flop':>9}")
     with torch.no_grad():
         for T in args.lengths:
             mha, (q_lat, kv), idx = inputs(T, H, I)
@@ -127,6 +155,7 @@ def main(argv=None) -> int:
             speedup, flop_ratio = t_dense / t_dsa, f_dense / f_dsa
             print(f"{T:>6} {t_dense:>9.3f} {t_dsa:>9.3f} {speedup:>10.2f} {flop_ratio:>10.2f} "
                   f"{speedup / flop_ratio:>9.2f}", flush=True)
+        decode_rows(args.lengths, H, I, k)
     return 0
 
 
