@@ -81,9 +81,14 @@ def with_seed(cfg: DataConfig, seed: int) -> DataConfig:
     return from_dict(DataConfig, d)
 
 
+# fields that change how a build runs but never its bytes: a rerun with other values resumes the same build
+EXECUTION_FIELDS = ("executor", "workers", "executor_options", "progress", "keep_work")
+
+
 def fingerprint(cfg: DataConfig, tokenizer) -> str:
-    """Hash of the config and the tokenizer's vocabulary; a rerun with the same value resumes."""
-    h = hashlib.sha256(json.dumps(to_dict(cfg), sort_keys=True).encode())
+    """Hash of the config (minus execution fields) and the tokenizer; a rerun with the same value resumes."""
+    data = {k: v for k, v in to_dict(cfg).items() if k not in EXECUTION_FIELDS}
+    h = hashlib.sha256(json.dumps(data, sort_keys=True).encode())
     h.update(str(tokenizer.vocab_size).encode())
     backend = getattr(tokenizer, "backend", None)
     if backend is not None and hasattr(backend, "to_str"):

@@ -41,6 +41,11 @@ def test_identical_across_runs_and_workers_and_resume(tmp_path, tok):
     ref = _digest(tmp_path / "a")
     assert ref == _digest(tmp_path / "b") == _digest(tmp_path / "c")
     assert one["splits"]["train"]["shards"][0]["tokens"] > 1000
+    # execution settings are not part of the identity: a rerun with more workers finds the build done
+    assert not (tmp_path / "a" / "work").exists()
+    before = (tmp_path / "a" / "manifest.json").stat().st_mtime_ns
+    build_dataset(_cfg(executor="processes", workers=2), tok, tmp_path / "a")
+    assert (tmp_path / "a" / "manifest.json").stat().st_mtime_ns == before
     # an interrupted build (work files kept, some units not tokenized, no manifest) resumes to the same bytes
     build_dataset(_cfg(keep_work=True), tok, tmp_path / "d")
     work = tmp_path / "d" / "work"
