@@ -89,3 +89,22 @@ def test_tied_embeddings_share_storage():
     model = GLM(ModelConfig.preset("tiny", tie_word_embeddings=True)).init_weights(seed=0)
     assert model.lm_head.weight is model.embed_tokens.weight
     assert model.num_params() == GLM(ModelConfig.preset("tiny")).num_params() - 512 * 64
+
+
+def test_mtp_targets_shift_and_respect_segments():
+    from glmstack.model.mtp import mtp_targets
+
+    ids = torch.tensor([[10, 11, 12, 13, 14, 15]])
+    labels = torch.tensor([[11, 12, 13, -100, 15, -100]])
+    seg = torch.tensor([[0, 0, 0, 0, 1, 1]])
+    next_ids, next_labels = mtp_targets(ids, labels, 1, seg)
+    assert next_ids.tolist() == [[11, 12, 13, 14, 15, 0]]
+    assert next_labels.tolist() == [[12, 13, -100, -100, -100, -100]]  # t=3 would read document 1's label
+
+
+def test_cli_lists_convert():
+    from glmstack.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["convert", "--help"])
+    assert e.value.code == 0
