@@ -91,6 +91,9 @@ def _main():
     del p
     sys.argv = ["main.py", *argv]
     sys.path.insert(0, os.getcwd())
+    import builtins  # `python -S` skips site, which defines exit() and quit(); programs call them
+
+    builtins.exit = builtins.quit = sys.exit
     main = type(sys)("__main__")  # a fresh module, so pickle and `if __name__ == "__main__"` behave as usual
     main.__file__ = "main.py"
     sys.modules["__main__"] = main

@@ -33,6 +33,7 @@ from glmstack.sandbox.uids import UidSlot, clear_stale_work_dirs
 
 BOOT = (Path(__file__).with_name("boot.py")).read_text()
 SANDBOX_DIR = "/sandbox"
+NAMESPACES = "--unshare-pid --unshare-net --unshare-ipc --unshare-uts --unshare-cgroup-try --die-with-parent --new-session --hostname sandbox"
 SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")  # fallbacks a sandbox uid can usually run
 MODES = ("bwrap", "unshare", "plain")
 LAYERS = {
@@ -107,39 +108,14 @@ def _ro_binds(extra: tuple[str, ...]) -> list[str]:
 
 def bwrap_argv(work_dir_mb: int, extra_ro: tuple[str, ...] = ()) -> list[str]:
     """The bwrap prefix of the command line; the program then runs as `python -I -S -c BOOT`."""
-    args = [
-        "bwrap",
-        "--unshare-pid",
-        "--unshare-net",
-        "--unshare-ipc",
-        "--unshare-uts",
-        "--unshare-cgroup-try",
-        "--die-with-parent",
-        "--new-session",
-        "--hostname",
-        "sandbox",
-    ]
+    size = str(work_dir_mb << 20)
+    args = ["bwrap", *NAMESPACES.split()]
     if os.geteuid() == 0:  # boot.py switches to the sandbox uid; these are dropped with that switch
         args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_CHOWN"]
     args += _ro_binds(extra_ro)
-    args += [
-        "--proc",
-        "/proc",
-        "--dev",
-        "/dev",
-        "--size",
-        str(work_dir_mb << 20),
-        "--tmpfs",
-        SANDBOX_DIR,
-        "--symlink",
-        SANDBOX_DIR,
-        "/tmp",
-        "--remount-ro",
-        "/",
-        "--chdir",
-        SANDBOX_DIR,
-    ]
-    return args
+    args += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--perms", "1777", "--tmpfs", "/dev/shm"]
+    args += ["--size", size, "--tmpfs", SANDBOX_DIR, "--symlink", SANDBOX_DIR, "/tmp"]
+    return args + ["--remount-ro", "/", "--chdir", SANDBOX_DIR]
 
 
 def deathsig_argv() -> list[str]:

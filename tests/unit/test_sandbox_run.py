@@ -84,3 +84,11 @@ def test_runs_as_its_own_unprivileged_uid_and_leaves_nothing():
     assert r.uid is not None and r.uid >= uids.UID_BASE and "uid" in r.layers
     assert r.stdout == f"{r.uid} {r.uid} []\n"
     assert uids.uid_pids(r.uid) == []
+
+
+def test_exit_quit_and_multiprocessing_work():
+    assert run("exit(3)", limits=SHORT).exit_code == 3
+    assert run("quit()", limits=SHORT).exit_code == 0
+    code = "import multiprocessing as mp\nif __name__ == '__main__':\n    with mp.Pool(2) as p:\n        print(p.map(abs, [-1, -2]))"
+    r = run(code, limits=SHORT)
+    assert r.ok and r.stdout == "[1, 2]\n", r.stderr
