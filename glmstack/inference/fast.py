@@ -47,6 +47,7 @@ class FastForward:
         self.cos_SK = torch.ones(max_len, Dh, dtype=dtype, device=device)
         self.sin_SK = torch.zeros(max_len, Dh, dtype=dtype, device=device)
         self.cos_SK[:, :R], self.sin_SK[:, :R] = cos[0], sin[0]
+        self.mtp_layers = model.mtp_by_depth()  # built once: a ModuleList walk per draft step is measurable
         # rotate_half on the first R dims as a signed permutation matrix (entries 0/±1: the product is exact)
         self.rot_KK = torch.zeros(Dh, Dh, dtype=dtype, device=device)
         half = torch.arange(R // 2, device=device)
@@ -70,7 +71,7 @@ class FastForward:
     def mtp_step(self, layer: int, next_ids_BT, hidden_BTD, position_ids_BT, cache):
         """GLM.mtp_step on the fast blocks: -> (normed hidden (B, T, D), logits (B, T, V))."""
         m = self.model
-        mtp = m.mtp_by_depth()[layer]
+        mtp = self.mtp_layers[layer]
         rope = self.rope(position_ids_BT)
         emb_BTD = m.embed_tokens(next_ids_BT)
         x_BTD = mtp.eh_proj(torch.cat([rms_norm(mtp.enorm, emb_BTD), rms_norm(mtp.hnorm, hidden_BTD)], dim=-1))
