@@ -25,6 +25,7 @@ C kv_lora_rank (latent), N qk_nope_head_dim, R qk_rope_head_dim, V v_head_dim, K
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from glmstack.model.attention import causal_mask
@@ -81,6 +82,7 @@ class MLAttention(nn.Module):
         self.interleave = bool(getattr(cfg, "rope_interleave", True))
         self.absorb = True  # decode with a cache uses the absorbed (MQA) path; False forces the plain reference
         self.sparse_gather = True  # absorbed + DSA: attend over gathered top-k latents; False: the top-k as a mask
+        self.sdpa = True  # plain path without a cache uses F.scaled_dot_product_attention; False: eager reference
         bias = bool(getattr(cfg, "attention_bias", False))
         D, H = cfg.hidden_size, self.n_heads
         self.q_a_proj = nn.Linear(D, self.q_lora_rank, bias=bias)
@@ -119,13 +121,21 @@ class MLAttention(nn.Module):
 
     # ------------------------------------------------------------------ the two attention paths
 
-    def attend_plain(self, q_nope_BHTN, q_rope_BHTR, ckv_B1SC, k_rope_B1SR, mask_B1TS):
-        """Reference MHA mode: decompress every head's key and value from the latent."""
+    def attend_plain(self, q_nope_BHTN, q_rope_BHTR, ckv_B1SC, k_rope_B1SR, mask_B1TS, sdpa: bool = False):
+        """MHA mode: decompress every head's key and value from the latent.
+
+        sdpa=False is the reference (eager softmax in fp32, as HF eager); sdpa=True runs
+        F.scaled_dot_product_attention (flash / memory-efficient kernels, no (B, H, T, S) logits kept for backward).
+        SDPA turns a row with no allowed key into NaN, so it is only used without a cache (training, prefill),
+        where every query sees at least itself.
+        """
         B, _, S, _ = ckv_B1SC.shape
         kv_BSHX = self.kv_b_proj(ckv_B1SC[:, 0]).view(B, S, self.n_heads, self.nope_dim + self.v_dim)
         k_nope_BHSN, v_BHSV = kv_BSHX.transpose(1, 2).split([self.nope_dim, self.v_dim], dim=-1)
         k_BHSd = torch.cat([k_nope_BHSN, k_rope_B1SR.expand(-1, self.n_heads, -1, -1)], dim=-1)
         q_BHTd = torch.cat([q_nope_BHTN, q_rope_BHTR], dim=-1)
+        if sdpa:
+            return F.scaled_dot_product_attention(q_BHTd, k_BHSd, v_BHSV, attn_mask=mask_B1TS, scale=self.scale)
         return eager_attention(q_BHTd, k_BHSd, v_BHSV, mask_B1TS, self.scale)
 
     def attend_absorbed(self, q_nope_BHTN, q_rope_BHTR, ckv_B1SC, k_rope_B1SR, mask_B1TS):
@@ -177,8 +187,10 @@ class MLAttention(nn.Module):
             o_BHTV = self.attend_sparse(*main_qk, topk_BTK, mask_B1TS)
         else:
             attn_mask_B1TS = mask_B1TS if topk_BTK is None else sparse_mask(topk_BTK, mask_B1TS)
-            attend = self.attend_absorbed if use_absorbed else self.attend_plain
-            o_BHTV = attend(*main_qk, attn_mask_B1TS)
+            if use_absorbed:
+                o_BHTV = self.attend_absorbed(*main_qk, attn_mask_B1TS)
+            else:
+                o_BHTV = self.attend_plain(*main_qk, attn_mask_B1TS, sdpa=self.sdpa and cache is None)
         out_BTD = self.o_proj(o_BHTV.transpose(1, 2).reshape(B, T, -1))
         if self.indexer is not None and self.indexer.pending_loss is not None:
             out_BTD = self.indexer.attach_loss(out_BTD)

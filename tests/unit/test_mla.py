@@ -110,3 +110,17 @@ def test_sparse_gather_equals_masked_absorbed():
     want = m.attend_absorbed(q_nope, q_rope, ckv, k_rope, sparse_mask(topk, causal))
     got = m.attend_sparse(q_nope, q_rope, ckv, k_rope, topk, causal)
     torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
+
+
+def test_sdpa_plain_equals_eager_forward_and_backward():
+    m = make(dsa=False)
+    inputs = qkv(m)
+    eager = m.attend_plain(*inputs)
+    fused = m.attend_plain(*inputs, sdpa=True)
+    torch.testing.assert_close(fused, eager, atol=1e-10, rtol=1e-10)
+    g = torch.randn_like(eager)
+    params = [p for n, p in m.named_parameters() if n.startswith(("q_", "kv_"))]
+    ga = torch.autograd.grad((eager * g).sum(), params, retain_graph=True)
+    gb = torch.autograd.grad((fused * g).sum(), params)
+    for a, b in zip(ga, gb):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
