@@ -235,6 +235,7 @@ def stage_evaluate(run: Run) -> dict:
 
     from glmstack.eval import loss_by_position
     from glmstack.inference import Engine
+    from glmstack.model import save_hf
 
     tok, models = _tokenizer(run), {s: _load(run, s) for s in ("pretrain", "midtrain")}
     seqs = held_out_windows(run.stage_dir("data") / "midtrain" / "eval", run.size.mid_seq_len + 1, n=EVAL_WINDOWS)
@@ -243,6 +244,8 @@ def stage_evaluate(run: Run) -> dict:
     samples = engine.generate(SAMPLE_PROMPTS, max_new_tokens=SAMPLE_TOKENS, temperature=0.7, top_p=0.95,
                               seed=run.seed)
     prompts = [w[:SPEC_PROMPT_TOKENS].tolist() for w in seqs[:SPEC_PROMPTS]]
+    save_hf(models["midtrain"], run.out / "model")  # the final model as one HF folder, with its tokenizer:
+    tok.save(run.out / "model")  # `glmstack generate runs/speedrun/model --prompt "def " --speculative mtp`
     return {
         "perplexity_by_position": nll,
         "samples": [{"model": "mid-trained", "prompt": p, "completion": c} for p, c in zip(SAMPLE_PROMPTS, samples.text)],

@@ -4,9 +4,11 @@ an interrupted run continues without redoing finished stages, and one seed gives
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -25,14 +27,29 @@ def _speedrun(out: Path, stop_after: str | None = None) -> subprocess.CompletedP
     return subprocess.run(cmd, check=False, env=env, capture_output=True, text=True, timeout=300)
 
 
+def _kill_after_first_checkpoint(out: Path) -> None:
+    """Start a speedrun and SIGKILL it once pre-training has written a checkpoint (as a crash or Ctrl-C would)."""
+    cmd = [sys.executable, "-m", "glmstack.cli", "speedrun", "--out", str(out), "--minutes", "1", "--seed", "0"]
+    env = {k: v for k, v in os.environ.items() if k != speedrun.STOP_ENV} | {"OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    while not (out / "pretrain" / "latest").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Run A stopped after pre-training then continued; run B straight through. Both with seed 0."""
+    """Run A stopped after the data stage, then killed inside pre-training, then finished; run B straight
+    through. Both with seed 0."""
     base = tmp_path_factory.mktemp("speedrun")
     a, b = base / "a", base / "b"
-    first = _speedrun(a, stop_after="pretrain")
+    first = _speedrun(a, stop_after="data")
     assert first.returncode == speedrun.STOPPED_EXIT, first.stdout[-3000:] + first.stderr[-3000:]
-    marks = {s: (a / s / "DONE.json").stat().st_mtime_ns for s in ("tokenizer", "data", "pretrain")}
+    marks = {s: (a / s / "DONE.json").stat().st_mtime_ns for s in ("tokenizer", "data")}
+    _kill_after_first_checkpoint(a)
+    assert (a / "pretrain" / "latest").exists() and not (a / "pretrain" / "DONE.json").exists()
     second = _speedrun(a)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     straight = _speedrun(b)
@@ -63,12 +80,14 @@ def test_rerun_continues_and_skips_finished_stages(runs):
     for stage, mtime in runs["marks"].items():
         assert (a / stage / "DONE.json").stat().st_mtime_ns == mtime, f"{stage} was redone"
         assert f"{stage}: done already" in second.stdout
+    pre = second.stdout.split("[4/6] midtrain")[0]
+    assert "step     30/30" in pre and "step      1/" not in pre, "pre-training started over"
     assert all((a / s / "DONE.json").exists() for s in STAGE_NAMES)
 
 
 @pytest.mark.slow
 def test_one_seed_same_figures(runs):
-    """Interrupted-and-continued equals straight through, figure for figure (wall-clock times are kept apart)."""
+    """Killed-and-continued equals straight through, figure for figure (wall-clock times are kept apart)."""
     assert _figures(runs["a"]) == _figures(runs["b"])
 
 
@@ -93,3 +112,35 @@ def test_size_table_is_monotone():
     assert speedrun.size_for(0.5) == speedrun.SIZES[0] and speedrun.size_for(15).minutes == 15
     steps = [s.pretrain_steps for s in speedrun.SIZES]
     assert steps == sorted(steps)
+
+
+def test_loss_by_position_tiny_model():
+    import torch
+
+    from glmstack.eval import loss_by_position, position_buckets
+    from glmstack.model import GLM, ModelConfig
+
+    model = GLM(ModelConfig.preset("tiny")).init_weights(seed=0)
+    seqs = torch.randint(0, model.cfg.vocab_size, (3, 17))
+    seqs[0, 5] = -100  # a padded target is left out of its position's mean
+    nll = loss_by_position(model, seqs, batch_size=2)
+    assert nll.shape == (16,) and torch.isfinite(nll).all()
+    assert abs(nll.mean().item() - math.log(model.cfg.vocab_size)) < 0.5  # untrained: about log V
+    starts, means = position_buckets(nll, 4)
+    assert starts == [0, 4, 8, 12] and len(means) == 4
+
+
+def test_report_from_metrics_files(tmp_path):
+    from glmstack.report import write_report
+
+    for stage, n in (("pretrain", 40), ("midtrain", 10)):
+        rows = [{"step": i, "loss": 5 / i, "lm_loss": 4 / i, "lr": 1e-3, "moe/max_over_mean/0": 1 + 1 / i,
+                 **({"val_loss": 4.5 / i} if i % 5 == 0 else {})} for i in range(1, n + 1)]
+        (tmp_path / stage).mkdir()
+        (tmp_path / stage / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 4')
+    summary = {"figures": {"answer": 42}, "perplexity_by_position": {"m": [3.0] * 64},
+               "speculative": {"histogram": {1: 0.5, 2: 0.5}, "mean_accepted": 1.5}}
+    report = write_report(tmp_path, summary).read_text()
+    assert "| answer | 42 |" in report
+    for png in ("losses.png", "lr.png", "expert_load.png", "perplexity_by_position.png", "accepted_length.png"):
+        assert f"plots/{png}" in report and (tmp_path / "plots" / png).exists()
