@@ -110,8 +110,8 @@ def bwrap_argv(work_dir_mb: int, extra_ro: tuple[str, ...] = ()) -> list[str]:
     """The bwrap prefix of the command line; the program then runs as `python -I -S -c BOOT`."""
     size = str(work_dir_mb << 20)
     args = ["bwrap", *NAMESPACES.split()]
-    if os.geteuid() == 0:  # boot.py switches to the sandbox uid; these are dropped with that switch
-        args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_CHOWN"]
+    if os.geteuid() == 0:  # a root bwrap keeps all of root's capabilities unless told; boot.py needs only these
+        args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_CHOWN"]
     args += _ro_binds(extra_ro)
     args += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--perms", "1777", "--tmpfs", "/dev/shm"]
     args += ["--size", size, "--tmpfs", SANDBOX_DIR, "--symlink", SANDBOX_DIR, "/tmp"]

@@ -1,6 +1,7 @@
 """Each isolation mode runs programs, reports its layers, cleans up, and refuses to run untrusted code as root."""
 
 import os
+import subprocess
 import tempfile
 
 import pytest
@@ -117,3 +118,11 @@ def _parent(pid: str) -> int | None:
             return int(f.read().rsplit(")", 1)[1].split()[1])
     except (OSError, IndexError, ValueError):
         return None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="concerns a root caller's bwrap")
+def test_boot_starts_with_only_the_capabilities_it_needs():
+    _need("bwrap")
+    argv = isolation.bwrap_argv(1) + [isolation.python_exe(), "-I", "-S", "-c", CAPS]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=30).stdout
+    assert "'CapEff:\\t00000000000000c1'" in out  # CAP_CHOWN | CAP_SETGID | CAP_SETUID, before the uid switch
