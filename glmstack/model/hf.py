@@ -149,7 +149,11 @@ def _check(model: GLM, files: dict[str, Path]) -> dict[str, tuple[str, tuple]]:
     filled = {ours for ours, idx in plan.values() if idx == ()}
     present = set(shapes)  # a mis-shaped tensor is reported as such, not also as missing
     missing = [k for k, (ours, _) in entries.items() if k not in present and ours not in filled]
-    _raise_if(missing, unexpected, bad_shape)
+    hint = ""
+    mtp_prefixes = tuple(f"model.layers.{model.cfg.num_hidden_layers + d}." for d in range(len(model.mtp)))
+    if missing and mtp_prefixes and all(k.startswith(mtp_prefixes) for k in missing):
+        hint = " (no MTP layer in the checkpoint, e.g. written by transformers: load with num_nextn_predict_layers=0)"
+    _raise_if(missing, unexpected, bad_shape, hint)
     return plan
 
 
@@ -164,7 +168,7 @@ def _shapes(files: dict[str, Path]) -> dict[str, tuple]:
     return shapes
 
 
-def _raise_if(missing: list[str], unexpected: list[str], bad_shape: list[str]) -> None:
+def _raise_if(missing: list[str], unexpected: list[str], bad_shape: list[str], hint: str = "") -> None:
     def show(items):
         items = sorted(items)
         return ", ".join(items[:20]) + (f" ... (+{len(items) - 20} more)" if len(items) > 20 else "")
@@ -172,7 +176,7 @@ def _raise_if(missing: list[str], unexpected: list[str], bad_shape: list[str]) -
     parts = [f"{label} ({len(items)}): {show(items)}" for label, items in
              (("missing", missing), ("unexpected", unexpected), ("mis-shaped", bad_shape)) if items]
     if parts:
-        raise CheckpointError("checkpoint does not match the config: " + "; ".join(parts))
+        raise CheckpointError("checkpoint does not match the config: " + "; ".join(parts) + hint)
 
 
 @torch.no_grad()

@@ -101,3 +101,14 @@ def test_convert_cli(ckpt, tmp_path, capsys):
     with pytest.raises(SystemExit):
         convert_main(["--help"])
     assert "--max-shard-size" in capsys.readouterr().out
+
+
+def test_checkpoint_without_mtp_hints_at_the_override(tmp_path):
+    model = GLM(ModelConfig.preset("tiny", num_nextn_predict_layers=0)).init_weights(seed=0)
+    folder = save_hf(model, tmp_path / "no_mtp")
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["num_nextn_predict_layers"] = 1  # what transformers' save_pretrained writes: config says 1, no tensors
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="num_nextn_predict_layers=0"):
+        load_hf(folder)
+    assert len(load_hf(folder, num_nextn_predict_layers=0).mtp) == 0
