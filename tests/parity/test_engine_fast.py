@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from glmstack.inference import Engine, KVCache
-from glmstack.inference.fast import FastForward, ReferenceForward, experts_hit
+from glmstack.inference.fast import FastForward, ReferenceForward, experts_grouped_t, experts_hit
 from glmstack.model import GLM, ModelConfig
 from glmstack.model.moe import experts_loop
 
@@ -16,10 +16,13 @@ def model():
 
 def test_experts_hit_equals_loop_reference():
     g = torch.Generator().manual_seed(0)
-    x, w1, w2 = torch.randn(5, 16, generator=g), torch.randn(8, 12, 16, generator=g), torch.randn(8, 16, 6, generator=g)
+    x, w1, w2 = torch.randn(5, 16, generator=g), torch.randn(8, 16, 16, generator=g), torch.randn(8, 16, 8, generator=g)
     idx = torch.rand(5, 8, generator=g).topk(3).indices
     w = torch.rand(5, 3, generator=g)
-    torch.testing.assert_close(experts_hit(x, idx, w, w1, w2), experts_loop(x, idx, w, w1, w2))
+    ref = experts_loop(x, idx, w, w1, w2)
+    w1_t, w2_t = w1.transpose(1, 2), w2.transpose(1, 2)  # the fast path's x @ w[e] layout
+    torch.testing.assert_close(experts_hit(x, idx, w, w1_t, w2_t), ref)
+    torch.testing.assert_close(experts_grouped_t(x, idx, w, w1_t.contiguous(), w2_t.contiguous()), ref)
 
 
 @torch.inference_mode()
@@ -58,5 +61,5 @@ def test_router_and_one_token_experts_match_reference(model):
     assert torch.equal(idx.sort(-1).values, idx_ref.sort(-1).values)
     torch.testing.assert_close(w.gather(1, idx.argsort(-1)), w_ref.gather(1, idx_ref.argsort(-1)))
     w1, w2 = moe.experts.gate_up_proj, moe.experts.down_proj
-    torch.testing.assert_close(experts_one_token(x[:1], idx[:1], w[:1], w1, w2),
+    torch.testing.assert_close(experts_one_token(x[:1], idx[:1], w[:1], w1.transpose(1, 2), w2.transpose(1, 2)),
                                experts_loop(x[:1], idx[:1], w[:1], w1, w2))
