@@ -8,8 +8,10 @@ cached, so a token costs 576 elements per layer instead of 2048 for GLM-4.5's GQ
 Why two paths (DeepSeek-V2 §2.1, V3.2 App. A; arch-math.md §2.2):
   * plain ("MHA mode", the reference, used for training and prefill): decompress K and V for every head;
   * absorbed ("MQA mode", the fast decode path): fold W_UK into the query and W_UV into the output, so attention
-    runs directly over the cached latent as MQA with one 576-dim key and one 512-dim value shared by all heads.
-  `MLAttention.absorb` switches between them; tests/unit/test_mla.py proves they agree (forward and backward).
+    runs directly over the cached latent as MQA with one 576-dim key and one 512-dim value shared by all heads;
+    with DSA, decoding attends only to the gathered top-k latents (`attend_sparse`).
+  `MLAttention.absorb` / `sparse_gather` / `sdpa` switch the fast paths off; tests/unit/test_mla.py proves each
+  equals its reference (forward and backward).
 
 GLM-5 adds DSA sparse attention: an optional `glmstack.model.dsa.Indexer` picks, per query, the top-k keys the
 attention may look at (see dsa.py for the indexer, its training stages and IndexShare).
@@ -68,7 +70,7 @@ class MLAttention(nn.Module):
     them (both halves equal; the first half holds one angle per rotated pair).
 
     cfg: any object with the HF `glm_moe_dsa` field names (ModelConfig, or transformers' GlmMoeDsaConfig).
-    `use_indexer` adds DSA (default: when cfg has `index_topk`); `layer_types`/`indexer_types` decide IndexShare.
+    `use_indexer` adds DSA (default: when cfg has `index_topk`); `indexer_types` decides IndexShare (dsa.py).
     """
 
     def __init__(self, cfg, layer_idx: int, use_indexer: bool | None = None):
@@ -119,7 +121,7 @@ class MLAttention(nn.Module):
         w_HXC = self.kv_b_proj.weight.view(self.n_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
         return w_HXC.split([self.nope_dim, self.v_dim], dim=1)
 
-    # ------------------------------------------------------------------ the two attention paths
+    # ------------------------------------------------------------------ attention: plain (reference), absorbed, sparse
 
     def attend_plain(self, q_nope_BHTN, q_rope_BHTR, ckv_B1SC, k_rope_B1SR, mask_B1TS, sdpa: bool = False):
         """MHA mode: decompress every head's key and value from the latent.
