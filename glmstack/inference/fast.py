@@ -23,7 +23,6 @@ import torch
 import torch.nn.functional as F
 
 from glmstack.model.attention import Attention, sdpa
-from glmstack.model.layers import MLP
 from glmstack.model.moe import MoE, _grouped_mm_ok
 from glmstack.model.rope import rope_cos_sin
 
@@ -48,13 +47,18 @@ class FastForward:
         self.cos_SK = torch.ones(max_len, Dh, dtype=dtype, device=device)
         self.sin_SK = torch.zeros(max_len, Dh, dtype=dtype, device=device)
         self.cos_SK[:, :R], self.sin_SK[:, :R] = cos[0], sin[0]
-        self.mtp_layers = model.mtp_by_depth()  # built once: a ModuleList walk per draft step is measurable
-        self.experts = {id(moe.experts): _expert_weights(moe.experts) for moe in model.moe_layers()}
         # rotate_half on the first R dims as a signed permutation matrix (entries 0/±1: the product is exact)
         self.rot_KK = torch.zeros(Dh, Dh, dtype=dtype, device=device)
         half = torch.arange(R // 2, device=device)
         self.rot_KK[half + R // 2, half] = -1.0  # out[:R/2] = -x[R/2:R]
         self.rot_KK[half, half + R // 2] = 1.0  # out[R/2:R] = x[:R/2]
+        # Plans: each module's tensors pulled out once per generate call, so a step makes no module calls or
+        # attribute walks (those were ~10% of a batch-1 step). They hold the parameters themselves, not copies
+        # (except the CPU expert banks, see _expert_weights), so weights updated in place are seen.
+        self.blocks = [_BlockPlan(b) for b in model.layers]
+        self.mtp = [(_norm(m.enorm), _norm(m.hnorm), m.eh_proj.weight, _BlockPlan(m.block), _norm(m.final_norm))
+                    for m in model.mtp_by_depth()]
+        self.embed, self.norm, self.head = model.embed_tokens.weight, _norm(model.norm), model.lm_head.weight
 
     def rope(self, position_ids_BT):
         """-> (cos, sin, rot): (B, T, 1, Dh) tables for the (B, T, H, Dh) layout, and the rotation matrix."""
@@ -62,31 +66,71 @@ class FastForward:
 
     def forward(self, input_ids_BT, position_ids_BT, cache, last_only: bool = False):
         """-> logits (B, T, V) (or (B, 1, V) with last_only), final-normed hidden (B, T, D)."""
-        m = self.model
         rope = self.rope(position_ids_BT)
-        x_BTD = m.embed_tokens(input_ids_BT)
-        for block in m.layers:
-            x_BTD = self.block(block, x_BTD, rope, cache)
-        h_BTD = rms_norm(m.norm, x_BTD)
-        return m.lm_head(h_BTD[:, -1:] if last_only else h_BTD), h_BTD
+        x_BTD = F.embedding(input_ids_BT, self.embed)
+        for plan in self.blocks:
+            x_BTD = plan(x_BTD, rope, cache)
+        h_BTD = self.norm(x_BTD)
+        return F.linear(h_BTD[:, -1:] if last_only else h_BTD, self.head), h_BTD
 
     def mtp_step(self, layer: int, next_ids_BT, hidden_BTD, position_ids_BT, cache):
         """GLM.mtp_step on the fast blocks: -> (normed hidden (B, T, D), logits (B, T, V))."""
-        m = self.model
-        mtp = self.mtp_layers[layer]
-        rope = self.rope(position_ids_BT)
-        emb_BTD = m.embed_tokens(next_ids_BT)
-        x_BTD = mtp.eh_proj(torch.cat([rms_norm(mtp.enorm, emb_BTD), rms_norm(mtp.hnorm, hidden_BTD)], dim=-1))
-        h_BTD = rms_norm(mtp.final_norm, self.block(mtp.block, x_BTD, rope, cache))
-        return h_BTD, m.lm_head(h_BTD)
+        enorm, hnorm, eh_proj, block, final_norm = self.mtp[layer]
+        emb_BTD = F.embedding(next_ids_BT, self.embed)
+        x_BTD = F.linear(torch.cat([enorm(emb_BTD), hnorm(hidden_BTD)], dim=-1), eh_proj)
+        h_BTD = final_norm(block(x_BTD, self.rope(position_ids_BT), cache))
+        return h_BTD, F.linear(h_BTD, self.head)
 
-    def block(self, block, x_BTD, rope, cache):
-        x_BTD = x_BTD + attention_forward(block.self_attn, rms_norm(block.input_layernorm, x_BTD), rope, cache)
-        h_BTD = rms_norm(block.post_attention_layernorm, x_BTD)
+
+def _norm(norm):
+    """layers.RMSNorm as one fused call when that is exact (fp32); the module itself otherwise."""
+    w, eps = norm.weight, norm.eps
+    if w.dtype == torch.float32:
+        return lambda x: F.rms_norm(x, w.shape, w, eps) if x.dtype == torch.float32 else norm(x)
+    return norm
+
+
+class _BlockPlan:
+    """One decoder block (GQA attention + dense MLP or MoE) as plain tensors; __call__ = Block.forward."""
+
+    def __init__(self, block):
+        a = block.self_attn
+        self.ln1, self.ln2 = _norm(block.input_layernorm), _norm(block.post_attention_layernorm)
+        self.idx, self.H, self.G, self.Dh = a.layer_idx, a.n_heads, a.n_kv, a.head_dim
+        self.wq, self.bq, self.wk, self.bk = a.q_proj.weight, a.q_proj.bias, a.k_proj.weight, a.k_proj.bias
+        self.wv, self.bv, self.wo = a.v_proj.weight, a.v_proj.bias, a.o_proj.weight
+        self.qn, self.kn = (_norm(a.q_norm), _norm(a.k_norm)) if a.q_norm is not None else (None, None)
         mlp = block.mlp
-        if not isinstance(mlp, MoE):
-            return x_BTD + mlp(h_BTD)
-        return x_BTD + moe_forward(mlp, h_BTD, *self.experts[id(mlp.experts)])
+        self.moe = mlp if isinstance(mlp, MoE) else None
+        dense = mlp.shared_experts if self.moe is not None else mlp
+        self.mlp = (dense.gate_proj.weight, dense.up_proj.weight, dense.down_proj.weight) if dense else None
+        if self.moe is not None:
+            self.w1, self.w2 = _expert_weights(mlp.experts)
+
+    def __call__(self, x_BTD, rope, cache):
+        x_BTD = x_BTD + self.attention(self.ln1(x_BTD), rope, cache)
+        h_BTD = self.ln2(x_BTD)
+        y_BTD = _swiglu(h_BTD, *self.mlp) if self.mlp is not None else 0
+        if self.moe is not None:
+            y_BTD = moe_routed(self.moe.gate, h_BTD, self.w1, self.w2) + y_BTD
+        return x_BTD + y_BTD
+
+    def attention(self, x_BTD, rope, cache):
+        B, T, _ = x_BTD.shape
+        q_BTHK = F.linear(x_BTD, self.wq, self.bq).view(B, T, self.H, self.Dh)
+        k_BTGK = F.linear(x_BTD, self.wk, self.bk).view(B, T, self.G, self.Dh)
+        v_BGTK = F.linear(x_BTD, self.wv, self.bv).view(B, T, self.G, self.Dh).transpose(1, 2)
+        if self.qn is not None:
+            q_BTHK, k_BTGK = self.qn(q_BTHK), self.kn(k_BTGK)
+        q_BHTK = _rope(q_BTHK, *rope).transpose(1, 2)
+        k_BGTK = _rope(k_BTGK, *rope).transpose(1, 2)
+        k_BGSK, v_BGSK = cache.update(self.idx, k_BGTK, v_BGTK)
+        o_BHTK = sdpa(q_BHTK, k_BGSK, v_BGSK, cache.attention_mask(self.idx, T))
+        return F.linear(o_BHTK.transpose(1, 2).reshape(B, T, self.H * self.Dh), self.wo)
+
+
+def _swiglu(x, w_gate, w_up, w_down):
+    return F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down)
 
 
 def _expert_weights(experts):
@@ -100,45 +144,22 @@ def _expert_weights(experts):
     return w1_EDF, w2_EFD
 
 
-def rms_norm(norm, x):
-    """layers.RMSNorm as one fused call when it is exact to do so (fp32); the module itself otherwise."""
-    if x.dtype == torch.float32 and norm.weight.dtype == torch.float32:
-        return F.rms_norm(x, norm.weight.shape, norm.weight, norm.eps)
-    return norm(x)
-
-
-def attention_forward(attn: Attention, x_BTD, rope, cache):
-    B, T, _ = x_BTD.shape
-    q_BTHK = attn.q_proj(x_BTD).view(B, T, attn.n_heads, attn.head_dim)
-    k_BTGK = attn.k_proj(x_BTD).view(B, T, attn.n_kv, attn.head_dim)
-    v_BGTK = attn.v_proj(x_BTD).view(B, T, attn.n_kv, attn.head_dim).transpose(1, 2)
-    if attn.q_norm is not None:
-        q_BTHK, k_BTGK = rms_norm(attn.q_norm, q_BTHK), rms_norm(attn.k_norm, k_BTGK)
-    q_BHTK = _rope(q_BTHK, *rope).transpose(1, 2)
-    k_BGTK = _rope(k_BTGK, *rope).transpose(1, 2)
-    k_BGSK, v_BGSK = cache.update(attn.layer_idx, k_BGTK, v_BGTK)
-    o_BHTK = sdpa(q_BHTK, k_BGSK, v_BGSK, cache.attention_mask(attn.layer_idx, T))
-    return attn.o_proj(o_BHTK.transpose(1, 2).reshape(B, T, attn.n_heads * attn.head_dim))
-
-
 def _rope(x_BTHK, cos_BT1K, sin_BT1K, rot_KK):
     """apply_partial_rope in (B, T, H, Dh) layout: x cos + rotate_half(x) sin on the first R dims, x elsewhere."""
     return x_BTHK * cos_BT1K + torch.matmul(x_BTHK, rot_KK) * sin_BT1K
 
 
-def moe_forward(moe: MoE, x_BTD, w1, w2):
-    """Routed experts (w1 (E, D, 2F), w2 (E, F, D): x @ w[e] layout) + shared expert."""
+def moe_routed(router, x_BTD, w1, w2):
+    """The routed experts (w1 (E, D, 2F), w2 (E, F, D): the x @ w[e] layout); the caller adds the shared one."""
     B, T, D = x_BTD.shape
     x_TD = x_BTD.reshape(B * T, D)
-    idx_TK, w_TK = route(moe.gate, x_TD)
+    idx_TK, w_TK = route(router, x_TD)
     if x_TD.shape[0] == 1:
         y_TD = experts_one_token(x_TD, idx_TK, w_TK, w1, w2)
     elif x_TD.shape[0] <= HIT_LOOP_MAX_TOKENS or not _grouped_mm_ok(x_TD):
         y_TD = experts_hit(x_TD, idx_TK, w_TK, w1, w2)
     else:  # many tokens hit most experts: one C++ grouped GEMM beats a Python loop over them
         y_TD = experts_grouped_t(x_TD, idx_TK, w_TK, w1, w2)
-    if moe.shared_experts is not None:
-        y_TD = y_TD + moe.shared_experts(x_TD)
     return y_TD.view(B, T, D)
 
 
