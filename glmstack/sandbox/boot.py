@@ -110,4 +110,5 @@ def _main():
         sys.exit(1)
 
 
-_main()
+if __name__ == "__main__":  # zygote.py loads this file for its functions and calls _main() per fork
+    _main()

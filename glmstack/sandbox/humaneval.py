@@ -47,15 +47,17 @@ def evaluate(
     concurrency: int | None = None,
     limits: Limits | None = None,
     mode: str = "auto",
+    warm: bool | None = None,
 ) -> dict[str, Result]:
-    """task_id -> Result for each completion (the canonical solution when `completions` is None)."""
+    """task_id -> Result for each completion (the canonical solution when `completions` is None); `warm` as in
+    run_batch (None: warm sandboxes when available)."""
     ids = list(problems) if completions is None else list(completions)
     jobs = []
     for tid in ids:
         p = problems[tid]
         body = p["canonical_solution"] if completions is None else completions[tid]
         jobs.append(Job(code=check_program(p["prompt"] + body, p["test"], p["entry_point"])))
-    results = run_batch(jobs, concurrency=concurrency, limits=limits or HUMANEVAL_LIMITS, mode=mode)
+    results = run_batch(jobs, concurrency=concurrency, limits=limits or HUMANEVAL_LIMITS, mode=mode, warm=warm)
     return dict(zip(ids, results))
 
 

@@ -106,15 +106,17 @@ def _ro_binds(extra: tuple[str, ...]) -> list[str]:
     return args
 
 
-def bwrap_argv(work_dir_mb: int, extra_ro: tuple[str, ...] = ()) -> list[str]:
-    """The bwrap prefix of the command line; the program then runs as `python -I -S -c BOOT`."""
+def bwrap_argv(work_dir_mb: int, extra_ro: tuple[str, ...] = (), warm: bool = False) -> list[str]:
+    """The bwrap prefix of the command line; the program then runs as `python -I -S -c BOOT`. `warm`: for a
+    zygote (warm.py), where /sandbox holds one work dir per execution and /tmp is a tmpfs it clears after each."""
     size = str(work_dir_mb << 20)
     args = ["bwrap", *NAMESPACES.split()]
     if os.geteuid() == 0:  # a root bwrap keeps all of root's capabilities unless told; boot.py needs only these
         args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_CHOWN"]
     args += _ro_binds(extra_ro)
     args += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--perms", "1777", "--tmpfs", "/dev/shm"]
-    args += ["--size", size, "--tmpfs", SANDBOX_DIR, "--symlink", SANDBOX_DIR, "/tmp"]
+    args += ["--size", size, "--tmpfs", SANDBOX_DIR]
+    args += ["--size", size, "--perms", "1777", "--tmpfs", "/tmp"] if warm else ["--symlink", SANDBOX_DIR, "/tmp"]
     return args + ["--remount-ro", "/", "--chdir", SANDBOX_DIR]
 
 

@@ -4,19 +4,23 @@
     results = run_batch([Job(code="print(1)"), Job(code="print(2)", stdin="x")], concurrency=2)
 
 Each execution is its own sandbox process, so the workers are threads that only start processes and wait on
-pipes (the GIL is not the bottleneck). `concurrency` defaults to the number of CPUs; every execution runs at
+pipes (the GIL is not the bottleneck). As root with bubblewrap each worker keeps a warm sandbox (warm.py) and
+forks a fresh process per execution; otherwise each execution starts a cold one (run.py). `concurrency` defaults to the number of CPUs; every execution runs at
 most `timeout_s`, so a batch of n takes at most about n / concurrency * timeout_s.
 """
 
 from __future__ import annotations
 
 import os
+import queue
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from glmstack.sandbox import isolation
 from glmstack.sandbox.limits import Limits
 from glmstack.sandbox.run import Result, run
+from glmstack.sandbox.warm import WarmSandbox, warm_available
 
 
 @dataclass(kw_only=True)
@@ -34,27 +38,57 @@ def default_concurrency() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def _use_warm(warm: bool | None, mode: str) -> bool:
+    if warm is False or mode not in ("auto", "bwrap"):
+        return False
+    ok = warm_available() and isolation.resolve(mode) == "bwrap"
+    if warm and not ok:
+        raise RuntimeError("warm=True needs bubblewrap and root (see docs/sandbox.md)")
+    return ok
+
+
 def run_batch(
     jobs: Iterable[Job | str],
     *,
     concurrency: int | None = None,
     limits: Limits | None = None,
     mode: str = "auto",
+    warm: bool | None = None,
     on_result: Callable[[int, Result], None] | None = None,
 ) -> list[Result]:
     """Run every job (a Job or a code string) with `concurrency` at once; results in the jobs' order.
 
-    `on_result(index, result)` is called as each finishes (from a worker thread), e.g. for a progress bar.
+    `warm`: one WarmSandbox per worker (a fork per execution instead of a new bwrap, several times faster);
+    None = when available (root + bwrap), False = a cold sandbox per execution. `on_result(index, result)` is
+    called as each finishes (from a worker thread), e.g. for a progress bar.
     """
     jobs = [Job(code=j) if isinstance(j, str) else j for j in jobs]
     limits = limits or Limits()
+    workers = concurrency or default_concurrency()
+    boxes: queue.SimpleQueue | None = None
+    if _use_warm(warm, mode):
+        boxes = queue.SimpleQueue()
+        for _ in range(min(workers, len(jobs))):
+            boxes.put(WarmSandbox(work_dir_mb=limits.work_dir_mb))
 
     def one(i: int) -> Result:
         j = jobs[i]
-        r = run(j.code, stdin=j.stdin, files=j.files, argv=j.argv, limits=j.limits or limits, mode=mode)
+        kw = {"stdin": j.stdin, "files": j.files, "argv": j.argv, "limits": j.limits or limits}
+        if boxes is None:
+            r = run(j.code, mode=mode, **kw)
+        else:
+            box = boxes.get()
+            try:
+                r = box.run(j.code, **kw)
+            finally:
+                boxes.put(box)
         if on_result is not None:
             on_result(i, r)
         return r
 
-    with ThreadPoolExecutor(max_workers=concurrency or default_concurrency()) as ex:
-        return list(ex.map(one, range(len(jobs))))
+    try:
+        with ThreadPoolExecutor(max_workers=workers) as ex:
+            return list(ex.map(one, range(len(jobs))))
+    finally:
+        while boxes is not None and not boxes.empty():
+            boxes.get().close()
