@@ -36,7 +36,7 @@ def global_load(load_LE: torch.Tensor) -> torch.Tensor:
 def update_biases(model: nn.Module, load_LE: torch.Tensor, rate: float) -> None:
     """b += rate · sign(mean load − load), per layer; `load_LE` must already be global."""
     buffers = bias_buffers(model)
-    assert len(buffers) >= load_LE.shape[0], f"{len(buffers)} bias buffers for {load_LE.shape[0]} MoE layers of load"
+    assert len(buffers) == load_LE.shape[0], f"{len(buffers)} bias buffers for {load_LE.shape[0]} MoE layers of load"
     if rate == 0:
         return
     for (_, bias_E), load_E in zip(buffers, load_LE):

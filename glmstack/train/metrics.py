@@ -36,7 +36,10 @@ class Metrics:
         self.folder, self.enabled = Path(folder), enabled
         self.tb = None
         if enabled and tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as e:
+                raise RuntimeError("log.tensorboard=true needs the tensorboard package (pip install tensorboard)") from e
 
             self.tb = SummaryWriter(str(self.folder / "tensorboard"))
 
