@@ -20,11 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from glmstack.sandbox import Limits, isolation, run, uids
+from glmstack.sandbox import Limits, WarmSandbox, isolation, run, uids
+from glmstack.sandbox.warm import warm_available
 
 T = 2.0  # timeout of the cases that should hit it
 LIM = Limits(timeout_s=T, memory_mb=512, max_processes=32)
-MODES = ["bwrap", "unshare", "plain"]
+MODES = ["bwrap", "warm", "unshare", "plain"]
 PROJECT_FILE = Path(__file__).resolve()
 
 
@@ -52,8 +53,31 @@ def _alive(procs) -> set:
     return procs & _descendants(1) if procs else set()
 
 
-def assert_nothing_left(r):
-    assert _descendants(os.getpid()) == set(), "a sandbox process outlived run()"
+def _uid_of(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+class _Warm:
+    """`run` in one warm box; its own bwrap, namespace init and zygote (all root) are allowed to outlive a run."""
+
+    def __init__(self):
+        self.box = WarmSandbox()
+
+    def __call__(self, code, **kw):
+        return self.box.run(code, **kw)
+
+    def allowed(self) -> set:
+        pid = self.box._proc.pid
+        tree = {d for d in _descendants(os.getpid()) if d[0] == pid} | _descendants(pid)
+        return {d for d in tree if _uid_of(d[0]) == 0}
+
+
+def assert_nothing_left(r, sandbox=None):
+    allowed = sandbox.allowed() if isinstance(sandbox, _Warm) else set()
+    assert _descendants(os.getpid()) - allowed == set(), "a sandbox process outlived run()"
     if r.uid is not None:
         assert uids.uid_pids(r.uid) == [], "a process of the sandbox uid outlived run()"
     if r.work_dir is not None:
@@ -62,6 +86,10 @@ def assert_nothing_left(r):
 
 @pytest.fixture(params=MODES)
 def mode(request, monkeypatch):
+    if request.param == "warm":
+        if not warm_available():
+            pytest.skip("warm sandboxes need root and bubblewrap")
+        return "warm"
     if request.param != "bwrap":
         if os.geteuid() == 0:  # outside bwrap, root must drop to a uid that can run the interpreter
             monkeypatch.setenv("GLMSTACK_SANDBOX_PYTHON", "/usr/bin/python3")
@@ -70,6 +98,17 @@ def mode(request, monkeypatch):
     if not isolation.available(request.param):
         pytest.skip(f"{request.param} unavailable here")
     return request.param
+
+
+@pytest.fixture
+def sandbox(mode):
+    """`run` in the mode under test: a cold sandbox per call, or one warm box for the whole test."""
+    if mode != "warm":
+        yield lambda code, **kw: run(code, mode=mode, **kw)
+        return
+    warm = _Warm()
+    yield warm
+    warm.box.close()
 
 
 def _host_responsive_during(fn):
@@ -105,20 +144,20 @@ BUSY_THREADS = textwrap.dedent("""
     [FORK_BOMB, "while True: pass", BUSY_THREADS, "import time; time.sleep(60)"],
     ids=["fork_bomb", "infinite_loop", "busy_threads", "sleep"],
 )
-def test_runaway_programs_are_killed_at_the_timeout(mode, code):
-    r, worst = _host_responsive_during(lambda: run(code, limits=LIM, mode=mode))
+def test_runaway_programs_are_killed_at_the_timeout(sandbox, code):
+    r, worst = _host_responsive_during(lambda: sandbox(code, limits=LIM))
     assert r.timed_out and not r.ok and T <= r.duration_s < T + 3
     assert worst < 2.5, f"host process start took {worst:.2f}s during the run"
-    assert_nothing_left(r)
+    assert_nothing_left(r, sandbox)
 
 
-def test_huge_allocation_is_flagged_oom(mode):
-    r = run("x = bytearray(10 * 2**30)\nprint('allocated')", limits=LIM, mode=mode)
+def test_huge_allocation_is_flagged_oom(sandbox):
+    r = sandbox("x = bytearray(10 * 2**30)\nprint('allocated')", limits=LIM)
     assert r.oom and not r.timed_out and "allocated" not in r.stdout
-    assert_nothing_left(r)
+    assert_nothing_left(r, sandbox)
 
 
-def test_many_processes_together_cannot_exceed_the_memory_limit(mode):
+def test_many_processes_together_cannot_exceed_the_memory_limit(sandbox):
     if os.geteuid() != 0:
         pytest.skip("the resident-memory watchdog follows the sandbox uid (root only)")
     code = textwrap.dedent("""
@@ -129,16 +168,16 @@ def test_many_processes_together_cannot_exceed_the_memory_limit(mode):
                 time.sleep(60)
         time.sleep(60)
     """)
-    r = run(code, limits=LIM.replace(memory_mb=300), mode=mode)
+    r = sandbox(code, limits=LIM.replace(memory_mb=300))
     assert r.oom and not r.timed_out and r.duration_s < T
-    assert_nothing_left(r)
+    assert_nothing_left(r, sandbox)
 
 
-def test_stdout_flood_is_cut_at_the_limit(mode):
+def test_stdout_flood_is_cut_at_the_limit(sandbox):
     code = "import sys\nb = 'x' * (1 << 20)\nfor _ in range(1024):\n    sys.stdout.write(b)"  # 1 GiB
-    r = run(code, limits=LIM.replace(max_output_bytes=1 << 20), mode=mode)
+    r = sandbox(code, limits=LIM.replace(max_output_bytes=1 << 20))
     assert r.output_truncated and len(r.stdout) == 1 << 20 and r.duration_s < T
-    assert_nothing_left(r)
+    assert_nothing_left(r, sandbox)
 
 
 DAEMON = textwrap.dedent("""
@@ -156,24 +195,26 @@ DAEMON = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("tail", ["", "time.sleep(60)"], ids=["parent_exits", "parent_times_out"])
-def test_setsid_double_fork_does_not_outlive_the_run(mode, tail):
-    r = run(DAEMON.format(tail=tail), limits=LIM, mode=mode)
+def test_setsid_double_fork_does_not_outlive_the_run(sandbox, tail):
+    r = sandbox(DAEMON.format(tail=tail), limits=LIM)
     assert r.stdout == "parent exits\n" and r.timed_out == bool(tail)
-    assert_nothing_left(r)
+    assert_nothing_left(r, sandbox)
 
 
-def test_hundred_thousand_files(mode):
+def test_hundred_thousand_files(sandbox):
     code = "import os\nfor i in range(100_000):\n    open(f'f{i}', 'w').close()\nprint(len(os.listdir('.')))"
-    r = run(code, limits=LIM.replace(timeout_s=5), mode=mode)
+    r = sandbox(code, limits=LIM.replace(timeout_s=5))
     assert r.ok or r.timed_out
     assert r.ok is (r.stdout == "100000\n")
-    assert_nothing_left(r)
+    assert_nothing_left(r, sandbox)
 
 
 def test_killing_the_runner_kills_the_sandbox(mode):
+    call = "WarmSandbox().run" if mode == "warm" else f"functools.partial(run, mode={mode!r})"
     runner = textwrap.dedent(f"""
-        from glmstack.sandbox import run
-        run("import os, time\\nfor _ in range(3):\\n    os.fork()\\ntime.sleep(60)", timeout_s=60, mode={mode!r})
+        import functools
+        from glmstack.sandbox import WarmSandbox, run
+        {call}("import os, time\\nfor _ in range(3):\\n    os.fork()\\ntime.sleep(60)", timeout_s=60)
     """)
     env = {**os.environ, "PYTHONPATH": str(PROJECT_FILE.parents[2])}
     dirs_before = set(Path(tempfile.gettempdir()).glob("glmstack-sandbox-*"))
@@ -193,7 +234,7 @@ def test_killing_the_runner_kills_the_sandbox(mode):
         while _alive(procs) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not _alive(procs)
-    run("pass", limits=LIM, mode=mode)  # the next run clears work dirs (and in plain mode processes) of dead runners
+    run("pass", limits=LIM, mode="bwrap" if mode == "warm" else mode)  # the next run clears work dirs (and in plain mode processes) of dead runners
     assert not any(d.exists() for d in left_dirs)
     deadline = time.monotonic() + 2
     while _alive(procs) and time.monotonic() < deadline:
@@ -201,7 +242,7 @@ def test_killing_the_runner_kills_the_sandbox(mode):
     assert not _alive(procs)
 
 
-def test_program_cannot_kill_its_parents(mode):
+def test_program_cannot_kill_its_parents(sandbox):
     code = f"""import os, signal
 for pid in (os.getppid(), 1, {os.getpid()}):
     try:
@@ -209,20 +250,28 @@ for pid in (os.getppid(), 1, {os.getpid()}):
     except OSError as e:
         print(type(e).__name__)
 print("still here")"""
-    r = run(code, limits=LIM, mode=mode)
+    r = sandbox(code, limits=LIM)
     assert "PermissionError" in r.stdout or "ProcessLookupError" in r.stdout or r.exit_code == -9
-    assert_nothing_left(r)  # and this test process is evidently still alive
+    assert_nothing_left(r, sandbox)  # and this test process is evidently still alive
 
 
 # ---------------------------------------------------------------- confinement (bwrap)
-@pytest.fixture
-def bwrap():
+@pytest.fixture(params=["bwrap", "warm"])
+def strong(request):
+    """`run` in the strong modes: a cold bwrap per call, or a warm box."""
     if not isolation.available("bwrap"):
         pytest.skip("bubblewrap unavailable here: no read-only root or network namespace (docs/sandbox.md)")
-    return "bwrap"
+    if request.param == "bwrap":
+        yield lambda code, **kw: run(code, mode="bwrap", **kw)
+        return
+    if not warm_available():
+        pytest.skip("warm sandboxes need root")
+    warm = _Warm()
+    yield warm
+    warm.box.close()
 
 
-def test_writes_outside_the_work_dir_do_not_reach_the_host(bwrap):
+def test_writes_outside_the_work_dir_do_not_reach_the_host(strong):
     marker = f"glmstack-adversarial-{uuid.uuid4().hex}"
     targets = [
         PROJECT_FILE.parent / marker,
@@ -237,14 +286,14 @@ def test_writes_outside_the_work_dir_do_not_reach_the_host(bwrap):
         open(p, "w").write("pwned")
     except OSError as e:
         print("blocked", p, type(e).__name__)"""
-    r = run(code, limits=LIM, mode=bwrap)
+    r = strong(code, limits=LIM)
     for t in targets:
         assert not t.exists(), f"the sandbox wrote {t} on the host"
     assert r.stdout.count("blocked") >= len(targets) - 1  # /tmp is the sandbox's own tmpfs
-    assert_nothing_left(r)
+    assert_nothing_left(r, strong)
 
 
-def test_host_secrets_are_not_readable(bwrap, monkeypatch):
+def test_host_secrets_are_not_readable(strong, monkeypatch):
     secret = f"s3cret-{uuid.uuid4().hex}"
     monkeypatch.setenv("GLMSTACK_ADVERSARIAL_SECRET", secret)
     code = f"""import os, glob
@@ -255,14 +304,14 @@ for p in ["{PROJECT_FILE}", "/etc/shadow", "/etc/passwd", "/proc/1/environ", "/p
         print(p, open(p, "rb").read()[:4000])
     except OSError as e:
         print(p, type(e).__name__)"""
-    r = run(code, limits=LIM, mode=bwrap)
+    r = strong(code, limits=LIM)
     assert secret not in r.stdout and secret not in r.stderr
     assert "Adversarial programs against the sandbox" not in r.stdout  # this file's docstring
     assert "root:" not in r.stdout  # neither shadow nor passwd exist inside
-    assert_nothing_left(r)
+    assert_nothing_left(r, strong)
 
 
-def test_no_network_even_to_localhost(bwrap):
+def test_no_network_even_to_localhost(strong):
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(4)
@@ -280,10 +329,10 @@ try:
 except OSError as e:
     print("no internet", type(e).__name__)"""
     try:
-        r = run(code, limits=LIM, mode=bwrap)
+        r = strong(code, limits=LIM)
         with pytest.raises(TimeoutError):
             server.accept()
     finally:
         server.close()
     assert "refused" in r.stdout and "no internet" in r.stdout and "connected" not in r.stdout
-    assert_nothing_left(r)
+    assert_nothing_left(r, strong)
