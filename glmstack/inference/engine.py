@@ -83,6 +83,7 @@ class Engine:
         self.cfg = model.cfg
         self.device = next(model.parameters()).device
         self.fast = fast and supported(model)
+        self._expert_cache: dict = {}  # fast path: CPU expert-bank copies, remade when the weights change
 
     # ---------------------------------------------------------------- public API
     def generate(self, prompts, max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
@@ -138,7 +139,8 @@ class Engine:
         # speculative: the verify block (k + 1) and the MTP layers' drafted positions (< k) on top of the budget
         slack = 2 * draft_k + 2 if speculative else 1
         cache = KVCache(B, P + budget + slack, start=start_B.to(self.device))
-        run = (FastForward if self.fast else ReferenceForward)(self.model, P + budget + slack)
+        max_len = P + budget + slack
+        run = FastForward(self.model, max_len, self._expert_cache) if self.fast else ReferenceForward(self.model)
         t0 = time.perf_counter()
         with torch.inference_mode():
             if speculative is None:

@@ -37,7 +37,8 @@ def supported(model) -> bool:
 
 
 class FastForward:
-    def __init__(self, model, max_len: int):
+    def __init__(self, model, max_len: int, expert_cache: dict | None = None):
+        """expert_cache: a dict kept by the caller across calls for the CPU expert-bank copies."""
         self.model, cfg = model, model.cfg
         dtype, device = model.embed_tokens.weight.dtype, model.embed_tokens.weight.device
         pos = torch.arange(max_len, device=device)[None]
@@ -55,9 +56,10 @@ class FastForward:
         # Plans: each module's tensors pulled out once per generate call, so a step makes no module calls or
         # attribute walks (those were ~10% of a batch-1 step). They hold the parameters themselves, not copies
         # (except the CPU expert banks, see _expert_weights), so weights updated in place are seen.
-        self.blocks = [_BlockPlan(b) for b in model.layers]
-        self.mtp = [(_norm(m.enorm), _norm(m.hnorm), m.eh_proj.weight, _BlockPlan(m.block), _norm(m.final_norm))
-                    for m in model.mtp_by_depth()]
+        cache = {} if expert_cache is None else expert_cache
+        self.blocks = [_BlockPlan(b, cache) for b in model.layers]
+        self.mtp = [(_norm(m.enorm), _norm(m.hnorm), m.eh_proj.weight, _BlockPlan(m.block, cache),
+                     _norm(m.final_norm)) for m in model.mtp_by_depth()]
         self.embed, self.norm, self.head = model.embed_tokens.weight, _norm(model.norm), model.lm_head.weight
 
     def rope(self, position_ids_BT):
@@ -93,7 +95,7 @@ def _norm(norm):
 class _BlockPlan:
     """One decoder block (GQA attention + dense MLP or MoE) as plain tensors; __call__ = Block.forward."""
 
-    def __init__(self, block):
+    def __init__(self, block, expert_cache: dict):
         a = block.self_attn
         self.ln1, self.ln2 = _norm(block.input_layernorm), _norm(block.post_attention_layernorm)
         self.idx, self.H, self.G, self.Dh = a.layer_idx, a.n_heads, a.n_kv, a.head_dim
@@ -105,7 +107,7 @@ class _BlockPlan:
         dense = mlp.shared_experts if self.moe is not None else mlp
         self.mlp = (dense.gate_proj.weight, dense.up_proj.weight, dense.down_proj.weight) if dense else None
         if self.moe is not None:
-            self.w1, self.w2 = _expert_weights(mlp.experts)
+            self.w1, self.w2 = _expert_weights(mlp.experts, expert_cache)
 
     def __call__(self, x_BTD, rope, cache):
         x_BTD = x_BTD + self.attention(self.ln1(x_BTD), rope, cache)
@@ -133,15 +135,20 @@ def _swiglu(x, w_gate, w_up, w_down):
     return F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down)
 
 
-def _expert_weights(experts):
+def _expert_weights(experts, cache: dict):
     """The banks as (E, D, 2F) and (E, F, D) for x @ w[e]. On CPU, for banks up to 256 MiB, contiguous copies
-    made once per generate call (so never stale): the grouped GEMM runs ~25% faster on them than on the
-    transposed views (bench/decode.py); elsewhere the views, which cost nothing."""
-    w1_EDF, w2_EFD = experts.gate_up_proj.transpose(1, 2), experts.down_proj.transpose(1, 2)
-    size = (w1_EDF.numel() + w2_EFD.numel()) * w1_EDF.element_size()
-    if w1_EDF.device.type == "cpu" and size <= EXPERT_COPY_MAX_BYTES:
-        return w1_EDF.contiguous(), w2_EFD.contiguous()
-    return w1_EDF, w2_EFD
+    (the grouped GEMM runs ~25% faster on them than on the transposed views, bench/decode.py), kept in `cache`
+    and remade when a bank changes: in place (the tensor's version counter moves, as under optimizer.step or
+    load_state_dict) or replaced (another data pointer). Elsewhere the views, which cost nothing."""
+    p1, p2 = experts.gate_up_proj, experts.down_proj
+    w1_EDF, w2_EFD = p1.transpose(1, 2), p2.transpose(1, 2)
+    if w1_EDF.device.type != "cpu" or (p1.numel() + p2.numel()) * p1.element_size() > EXPERT_COPY_MAX_BYTES:
+        return w1_EDF, w2_EFD
+    key = (p1.data_ptr(), p1._version, p2.data_ptr(), p2._version)
+    hit = cache.get(id(experts))
+    if hit is None or hit[0] != key:
+        hit = cache[id(experts)] = (key, w1_EDF.contiguous(), w2_EFD.contiguous())
+    return hit[1], hit[2]
 
 
 def _rope(x_BTHK, cos_BT1K, sin_BT1K, rot_KK):

@@ -63,3 +63,15 @@ def test_router_and_one_token_experts_match_reference(model):
     w1, w2 = moe.experts.gate_up_proj, moe.experts.down_proj
     torch.testing.assert_close(experts_one_token(x[:1], idx[:1], w[:1], w1.transpose(1, 2), w2.transpose(1, 2)),
                                experts_loop(x[:1], idx[:1], w[:1], w1, w2))
+
+
+def test_engine_sees_in_place_weight_updates():
+    """RL updates the policy in place between rollouts: the fast path's expert copies must follow."""
+    model = GLM(ModelConfig.preset("tiny")).init_weights(seed=2).eval()
+    engine, prompt = Engine(model), [[3, 9, 27, 81]]
+    engine.generate(prompt, 4, stop_ids=[])
+    with torch.no_grad():
+        for moe in model.moe_layers():
+            moe.experts.gate_up_proj.mul_(-3.0)
+            moe.experts.down_proj.add_(0.05)
+    assert engine.generate(prompt, 8, stop_ids=[]).tokens == Engine(model, fast=False).generate(prompt, 8, stop_ids=[]).tokens
