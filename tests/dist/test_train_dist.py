@@ -29,13 +29,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank, world, port, overrides):
+def _worker(rank, world, port, overrides, stop_at=None):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
     import torch
 
     torch.set_num_threads(1)
-    run(load_config("tiny", "pretrain", overrides))
+    run(load_config("tiny", "pretrain", overrides), stop_at=stop_at)
     torch.distributed.destroy_process_group()
 
 
@@ -71,3 +71,20 @@ def test_two_ranks_match_single_process(tmp_path, tmp_path_factory, mode, extra)
     # the checkpoint is a complete, unsharded model folder
     latest = (tmp_path / "tiny" / "pretrain" / "latest").read_text().strip()
     assert (tmp_path / "tiny" / "pretrain" / latest / "config.json").exists()
+
+
+@pytest.mark.parametrize("mode,extra", [
+    (["dist.dp=fsdp"], ()),
+    (["dist.dp=ddp", "dist.expert_parallel=true"], ("optim.ns_dtype=float32",)),
+], ids=["fsdp", "ep"])
+def test_sharded_resume_continues_the_run(tmp_path, tmp_path_factory, mode, extra):
+    """Stop after 2 steps, resume in fresh processes: per-rank optimizer shards and full weights reload."""
+    reference = _reference(tmp_path_factory, extra)
+    overrides = BASE + mode + list(extra) + [f"out_dir={tmp_path}"]
+    mp.spawn(_worker, args=(2, _free_port(), overrides, 2), nprocs=2, join=True)
+    assert (tmp_path / "tiny" / "pretrain" / "latest").read_text().strip() == "step_0000002"
+    mp.spawn(_worker, args=(2, _free_port(), overrides), nprocs=2, join=True)
+    losses = _losses(tmp_path)
+    assert len(losses) == STEPS
+    for a, b in zip(losses, reference):
+        assert abs(a - b) <= 1e-5 * abs(b), (losses, reference)
