@@ -34,6 +34,10 @@ REPLY_S = 10.0  # how long the zygote may take to report an execution it was tol
 LAYERS = (*isolation.LAYERS["bwrap"], "uid", "warm-fork")
 
 
+class ZygoteDied(RuntimeError):
+    """The box's zygote went away mid-execution (killed from outside); `run` retries once on a new one."""
+
+
 def warm_available() -> bool:
     """Warm boxes need bwrap and root (the zygote switches each execution to its own uid)."""
     return os.geteuid() == 0 and isolation.available("bwrap")
@@ -95,11 +99,13 @@ class WarmSandbox:
 
     def _submit(self, uid: int) -> tuple[int, int, int]:
         """Ask the zygote for an execution as `uid`; returns our pipe ends (stdin to write, stdout, stderr)."""
+        if self._proc.poll() is not None:  # bwrap is gone (killed from outside?): start a new box
+            self._restart()
         (r_in, w_in), (r_out, w_out), (r_err, w_err) = os.pipe(), os.pipe(), os.pipe()
         try:
             try:
                 socket.send_fds(self._ctl, [str(uid).encode()], [r_in, w_out, w_err])
-            except OSError:  # the zygote died (killed from outside?): start a new one and ask again
+            except OSError:  # the zygote died but bwrap did not notice yet
                 self._restart()
                 socket.send_fds(self._ctl, [str(uid).encode()], [r_in, w_out, w_err])
         finally:
@@ -113,12 +119,29 @@ class WarmSandbox:
             return None
         data = self._ctl.recv(4)
         if len(data) != 4:
-            raise RuntimeError("sandbox zygote died")
+            raise ZygoteDied("sandbox zygote died")
         return struct.unpack("i", data)[0]
+
+    def _settle(self, wait_exit, status: list) -> None:
+        """After killing an execution's uid, take the zygote's report; a zygote that gives none is replaced."""
+        try:
+            if wait_exit(REPLY_S):
+                return
+        except ZygoteDied:
+            pass
+        self._restart()
+        status.append(-signal.SIGKILL)
 
     def run(self, code: str, *, stdin=None, files=None, argv=(), limits: Limits | None = None, **overrides) -> Result:
         """Like `glmstack.sandbox.run` (same keywords, same Result), in this box."""
         limits = (limits or Limits()).replace(**overrides)
+        try:
+            return self._run(code, stdin, files, argv, limits)
+        except ZygoteDied:
+            self._restart()
+            return self._run(code, stdin, files, argv, limits)
+
+    def _run(self, code: str, stdin, files, argv, limits: Limits) -> Result:
         slot = UidSlot()
         payload = encode_payload(code, stdin, files, argv, limits.rlimits(), slot.uid, False)
         start, status = time.monotonic(), []
@@ -132,12 +155,12 @@ class WarmSandbox:
         try:
             out, err, why = pump(self._submit(slot.uid), payload, limits, slot.uid, wait_exit)
         finally:  # nothing of this execution may run when we return, or when the zygote serves the next one
-            if not status:
-                kill_uid(slot.uid)
-                if not wait_exit(REPLY_S):
-                    self._restart()
-                    status.append(-signal.SIGKILL)
-            slot.release()
+            try:
+                if not status:
+                    kill_uid(slot.uid)
+                    self._settle(wait_exit, status)
+            finally:
+                slot.release()
         duration = time.monotonic() - start
         return make_result(
             out, err, why, status[0], duration_s=duration, mode="bwrap", layers=LAYERS, uid=slot.uid, work_dir=None
