@@ -37,7 +37,7 @@ HF_FIXED_KEYS = {
 HF_ALIASES = {"num_mtp_layers": "num_nextn_predict_layers", "num_local_experts": "n_routed_experts"}
 MODEL_TYPES = ("glm4_moe", "glm_moe_dsa")  # GLM-4.5 GQA / GLM-5 MLA + DSA (mla.py, dsa.py)
 TRAINING_FIELDS = ("mtp_loss_weight", "aux_loss_weight", "use_grouped_mm", "num_mtp_depths", "dsa_stage",
-                   "dsa_loss_weight")
+                   "dsa_loss_weight", "fused_lm_loss")
 # fields only one model type writes to config.json
 MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "rope_interleave",
               "indexer_rope_interleave", "index_topk", "index_head_dim", "index_n_heads", "indexer_types")
@@ -90,6 +90,7 @@ class ModelConfig:
     mtp_loss_weight: float = 0.3  # lambda on mean MTP loss (GLM-4.5: 0.3 for 15T tokens, then 0.1)
     aux_loss_weight: float = 1e-4  # alpha on the sequence-wise balance loss (GLM-4.5: 1e-4)
     use_grouped_mm: bool = True  # experts via torch._grouped_mm (False: the plain per-expert loop reference)
+    fused_lm_loss: bool = True  # LM/MTP loss fused with the head's matmul, no logits kept (loss.py; False: reference)
     num_mtp_depths: int = 0  # MTP depths in loss/drafting; past num_nextn_predict_layers the last MTP layer is
     #                          reused with shared parameters (GLM-5: 1 layer x 3 depths); 0 = one per layer
     dsa_stage: str = "select"  # DSA: dense | warmup (only indexers train) | sparse | select | frozen (dsa.py)

@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from glmstack.model.attention import Attention, segment_mask
 from glmstack.model.config import ModelConfig
 from glmstack.model.dsa import apply_dsa_stage, indexer_loss
 from glmstack.model.layers import MLP, RMSNorm
+from glmstack.model.loss import cross_entropy, linear_cross_entropy
 from glmstack.model.mla import MLAttention
 from glmstack.model.moe import MoE, Experts, Router
 from glmstack.model.mtp import MTPLayer, mtp_targets
@@ -41,7 +41,10 @@ def make_attention(cfg: ModelConfig, layer_idx: int) -> nn.Module:
 
 @dataclass
 class GLMOutput:
-    logits: torch.Tensor  # (B, T, V)
+    """With labels and the fused LM loss, no logits were formed: `logits` runs the head on `hidden` on first read
+    (under the grad mode of the forward)."""
+
+    _logits: torch.Tensor | None = field(default=None, repr=False)  # (B, T, V); read through `logits`
     loss: torch.Tensor | None = None  # lm + mtp_weight * mean(mtp) + aux_weight * aux (with labels)
     lm_loss: torch.Tensor | None = None
     mtp_loss: list[torch.Tensor] = field(default_factory=list)  # one per MTP depth (with labels)
@@ -49,6 +52,15 @@ class GLMOutput:
     expert_load: torch.Tensor | None = None  # (n_moe_layers, E) routed-token counts; MTP rows last
     hidden: torch.Tensor | None = None  # (B, T, D) trunk output after the final norm (MTP depth 1 reads it)
     indexer_loss: torch.Tensor | None = None  # DSA warm-up/sparse: mean indexer KL over layers (detached, logging)
+    _head: Callable | None = field(default=None, repr=False)  # h_BTD -> logits, for the lazy `logits`
+    _grad: bool = field(default=True, repr=False)
+
+    @property
+    def logits(self) -> torch.Tensor:  # (B, T, V)
+        if self._logits is None:
+            with torch.set_grad_enabled(self._grad):
+                self._logits = self._head(self.hidden)
+        return self._logits
 
 
 class Block(nn.Module):
@@ -160,9 +172,11 @@ class GLM(nn.Module):
                 auxes.append(aux)
                 loads.append(load_E)
         h_BTD = self.norm(x_BTD)  # the LM head's input and MTP's (transformers, vLLM and Megatron all feed it)
-        out = GLMOutput(logits=self.lm_head(h_BTD), hidden=h_BTD)
+        out = GLMOutput(hidden=h_BTD, _head=self.lm_head, _grad=torch.is_grad_enabled())
+        if labels is None or not self.cfg.fused_lm_loss:
+            out._logits = self.lm_head(h_BTD)
         if labels is not None:
-            out.lm_loss = cross_entropy(out.logits, labels)
+            out.lm_loss = self.lm_loss(h_BTD, labels, out._logits)
             out.mtp_loss = self._mtp_losses(input_ids, labels, h_BTD, cos, sin, mask, segment_ids, auxes, loads)
         out.aux_loss = torch.stack(auxes).sum() if auxes else x_BTD.new_zeros((), dtype=torch.float32)
         out.expert_load = self._stack_loads(loads, x_BTD.device)
@@ -182,8 +196,15 @@ class GLM(nn.Module):
                 loads.append(load_E)
             else:  # a shared depth reruns the last MTP layer: its routed tokens count toward that layer's row
                 loads[-1] = loads[-1] + load_E
-            losses.append(cross_entropy(self.lm_head(h_BTD), labels_d))
+            losses.append(self.lm_loss(h_BTD, labels_d))
         return losses
+
+    def lm_loss(self, h_BTD, labels_BT, logits_BTV=None) -> torch.Tensor:
+        """Mean CE of the LM head on h_BTD: fused with the head's matmul (loss.py) or, with `cfg.fused_lm_loss`
+        off, the plain reference on the logits (given or formed here)."""
+        if self.cfg.fused_lm_loss:
+            return linear_cross_entropy(h_BTD, self.lm_head.weight, labels_BT)
+        return cross_entropy(self.lm_head(h_BTD) if logits_BTV is None else logits_BTV, labels_BT)
 
     def mtp_step(self, depth: int, next_ids, hidden, position_ids, cache=None):
         """One MTP depth (0-based) for drafting: -> (normed hidden (B, T, D) to chain, logits (B, T, V))."""
@@ -266,11 +287,6 @@ class GLM(nn.Module):
     def attentions(self) -> list[nn.Module]:
         """Attention modules in KV-cache layer order (trunk, then MTP)."""
         return [b.self_attn for b in list(self.layers) + [m.block for m in self.mtp]]
-
-
-def cross_entropy(logits_BTV: torch.Tensor, labels_BT: torch.Tensor) -> torch.Tensor:
-    """Mean token cross-entropy in fp32 over labels != -100 (labels already shifted)."""
-    return F.cross_entropy(logits_BTV.float().flatten(0, 1), labels_BT.flatten(), ignore_index=-100)
 
 
 def _is_embedding(name: str) -> bool:
