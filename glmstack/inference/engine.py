@@ -84,6 +84,9 @@ class Engine:
         self.device = next(model.parameters()).device
         self.fast = fast and supported(model)
         self._expert_cache: dict = {}  # fast path: CPU expert-bank copies, remade when the weights change
+        # generate() reads new tokens back to the host every `sync_every` steps (stop checks); on a GPU that
+        # read is a sync that stalls the launch queue, on a CPU it is free. stream() always reads every step.
+        self.sync_every = 8 if self.device.type == "cuda" else 1
 
     # ---------------------------------------------------------------- public API
     def generate(self, prompts, max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
@@ -93,7 +96,7 @@ class Engine:
         rows, stats = Rows(0, 0, ()), {}
         t0 = time.perf_counter()
         for step, _ in enumerate(self._run(prompts, max_new_tokens, temperature, top_p, top_k, seed, stop_ids,
-                                           speculative, draft_k, stats, rows_out := [])):
+                                           speculative, draft_k, stats, rows_out := [], self.sync_every)):
             if step == 0:
                 stats["first_token_s"] = time.perf_counter() - t0
         rows = rows_out[0]
@@ -123,7 +126,7 @@ class Engine:
 
     # ---------------------------------------------------------------- the loop
     def _run(self, prompts, max_new_tokens, temperature, top_p, top_k, seed, stop_ids, speculative, draft_k,
-             stats, rows_out) -> Iterator[list[list[int]]]:
+             stats, rows_out, sync_every: int = 1) -> Iterator[list[list[int]]]:
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
         if speculative not in (None, "mtp"):
             raise ValueError(f"speculative must be None or 'mtp', got {speculative!r}")
@@ -144,24 +147,30 @@ class Engine:
         t0 = time.perf_counter()
         with torch.inference_mode():
             if speculative is None:
-                yield from self._plain(run, ids_BP, start_B, cache, rows, params, gen, stats)
+                yield from self._plain(run, ids_BP, start_B, cache, rows, params, gen, stats, sync_every)
             else:
                 yield from mtp_decode(run, self.cfg, ids_BP, start_B, cache, rows, params, gen, draft_k, stats)
         total, n_new = time.perf_counter() - t0, sum(len(r) for r in rows.out)
         stats.update(new_tokens=n_new, total_s=total, tokens_per_s=n_new / max(total, 1e-9))
 
-    def _plain(self, run, ids_BP, start_B, cache, rows, params, gen, stats) -> Iterator[list[list[int]]]:
+    def _plain(self, run, ids_BP, start_B, cache, rows, params, gen, stats, sync_every) -> Iterator[list[list[int]]]:
         P = ids_BP.shape[1]
         pos_BT = (torch.arange(P, device=self.device) - start_B[:, None]).clamp_min(0)
         t0 = time.perf_counter()
         logits_BV = run.forward(ids_BP, pos_BT, cache, last_only=True)[0][:, -1]
         stats["prefill_s"] = time.perf_counter() - t0
         pos_B1 = pos_BT[:, -1:] + 1
-        steps, t0 = 0, time.perf_counter()
-        while True:
+        steps, t0, pending = 0, time.perf_counter(), []
+        for step in range(rows.budget):  # every row is done after `budget` tokens at the latest
             tok_B = sample(logits_BV, params, gen)
-            yield rows.push([[t] for t in tok_B.tolist()])
-            if rows.all_done:
+            pending.append(tok_B)
+            last = step == rows.budget - 1
+            if len(pending) == sync_every or last:
+                yield rows.push(torch.stack(pending, 1).tolist())  # finished rows' extra tokens are dropped
+                pending = []
+                if rows.all_done:
+                    break
+            if last:
                 break
             logits_BV = run.forward(tok_B[:, None], pos_B1, cache, last_only=True)[0][:, -1]
             pos_B1 = pos_B1 + 1

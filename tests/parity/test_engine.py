@@ -87,3 +87,14 @@ def test_bad_input_errors():
     # the context caps the budget: 6 prompt tokens + at most 2 new
     res = engine.generate([list(range(1, 7))], max_new_tokens=10, stop_ids=[])
     assert len(res.tokens[0]) == 2 and res.finish_reason == ["length"]
+
+
+def test_deferred_host_reads_give_same_tokens(model):
+    """sync_every > 1 (the GPU setting): stop ids found late still cut each row at the same place."""
+    engine = Engine(model)
+    ref = engine.generate(PROMPTS, 10, stop_ids=[])
+    stop = ref.tokens[1][3]
+    ref = engine.generate(PROMPTS, 10, stop_ids=[stop])
+    engine.sync_every = 4
+    out = engine.generate(PROMPTS, 10, stop_ids=[stop])
+    assert out.tokens == ref.tokens and out.finish_reason == ref.finish_reason
