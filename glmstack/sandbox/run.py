@@ -164,6 +164,8 @@ def run(
             exit_code = _finish(proc, kill=why != "exit" or proc.poll() is None)
     finally:
         launch.cleanup()
+    if mode == "bwrap" and exit_code is not None and 128 < exit_code < 128 + 65:
+        exit_code = 128 - exit_code  # bwrap reports a program killed by signal N as 128 + N; we say -N everywhere
     duration = time.monotonic() - start
     return make_result(
         out,

@@ -92,3 +92,7 @@ def test_exit_quit_and_multiprocessing_work():
     code = "import multiprocessing as mp\nif __name__ == '__main__':\n    with mp.Pool(2) as p:\n        print(p.map(abs, [-1, -2]))"
     r = run(code, limits=SHORT)
     assert r.ok and r.stdout == "[1, 2]\n", r.stderr
+
+
+def test_death_by_signal_is_a_negative_exit_code():
+    assert run("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", limits=SHORT).exit_code == -11
