@@ -17,22 +17,37 @@ from glmstack.train.stage import load_config, run
 
 
 def one(out: Path, name: str, steps: int, rate: float) -> list[dict]:
-    cfg = load_config("tiny", "pretrain", [
-        f"out_dir={out}", f"run={name}", f"steps={steps}", f"schedule.balance_rate=[[0, {rate}]]",
-        f"schedule.total_steps={steps}", "schedule.mtp_weight=[[0, 0.3]]", "schedule.batch_warmup_steps=0",
-        "ckpt.every=0", "log.val_every=0", "log.progress=false", "ckpt.resume=never"])
+    cfg = load_config(
+        "tiny",
+        "pretrain",
+        [
+            f"out_dir={out}",
+            f"run={name}",
+            f"steps={steps}",
+            f"schedule.balance_rate=[[0, {rate}]]",
+            f"schedule.total_steps={steps}",
+            "schedule.mtp_weight=[[0, 0.3]]",
+            "schedule.batch_warmup_steps=0",
+            "ckpt.every=0",
+            "log.val_every=0",
+            "log.progress=false",
+            "ckpt.resume=never",
+        ],
+    )
     run(cfg)
     return [json.loads(line) for line in (out / name / "pretrain" / "metrics.jsonl").read_text().splitlines()]
 
 
 def summary(rows: list[dict], last: int = 50) -> dict:
     tail = rows[-last:]
-    mean = lambda k: sum(r[k] for r in tail) / len(tail)  # noqa: E731
+    mean = lambda k: sum(r[k] for r in tail) / len(tail)
     layers = sorted(k for k in rows[-1] if k.startswith("moe/max_over_mean/"))
-    return {"final max/mean (worst layer)": rows[-1]["moe/max_over_mean"],
-            f"mean of last {last} steps": mean("moe/max_over_mean"),
-            "final per layer": [round(rows[-1][k], 3) for k in layers],
-            "final loss": rows[-1]["loss"]}
+    return {
+        "final max/mean (worst layer)": rows[-1]["moe/max_over_mean"],
+        f"mean of last {last} steps": mean("moe/max_over_mean"),
+        "final per layer": [round(rows[-1][k], 3) for k in layers],
+        "final loss": rows[-1]["loss"],
+    }
 
 
 def main() -> None:
@@ -44,8 +59,10 @@ def main() -> None:
     results = {name: summary(one(out, name, args.steps, rate)) for name, rate in (("on", 1e-3), ("off", 0.0))}
     print(f"\nloss-free balancing, tiny MoE, {args.steps} steps (max/mean expert load; 1.0 = perfectly even)")
     for name, r in results.items():
-        print(f"  bias updates {name:>3}: " + ", ".join(f"{k} {v if isinstance(v, list) else round(v, 3)}"
-                                                     for k, v in r.items()))
+        print(
+            f"  bias updates {name:>3}: "
+            + ", ".join(f"{k} {v if isinstance(v, list) else round(v, 3)}" for k, v in r.items())
+        )
 
 
 if __name__ == "__main__":

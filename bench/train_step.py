@@ -17,8 +17,8 @@ from the loop's own overhead.
 from __future__ import annotations
 
 import argparse
-import copy
 import contextlib
+import copy
 import dataclasses
 import json
 import statistics
@@ -28,11 +28,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from model_throughput import build_models, timed  # noqa: E402  (same weights on both sides, same timer)
+from model_throughput import build_models, timed
 
-from glmstack.optim import build_optimizer  # noqa: E402
-from glmstack.train.config import TrainConfig  # noqa: E402
-from glmstack.train.loop import LoopState, _train_step, autocast_dtype, pretrain_loss  # noqa: E402
+from glmstack.optim import build_optimizer
+from glmstack.train.config import TrainConfig
+from glmstack.train.loop import LoopState, _train_step, autocast_dtype, pretrain_loss
 
 
 def ours_step(model, cfg, batch, device, muon: bool = True):
@@ -54,6 +54,7 @@ def hf_step(model, batch, device, lr: float):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+
     return step
 
 
@@ -72,14 +73,16 @@ def run(args) -> dict:
     cfg.schedule.warmup_steps = 0
     ids = torch.randint(0, ours.cfg.vocab_size, (B, T), generator=torch.Generator().manual_seed(0)).to(device)
     batch = {"input_ids": ids, "labels": torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], -100)], 1)}
-    steps = {"glmstack": ours_step(ours, cfg, batch, device),
-             "glmstack-adamw": ours_step(ours_adamw, cfg, batch, device, muon=False),  # same step, AdamW only
-             "transformers": hf_step(hf, batch, device, cfg.optim.lr)}
+    steps = {
+        "glmstack": ours_step(ours, cfg, batch, device),
+        "glmstack-adamw": ours_step(ours_adamw, cfg, batch, device, muon=False),  # same step, AdamW only
+        "transformers": hf_step(hf, batch, device, cfg.optim.lr),
+    }
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     times = {k: [] for k in steps}
     for i in range(args.warmup + args.repeats):
         for name, fn in steps.items():
-            t = timed(lambda: (fn(), sync()))
+            t = timed(lambda fn=fn: (fn(), sync()))
             if i >= args.warmup:
                 times[name].append(t)
     result = {"batch": B, "seq": T, "mtp": args.mtp, "device": device.type, "threads": torch.get_num_threads()}
@@ -107,13 +110,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(r))
         return 0
-    print(f"tiny-moe train step, batch {r['batch']}x{r['seq']}, {r['device']}, {r['threads']} thread(s), "
-          f"MTP {'on' if r['mtp'] else 'off'}")
+    print(
+        f"tiny-moe train step, batch {r['batch']}x{r['seq']}, {r['device']}, {r['threads']} thread(s), "
+        f"MTP {'on' if r['mtp'] else 'off'}"
+    )
     for side in ("glmstack", "glmstack-adamw", "transformers"):
-        print(f"  {side:<15} {r[side]['tok_per_s_cpu']:>8} tok/s (CPU time)  {r[side]['tok_per_s_wall']:>8} tok/s (wall)")
+        print(
+            f"  {side:<15} {r[side]['tok_per_s_cpu']:>8} tok/s (CPU time)  {r[side]['tok_per_s_wall']:>8} tok/s (wall)"
+        )
     for ours_name in ("glmstack", "glmstack-adamw"):
-        print(f"  ratio {ours_name} / transformers+AdamW (median of pairs): {r['ratio_cpu_' + ours_name]}x CPU time, "
-              f"{r['ratio_wall_' + ours_name]}x wall")
+        print(
+            f"  ratio {ours_name} / transformers+AdamW (median of pairs): {r['ratio_cpu_' + ours_name]}x CPU time, "
+            f"{r['ratio_wall_' + ours_name]}x wall"
+        )
     return 0
 
 

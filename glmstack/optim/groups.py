@@ -28,8 +28,12 @@ from glmstack.optim.muon import Muon
 
 
 def _embedding_names(model: nn.Module) -> set[str]:
-    return {f"{m_name}.{p_name}".lstrip(".") for m_name, m in model.named_modules() if isinstance(m, nn.Embedding)
-            for p_name, _ in m.named_parameters(recurse=False)}
+    return {
+        f"{m_name}.{p_name}".lstrip(".")
+        for m_name, m in model.named_modules()
+        if isinstance(m, nn.Embedding)
+        for p_name, _ in m.named_parameters(recurse=False)
+    }
 
 
 def classify(name: str, p: torch.Tensor, *, lm_head: str, router: str, embeddings: set[str]) -> str:
@@ -38,7 +42,7 @@ def classify(name: str, p: torch.Tensor, *, lm_head: str, router: str, embedding
         return "adamw"
     if name in embeddings or "embed_tokens" in name:  # word embedding (also an MTP layer's, if it has one)
         return "adamw"
-    if name.endswith("lm_head.weight") or name.endswith("shared_head.head.weight"):
+    if name.endswith(("lm_head.weight", "shared_head.head.weight")):
         return lm_head
     if name.endswith(".gate.weight"):  # MoE router (E, D); dense MLPs use gate_proj, so no clash
         return router
@@ -128,11 +132,20 @@ def build_optimizer(model: nn.Module, cfg) -> tuple[Optimizers, dict[str, str]]:
             adam_no_decay.append(p)
     opts = {}
     if muon_groups:
-        opts["muon"] = Muon([{"params": ps, "split": s} for s, ps in muon_groups.items()], lr=cfg.lr,
-                            weight_decay=cfg.weight_decay, momentum=cfg.momentum, nesterov=cfg.nesterov,
-                            ns_steps=cfg.ns_steps, adjust_lr_fn=cfg.adjust_lr, ns_dtype=getattr(torch, cfg.ns_dtype))
-    adam_groups = [{"params": adam_decay, "weight_decay": cfg.weight_decay},
-                   {"params": adam_no_decay, "weight_decay": cfg.adamw_weight_decay_1d}]
+        opts["muon"] = Muon(
+            [{"params": ps, "split": s} for s, ps in muon_groups.items()],
+            lr=cfg.lr,
+            weight_decay=cfg.weight_decay,
+            momentum=cfg.momentum,
+            nesterov=cfg.nesterov,
+            ns_steps=cfg.ns_steps,
+            adjust_lr_fn=cfg.adjust_lr,
+            ns_dtype=getattr(torch, cfg.ns_dtype),
+        )
+    adam_groups = [
+        {"params": adam_decay, "weight_decay": cfg.weight_decay},
+        {"params": adam_no_decay, "weight_decay": cfg.adamw_weight_decay_1d},
+    ]
     adam_groups = [g for g in adam_groups if g["params"]]
     if adam_groups:
         lr = cfg.adamw_lr if cfg.adamw_lr is not None else cfg.lr

@@ -76,8 +76,9 @@ def _orthogonalize(update: Tensor, group: dict) -> tuple[Tensor, float]:
     if split:  # (H·A_h, B) -> (H, A_h, B): each head's slice is its own matrix (GLM-5 §2.1 Muon Split)
         assert update.ndim == 2 and shape[0] % split == 0, f"cannot split {tuple(shape)} into {split} heads"
         update = update.view(split, shape[0] // split, shape[1])
-    out = zeropower_via_newtonschulz(update, group["ns_steps"], group["ns_coefficients"], group["eps"],
-                                     group.get("ns_dtype", torch.bfloat16))
+    out = zeropower_via_newtonschulz(
+        update, group["ns_steps"], group["ns_coefficients"], group["eps"], group.get("ns_dtype", torch.bfloat16)
+    )
     scale = lr_scale(tuple(out.shape[-2:]), group["adjust_lr_fn"])
     return out.reshape(shape), scale
 
@@ -106,13 +107,32 @@ class Muon(Optimizer):
     matched to AdamW. Momentum is elementwise, so with FSDP2 it stays sharded; only NS sees the full matrix.
     """
 
-    def __init__(self, params, lr: float = 1e-3, weight_decay: float = 0.1, momentum: float = 0.95,
-                 nesterov: bool = True, ns_coefficients=NS_COEFFICIENTS, eps: float = EPS, ns_steps: int = 5,
-                 adjust_lr_fn: str | None = "match_rms_adamw", split: int | None = None,
-                 ns_dtype: torch.dtype = torch.bfloat16):
-        defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
-                        ns_coefficients=tuple(ns_coefficients), eps=eps, ns_steps=ns_steps,
-                        adjust_lr_fn=adjust_lr_fn, split=split, ns_dtype=ns_dtype)
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        weight_decay: float = 0.1,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        ns_coefficients=NS_COEFFICIENTS,
+        eps: float = EPS,
+        ns_steps: int = 5,
+        adjust_lr_fn: str | None = "match_rms_adamw",
+        split: int | None = None,
+        ns_dtype: torch.dtype = torch.bfloat16,
+    ):
+        defaults = {
+            "lr": lr,
+            "weight_decay": weight_decay,
+            "momentum": momentum,
+            "nesterov": nesterov,
+            "ns_coefficients": tuple(ns_coefficients),
+            "eps": eps,
+            "ns_steps": ns_steps,
+            "adjust_lr_fn": adjust_lr_fn,
+            "split": split,
+            "ns_dtype": ns_dtype,
+        }
         super().__init__(params, defaults)
         for group in self.param_groups:
             for p in group["params"]:

@@ -30,8 +30,9 @@ def piecewise(table: list[list[float]] | list[tuple[int, float]], step: int) -> 
     return float(value)
 
 
-def lr_multiplier(step: int, *, kind: str, warmup_steps: int, total_steps: int, final_frac: float,
-                  wsd_decay_frac: float = 0.2) -> float:
+def lr_multiplier(
+    step: int, *, kind: str, warmup_steps: int, total_steps: int, final_frac: float, wsd_decay_frac: float = 0.2
+) -> float:
     """Fraction of the peak lr at `step` (0-based; step 0 already gets a non-zero lr)."""
     if warmup_steps > 0 and step < warmup_steps:
         return (step + 1) / warmup_steps
@@ -58,8 +59,9 @@ def batch_tokens(step: int, *, full_tokens: int, start_tokens: int, warmup_steps
 def accum_steps(step: int, sched, *, tokens_per_micro: int, full_accum: int) -> int:
     """Micro-batches to accumulate at `step` so a step holds ~batch_tokens(step) tokens (at least 1)."""
     full = tokens_per_micro * full_accum
-    tokens = batch_tokens(step, full_tokens=full, start_tokens=sched.batch_warmup_start_tokens,
-                          warmup_steps=sched.batch_warmup_steps)
+    tokens = batch_tokens(
+        step, full_tokens=full, start_tokens=sched.batch_warmup_start_tokens, warmup_steps=sched.batch_warmup_steps
+    )
     return max(1, min(full_accum, round(tokens / tokens_per_micro)))
 
 
@@ -68,8 +70,14 @@ def values_at(step: int, sched, *, stage_steps: int) -> dict[str, float]:
     s = step + sched.step_offset
     total = sched.total_steps if sched.total_steps is not None else stage_steps + sched.step_offset
     return {
-        "lr_mult": lr_multiplier(s, kind=sched.lr, warmup_steps=sched.warmup_steps, total_steps=total,
-                                 final_frac=sched.final_lr_frac, wsd_decay_frac=sched.wsd_decay_frac),
+        "lr_mult": lr_multiplier(
+            s,
+            kind=sched.lr,
+            warmup_steps=sched.warmup_steps,
+            total_steps=total,
+            final_frac=sched.final_lr_frac,
+            wsd_decay_frac=sched.wsd_decay_frac,
+        ),
         "mtp_weight": piecewise(sched.mtp_weight, s),
         "balance_rate": piecewise(sched.balance_rate, s),
     }

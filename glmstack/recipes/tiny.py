@@ -17,12 +17,26 @@ MIDTRAIN_STEPS = 50
 
 
 def pretrain() -> TrainConfig:
-    cfg = TrainConfig(run="tiny", stage="pretrain", model="tiny", seq_len=64, micro_batch_size=8, grad_accum=1,
-                      steps=PRETRAIN_STEPS, rope_theta=1e4)
+    cfg = TrainConfig(
+        run="tiny",
+        stage="pretrain",
+        model="tiny",
+        seq_len=64,
+        micro_batch_size=8,
+        grad_accum=1,
+        steps=PRETRAIN_STEPS,
+        rope_theta=1e4,
+    )
     cfg.optim.lr = 3e-3  # toy scale tolerates a larger lr than GLM-4.5's 2.5e-4
-    cfg.schedule = dataclasses.replace(cfg.schedule, warmup_steps=20, total_steps=PRETRAIN_STEPS + MIDTRAIN_STEPS,
-                                       mtp_weight=[[0, 0.3], [150, 0.1]], balance_rate=[[0, 1e-3]],
-                                       batch_warmup_start_tokens=256, batch_warmup_steps=20)
+    cfg.schedule = dataclasses.replace(
+        cfg.schedule,
+        warmup_steps=20,
+        total_steps=PRETRAIN_STEPS + MIDTRAIN_STEPS,
+        mtp_weight=[[0, 0.3], [150, 0.1]],
+        balance_rate=[[0, 1e-3]],
+        batch_warmup_start_tokens=256,
+        batch_warmup_steps=20,
+    )
     cfg.ckpt.every, cfg.log.val_every = 50, 50
     return cfg
 
@@ -32,8 +46,14 @@ def midtrain() -> TrainConfig:
     cfg.stage, cfg.steps, cfg.init_from = "midtrain", MIDTRAIN_STEPS, "tiny/pretrain"
     cfg.seq_len, cfg.micro_batch_size, cfg.rope_theta = 128, 4, 1e6  # GLM-4.5: 4K/1e4 -> 32K/1e6
     cfg.data.packing = "best_fit"  # mid-training packs documents best-fit instead of concatenating
-    cfg.schedule = dataclasses.replace(cfg.schedule, warmup_steps=0, step_offset=PRETRAIN_STEPS,
-                                       mtp_weight=[[0, 0.1]], balance_rate=[[0, 0.0]],
-                                       batch_warmup_start_tokens=0, batch_warmup_steps=0)
+    cfg.schedule = dataclasses.replace(
+        cfg.schedule,
+        warmup_steps=0,
+        step_offset=PRETRAIN_STEPS,
+        mtp_weight=[[0, 0.1]],
+        balance_rate=[[0, 0.0]],
+        batch_warmup_start_tokens=0,
+        batch_warmup_steps=0,
+    )
     cfg.ckpt.every, cfg.log.val_every = 25, 25
     return cfg

@@ -93,8 +93,9 @@ def load_model(model: torch.nn.Module, folder: Path) -> None:
     dist.load_full_state_dict(model, state)
 
 
-def save(stage_dir: str | Path, step: int, *, model, optimizer, state: dict, data, config: dict,
-         keep_last: int) -> Path:
+def save(
+    stage_dir: str | Path, step: int, *, model, optimizer, state: dict, data, config: dict, keep_last: int
+) -> Path:
     """Write step_<step>/ atomically, point `latest` at it, delete all but the newest `keep_last`."""
     stage_dir = Path(stage_dir)
     final, tmp = stage_dir / step_name(step), stage_dir / f".tmp_{step_name(step)}"

@@ -96,7 +96,9 @@ def _blocks(model: nn.Module) -> list[nn.Module]:
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    return model.module if hasattr(model, "module") and isinstance(model, nn.parallel.DistributedDataParallel) else model
+    return (
+        model.module if hasattr(model, "module") and isinstance(model, nn.parallel.DistributedDataParallel) else model
+    )
 
 
 def _is_ep(p: torch.Tensor) -> bool:

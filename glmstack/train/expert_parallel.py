@@ -131,5 +131,5 @@ def local_expert_state(model: nn.Module, state: dict) -> dict:
         for p_name in ("gate_up_proj", "down_proj"):
             key = f"{name}.{p_name}"
             if state[key].shape[0] == m.n_experts:
-                state[key] = state[key][m.e0: m.e0 + m.n_local]
+                state[key] = state[key][m.e0 : m.e0 + m.n_local]
     return state

@@ -21,9 +21,9 @@ import dataclasses
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -49,9 +49,14 @@ class LoopState:
 
 def pretrain_loss(model, batch: dict, values: dict) -> tuple[torch.Tensor, dict]:
     """Default loss: next-token CE + MTP (weight scheduled) + sequence-wise aux balance loss (model's out.loss)."""
-    out = model(batch["input_ids"], labels=batch["labels"], position_ids=batch.get("position_ids"),
-                segment_ids=batch.get("segment_ids"), mtp_weight=values["mtp_weight"],
-                aux_loss_weight=values["aux_loss_weight"])
+    out = model(
+        batch["input_ids"],
+        labels=batch["labels"],
+        position_ids=batch.get("position_ids"),
+        segment_ids=batch.get("segment_ids"),
+        mtp_weight=values["mtp_weight"],
+        aux_loss_weight=values["aux_loss_weight"],
+    )
     metrics = {"lm_loss": out.lm_loss.detach()}
     if getattr(out, "mtp_loss", None):
         metrics["mtp_loss"] = torch.stack(out.mtp_loss).mean().detach()
@@ -128,15 +133,22 @@ def _train_step(model, optimizer, data_iter, cfg: TrainConfig, state: LoopState,
     """One optimizer step (or a guarded skip); returns the row to log."""
     values = schedules.values_at(state.step, cfg.schedule, stage_steps=cfg.steps)
     values["aux_loss_weight"] = cfg.schedule.aux_loss_weight
-    accum = schedules.accum_steps(state.step, cfg.schedule, tokens_per_micro=cfg.micro_batch_size * cfg.seq_len,
-                                  full_accum=cfg.grad_accum)
+    accum = schedules.accum_steps(
+        state.step, cfg.schedule, tokens_per_micro=cfg.micro_batch_size * cfg.seq_len, full_accum=cfg.grad_accum
+    )
     lr = _set_lr(optimizer, values["lr_mult"])
     loss, metrics, tokens = _micro_batches(model, data_iter, accum, device, amp, loss_fn, values)
     loss = dist.mean_over_ranks(loss)
     grad_norm = dist.clip_grad_norm_(model, cfg.optim.grad_clip)
     load = metrics.pop("expert_load", None)
-    row = {"loss": loss, "lr": lr, "grad_norm": grad_norm, "accum": accum, "mtp_weight": values["mtp_weight"],
-           **{k: dist.mean_over_ranks(v) for k, v in metrics.items()}}
+    row = {
+        "loss": loss,
+        "lr": lr,
+        "grad_norm": grad_norm,
+        "accum": accum,
+        "mtp_weight": values["mtp_weight"],
+        **{k: dist.mean_over_ranks(v) for k, v in metrics.items()},
+    }
     state.tokens += tokens * dist.world()
     state.step += 1
     if _is_bad(loss, grad_norm, state, cfg.guard.spike_factor):
@@ -183,8 +195,10 @@ def _resume(stage_dir: Path, cfg: TrainConfig, model, optimizer, data) -> LoopSt
     old = json.loads((folder / "trainer_state" / "train_config.json").read_text())
     conflicts = resume_conflicts(old, to_dict(cfg))
     if conflicts:
-        raise ConfigError(f"cannot resume from {folder}: the config differs in {', '.join(conflicts)} "
-                          f"(start a new run, or set ckpt.resume=never)")
+        raise ConfigError(
+            f"cannot resume from {folder}: the config differs in {', '.join(conflicts)} "
+            f"(start a new run, or set ckpt.resume=never)"
+        )
     saved = checkpoint.load(folder, model=model, optimizer=optimizer, data=data)
     if dist.rank() == 0:
         print(f"resuming from {folder} (step {saved['loop']['step']})", flush=True)
@@ -195,16 +209,32 @@ def _resume(stage_dir: Path, cfg: TrainConfig, model, optimizer, data) -> LoopSt
 
 def _save(stage_dir, cfg, model, optimizer, data, state: LoopState) -> Path:
     biases = [b.detach().cpu().clone() for _, b in balance.bias_buffers(dist.unwrap(model))]
-    return checkpoint.save(stage_dir, state.step, model=model, optimizer=optimizer, data=data, config=to_dict(cfg),
-                           state={"loop": dataclasses.asdict(state), "balance_biases": biases},
-                           keep_last=cfg.ckpt.keep_last)
+    return checkpoint.save(
+        stage_dir,
+        state.step,
+        model=model,
+        optimizer=optimizer,
+        data=data,
+        config=to_dict(cfg),
+        state={"loop": dataclasses.asdict(state), "balance_biases": biases},
+        keep_last=cfg.ckpt.keep_last,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- the loop
 
 
-def train(*, model, optimizer, data, cfg: TrainConfig, stage_dir: str | Path, loss_fn: LossFn = pretrain_loss,
-          val_batches: list[dict] | None = None, stop_at: int | None = None) -> dict:
+def train(
+    *,
+    model,
+    optimizer,
+    data,
+    cfg: TrainConfig,
+    stage_dir: str | Path,
+    loss_fn: LossFn = pretrain_loss,
+    val_batches: list[dict] | None = None,
+    stop_at: int | None = None,
+) -> dict:
     """Run to `cfg.steps` optimizer steps (resuming if a checkpoint exists); returns a summary dict.
 
     `stop_at` ends this process early at that step with a checkpoint (a time/step budget: the schedules still
@@ -233,8 +263,9 @@ def train(*, model, optimizer, data, cfg: TrainConfig, stage_dir: str | Path, lo
         if flops and cfg.log.peak_flops:
             row["mfu"] = row["tok_per_s"] * flops / (cfg.log.peak_flops * dist.world())
         if cfg.log.val_every and (state.step % cfg.log.val_every == 0 or state.step == cfg.steps):
-            row["val_loss"] = result["val_loss"] = validate(model, val_batches or [], device, amp, loss_fn,
-                                                            _val_values(cfg, state.step))
+            row["val_loss"] = result["val_loss"] = validate(
+                model, val_batches or [], device, amp, loss_fn, _val_values(cfg, state.step)
+            )
         result["loss"] = row["loss"]
         _report(metrics, bar, cfg, state, row, (time.perf_counter() - t_start) / (state.step - start_step))
         if state.bad_in_row >= cfg.guard.max_bad_steps:
@@ -276,7 +307,8 @@ def _progress(cfg: TrainConfig, state: LoopState, rank0: bool):
 def _report(metrics: Metrics, bar, cfg: TrainConfig, state: LoopState, row: dict, sec_per_step: float) -> None:
     if bar is not None:
         bar.update(1)
-        bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tok_per_s']:,.0f}", refresh=False)
+        extra = {"mfu": f"{row['mfu']:.1%}"} if "mfu" in row else {}
+        bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tok_per_s']:,.0f}", **extra, refresh=False)
     if state.step % cfg.log.every == 0 or state.step == cfg.steps:
         metrics.log(state.step, row | {"tokens": state.tokens, "skipped_total": state.skipped})
         if dist.rank() == 0:

@@ -13,11 +13,24 @@ import sys
 from pathlib import Path
 
 # What a log line shows, in order: (key, format).
-LINE_FIELDS = (("loss", "{:.4f}"), ("lr", "{:.2e}"), ("grad_norm", "{:.3f}"), ("tok_per_s", "{:,.0f}"),
-               ("moe/max_over_mean", "{:.2f}"), ("val_loss", "{:.4f}"), ("mfu", "{:.1%}"))
+LINE_FIELDS = (
+    ("loss", "{:.4f}"),
+    ("lr", "{:.2e}"),
+    ("grad_norm", "{:.3f}"),
+    ("tok_per_s", "{:,.0f}"),
+    ("moe/max_over_mean", "{:.2f}"),
+    ("val_loss", "{:.4f}"),
+    ("mfu", "{:.1%}"),
+)
 # Plot panels: title -> metric keys (prefix match for per-layer series).
-PLOTS = {"loss": ("loss", "lm_loss", "val_loss"), "lr": ("lr",), "mtp": ("mtp_loss",),
-         "router_load": ("moe/max_over_mean/",), "router_entropy": ("moe/entropy/",), "grad_norm": ("grad_norm",)}
+PLOTS = {
+    "loss": ("loss", "lm_loss", "val_loss"),
+    "lr": ("lr",),
+    "mtp": ("mtp_loss",),
+    "router_load": ("moe/max_over_mean/",),
+    "router_entropy": ("moe/entropy/",),
+    "grad_norm": ("grad_norm",),
+}
 
 
 def format_line(step: int, total: int, row: dict, eta_s: float | None = None) -> str:
@@ -39,7 +52,9 @@ class Metrics:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError as e:
-                raise RuntimeError("log.tensorboard=true needs the tensorboard package (pip install tensorboard)") from e
+                raise RuntimeError(
+                    "log.tensorboard=true needs the tensorboard package (pip install tensorboard)"
+                ) from e
 
             self.tb = SummaryWriter(str(self.folder / "tensorboard"))
 
@@ -87,7 +102,9 @@ def plot(folder: str | Path) -> list[Path]:
     rows = read_jsonl(folder / "metrics.jsonl")
     written = []
     for title, keys in PLOTS.items():
-        series = sorted({k for r in rows for k in r if any(k == p or (p.endswith("/") and k.startswith(p)) for p in keys)})
+        series = sorted(
+            {k for r in rows for k in r if any(k == p or (p.endswith("/") and k.startswith(p)) for p in keys)}
+        )
         if not series:
             continue
         fig, ax = plt.subplots(figsize=(7, 4))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
+import itertools
 import random
 from pathlib import Path
 
@@ -77,7 +77,7 @@ def build_model(cfg: TrainConfig, device: torch.device):
 
 def build_data(cfg: TrainConfig, vocab_size: int, split: str = "train"):
     """The stage's loader per the data-batches contract (rank-aware, resumable)."""
-    kw = dict(seq_len=cfg.seq_len, batch_size=cfg.micro_batch_size, rank=dist.rank(), world_size=dist.world())
+    kw = {"seq_len": cfg.seq_len, "batch_size": cfg.micro_batch_size, "rank": dist.rank(), "world_size": dist.world()}
     if cfg.data.kind == "synthetic":
         return SyntheticLM(vocab_size=vocab_size, seed=cfg.seed, split=split, **kw, **cfg.data.options)
     try:
@@ -85,8 +85,15 @@ def build_data(cfg: TrainConfig, vocab_size: int, split: str = "train"):
     except ImportError as e:
         raise ConfigError("data.kind=shards needs glmstack.data.loader.build_loader") from e
     path = cfg.data.val_path if split == "val" and cfg.data.val_path else cfg.data.path
-    return build_loader(path=path, mixture=cfg.data.mixture, packing=cfg.data.packing, seed=cfg.seed,
-                        split=split, **kw, **cfg.data.options)
+    return build_loader(
+        path=path,
+        mixture=cfg.data.mixture,
+        packing=cfg.data.packing,
+        seed=cfg.seed,
+        split=split,
+        **kw,
+        **cfg.data.options,
+    )
 
 
 def run(cfg: TrainConfig, *, loss_fn=pretrain_loss, stop_at: int | None = None) -> dict:
@@ -103,18 +110,31 @@ def run(cfg: TrainConfig, *, loss_fn=pretrain_loss, stop_at: int | None = None) 
     data = build_data(cfg, vocab)
     val_batches = []
     if cfg.log.val_every:
-        val_iter = iter(build_data(cfg, vocab, split="val"))
-        val_batches = [next(val_iter) for _ in range(cfg.log.val_batches)]
+        val_batches = list(itertools.islice(iter(build_data(cfg, vocab, split="val")), cfg.log.val_batches))
     # ------------------------------------------------------------------ train
-    return train(model=model, optimizer=optimizer, data=data, cfg=cfg, stage_dir=stage_dir(cfg),
-                 loss_fn=loss_fn, val_batches=val_batches, stop_at=stop_at)
+    return train(
+        model=model,
+        optimizer=optimizer,
+        data=data,
+        cfg=cfg,
+        stage_dir=stage_dir(cfg),
+        loss_fn=loss_fn,
+        val_batches=val_batches,
+        stop_at=stop_at,
+    )
 
 
 def parse_args(argv: list[str] | None, stage: str, description: str) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=f"glmstack {stage}", description=description)
     p.add_argument("recipe", help="recipe module under glmstack/recipes (e.g. tiny)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config field, e.g. --set optim.lr=3e-4 (repeatable)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config field, e.g. --set optim.lr=3e-4 (repeatable)",
+    )
     p.add_argument("--resume", default=None, help="auto (default: continue from latest), never, or a step folder")
     p.add_argument("--stop-at", type=int, default=None, help="stop this process at this step (with a checkpoint)")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")

@@ -16,8 +16,18 @@ import torch
 class SyntheticLM:
     """Infinite iterable of {"input_ids", "labels"} batches; state_dict() = {"position": batches yielded}."""
 
-    def __init__(self, *, vocab_size: int, seq_len: int, batch_size: int, rank: int = 0, world_size: int = 1,
-                 seed: int = 0, branching: int = 4, split: str = "train"):
+    def __init__(
+        self,
+        *,
+        vocab_size: int,
+        seq_len: int,
+        batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+        branching: int = 4,
+        split: str = "train",
+    ):
         self.vocab_size, self.seq_len, self.batch_size = vocab_size, seq_len, batch_size
         self.rank, self.world_size, self.seed = rank, world_size, seed
         self.stream = 0 if split == "train" else 1  # validation draws from a disjoint stream

@@ -19,8 +19,17 @@ from glmstack.train.stage import load_config, run
 
 pytestmark = pytest.mark.dist
 STEPS = 4
-BASE = ["seq_len=32", "micro_batch_size=2", f"steps={STEPS}", "log.progress=false", "log.plots=false",
-        "log.val_every=0", "ckpt.every=0", "schedule.batch_warmup_steps=0", "schedule.warmup_steps=1"]
+BASE = [
+    "seq_len=32",
+    "micro_batch_size=2",
+    f"steps={STEPS}",
+    "log.progress=false",
+    "log.plots=false",
+    "log.val_every=0",
+    "ckpt.every=0",
+    "schedule.batch_warmup_steps=0",
+    "schedule.warmup_steps=1",
+]
 
 
 def _free_port() -> int:
@@ -30,8 +39,9 @@ def _free_port() -> int:
 
 
 def _worker(rank, world, port, overrides, stop_at=None):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank)
+    )
     import torch
 
     torch.set_num_threads(1)
@@ -55,11 +65,15 @@ def _reference(tmp_path_factory, extra: tuple[str, ...]) -> list[float]:
     return _REFERENCES[extra]
 
 
-@pytest.mark.parametrize("mode,extra", [
-    (["dist.dp=ddp"], ()),
-    (["dist.dp=fsdp"], ()),
-    (["dist.dp=ddp", "dist.expert_parallel=true"], ("optim.ns_dtype=float32",)),
-], ids=["ddp", "fsdp", "ep"])
+@pytest.mark.parametrize(
+    "mode,extra",
+    [
+        (["dist.dp=ddp"], ()),
+        (["dist.dp=fsdp"], ()),
+        (["dist.dp=ddp", "dist.expert_parallel=true"], ("optim.ns_dtype=float32",)),
+    ],
+    ids=["ddp", "fsdp", "ep"],
+)
 def test_two_ranks_match_single_process(tmp_path, tmp_path_factory, mode, extra):
     reference = _reference(tmp_path_factory, extra)
     mp.spawn(_worker, args=(2, _free_port(), BASE + mode + list(extra) + [f"out_dir={tmp_path}"]), nprocs=2, join=True)
@@ -73,10 +87,14 @@ def test_two_ranks_match_single_process(tmp_path, tmp_path_factory, mode, extra)
     assert (tmp_path / "tiny" / "pretrain" / latest / "config.json").exists()
 
 
-@pytest.mark.parametrize("mode,extra", [
-    (["dist.dp=fsdp"], ()),
-    (["dist.dp=ddp", "dist.expert_parallel=true"], ("optim.ns_dtype=float32",)),
-], ids=["fsdp", "ep"])
+@pytest.mark.parametrize(
+    "mode,extra",
+    [
+        (["dist.dp=fsdp"], ()),
+        (["dist.dp=ddp", "dist.expert_parallel=true"], ("optim.ns_dtype=float32",)),
+    ],
+    ids=["fsdp", "ep"],
+)
 def test_sharded_resume_continues_the_run(tmp_path, tmp_path_factory, mode, extra):
     """Stop after 2 steps, resume in fresh processes: per-rank optimizer shards and full weights reload."""
     reference = _reference(tmp_path_factory, extra)

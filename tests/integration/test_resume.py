@@ -10,9 +10,19 @@ from glmstack.config import ConfigError
 from glmstack.train import checkpoint
 from glmstack.train.stage import load_config, run
 
-FAST = ["seq_len=32", "micro_batch_size=2", "grad_accum=2", "schedule.warmup_steps=2", "log.progress=false",
-        "log.plots=false", "ckpt.every=0", "log.val_every=0", "schedule.batch_warmup_steps=2",
-        "schedule.batch_warmup_start_tokens=64", "schedule.mtp_weight=[[0, 0.3], [3, 0.1]]"]
+FAST = [
+    "seq_len=32",
+    "micro_batch_size=2",
+    "grad_accum=2",
+    "schedule.warmup_steps=2",
+    "log.progress=false",
+    "log.plots=false",
+    "ckpt.every=0",
+    "log.val_every=0",
+    "schedule.batch_warmup_steps=2",
+    "schedule.batch_warmup_start_tokens=64",
+    "schedule.mtp_weight=[[0, 0.3], [3, 0.1]]",
+]
 
 
 def _cfg(tmp_path, name, *extra):
@@ -39,8 +49,9 @@ def test_resume_is_bit_exact(tmp_path):
     for k in a:
         assert torch.equal(a[k], b[k]), k
     assert _losses(tmp_path, "straight") == _losses(tmp_path, "resumed")
-    state = torch.load(checkpoint.latest(tmp_path / "resumed" / "pretrain") / "trainer_state" / "state.pt",
-                       weights_only=False)
+    state = torch.load(
+        checkpoint.latest(tmp_path / "resumed" / "pretrain") / "trainer_state" / "state.pt", weights_only=False
+    )
     assert state["loop"]["step"] == 6 and any(b.abs().sum() > 0 for b in state["balance_biases"])
 
 

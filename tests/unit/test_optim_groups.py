@@ -23,8 +23,14 @@ class Toy(nn.Module):
 def test_rules_and_options():
     groups = assign_groups(Toy())
     assert groups == {
-        "embed_tokens.weight": "adamw", "q_proj.weight": "muon", "q_proj.bias": "adamw", "norm.weight": "adamw",
-        "norm.bias": "adamw", "mlp.gate.weight": "muon", "experts": "muon", "lm_head.weight": "adamw",
+        "embed_tokens.weight": "adamw",
+        "q_proj.weight": "muon",
+        "q_proj.bias": "adamw",
+        "norm.weight": "adamw",
+        "norm.bias": "adamw",
+        "mlp.gate.weight": "muon",
+        "experts": "muon",
+        "lm_head.weight": "adamw",
     }
     flipped = assign_groups(Toy(), lm_head="muon", router="adamw")
     assert flipped["lm_head.weight"] == "muon" and flipped["mlp.gate.weight"] == "adamw"

@@ -25,7 +25,7 @@ def test_matches_torch_muon_bit_for_bit(adjust, nesterov):
     shapes = [(32, 16), (16, 48), (24, 24)]
     params = [torch.randn(s, generator=g) for s in shapes]
     grads_seq = [[torch.randn(s, generator=g) for s in shapes] for _ in range(4)]
-    kw = dict(lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=nesterov, adjust_lr_fn=adjust)
+    kw = {"lr": 0.02, "weight_decay": 0.1, "momentum": 0.95, "nesterov": nesterov, "adjust_lr_fn": adjust}
     ours = _run(Muon, params, grads_seq, **kw)
     ref = _run(torch.optim.Muon, params, grads_seq, **kw)
     for a, b in zip(ours, ref):
@@ -37,7 +37,7 @@ def test_newton_schulz_near_polar_factor():
     # 0.68–1.14 on a Gaussian (1024, 256). Check singular values and direction against the SVD polar factor.
     G = torch.randn(256, 64, generator=torch.Generator().manual_seed(1))
     O = zeropower_via_newtonschulz(G).float()
-    U, S, Vh = torch.linalg.svd(G, full_matrices=False)
+    U, _S, Vh = torch.linalg.svd(G, full_matrices=False)
     polar = U @ Vh
     s = torch.linalg.svdvals(O)
     assert s.min() > 0.5 and s.max() < 1.5, (s.min(), s.max())
@@ -67,7 +67,9 @@ def test_split_orthogonalises_each_head():
     p.grad = torch.randn(32, 16, generator=torch.Generator().manual_seed(3))
     opt = Muon([{"params": [p], "split": 4}], lr=1.0, weight_decay=0.0, momentum=0.0, nesterov=False)
     opt.step()
-    expected = -zeropower_via_newtonschulz(p.grad.view(4, 8, 16)).float().reshape(32, 16) * lr_scale((8, 16), "match_rms_adamw")
+    expected = -zeropower_via_newtonschulz(p.grad.view(4, 8, 16)).float().reshape(32, 16) * lr_scale(
+        (8, 16), "match_rms_adamw"
+    )
     assert torch.allclose(p.detach(), expected, atol=1e-6)
 
 

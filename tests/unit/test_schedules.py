@@ -7,7 +7,7 @@ from glmstack.train.config import ScheduleConfig
 
 
 def test_cosine_glm45_endpoints():
-    kw = dict(kind="cosine", warmup_steps=10, total_steps=110, final_frac=0.1)
+    kw = {"kind": "cosine", "warmup_steps": 10, "total_steps": 110, "final_frac": 0.1}
     assert lr_multiplier(0, **kw) == pytest.approx(0.1)
     assert lr_multiplier(9, **kw) == pytest.approx(1.0)
     assert lr_multiplier(10, **kw) == pytest.approx(1.0)
@@ -17,7 +17,7 @@ def test_cosine_glm45_endpoints():
 
 
 def test_wsd():
-    kw = dict(kind="wsd", warmup_steps=0, total_steps=100, final_frac=0.0, wsd_decay_frac=0.2)
+    kw = {"kind": "wsd", "warmup_steps": 0, "total_steps": 100, "final_frac": 0.0, "wsd_decay_frac": 0.2}
     assert lr_multiplier(50, **kw) == 1.0 and lr_multiplier(80, **kw) == 1.0
     assert lr_multiplier(90, **kw) == pytest.approx(0.5) and lr_multiplier(100, **kw) == pytest.approx(0.0)
 
@@ -31,9 +31,16 @@ def test_tables_and_batch_warmup():
 
 
 def test_values_at_offset_continues_decay():
-    sched = ScheduleConfig(warmup_steps=0, total_steps=200, step_offset=100, mtp_weight=[[0, 0.3], [100, 0.1]],
-                           balance_rate=[[0, 1e-3], [150, 0.0]])
+    sched = ScheduleConfig(
+        warmup_steps=0,
+        total_steps=200,
+        step_offset=100,
+        mtp_weight=[[0, 0.3], [100, 0.1]],
+        balance_rate=[[0, 1e-3], [150, 0.0]],
+    )
     v = values_at(0, sched, stage_steps=100)
-    assert v["lr_mult"] == pytest.approx(lr_multiplier(100, kind="cosine", warmup_steps=0, total_steps=200, final_frac=0.1))
+    assert v["lr_mult"] == pytest.approx(
+        lr_multiplier(100, kind="cosine", warmup_steps=0, total_steps=200, final_frac=0.1)
+    )
     assert v["mtp_weight"] == 0.1 and v["balance_rate"] == 1e-3
     assert values_at(60, sched, stage_steps=100)["balance_rate"] == 0.0

@@ -8,8 +8,14 @@ from glmstack.train import balance, checkpoint
 from glmstack.train.loop import pretrain_loss
 from glmstack.train.stage import load_config, run
 
-FAST = ["seq_len=16", "micro_batch_size=2", "log.progress=false", "log.val_every=0", "ckpt.every=0",
-        "schedule.batch_warmup_steps=0"]
+FAST = [
+    "seq_len=16",
+    "micro_batch_size=2",
+    "log.progress=false",
+    "log.val_every=0",
+    "ckpt.every=0",
+    "schedule.batch_warmup_steps=0",
+]
 
 
 def test_nan_guard_skips_then_stops_with_checkpoint(tmp_path):
@@ -20,8 +26,9 @@ def test_nan_guard_skips_then_stops_with_checkpoint(tmp_path):
         loss, metrics = pretrain_loss(model, batch, values)
         return (loss * float("nan") if calls["n"] > 2 else loss), metrics
 
-    cfg = load_config("tiny", "pretrain", FAST + [f"out_dir={tmp_path}", "steps=10", "guard.max_bad_steps=3",
-                                                  "log.plots=false"])
+    cfg = load_config(
+        "tiny", "pretrain", FAST + [f"out_dir={tmp_path}", "steps=10", "guard.max_bad_steps=3", "log.plots=false"]
+    )
     result = run(cfg, loss_fn=flaky_loss)
     assert result["stopped"] == "bad_steps" and result["skipped"] == 3 and result["step"] == 5
     folder = checkpoint.latest(tmp_path / "tiny" / "pretrain")
@@ -34,13 +41,16 @@ def test_nan_guard_skips_then_stops_with_checkpoint(tmp_path):
 
 
 def test_metrics_rows_and_plots(tmp_path):
-    cfg = load_config("tiny", "pretrain", FAST + [f"out_dir={tmp_path}", "steps=3", "log.val_every=3",
-                                                  "log.val_batches=1"])
+    cfg = load_config(
+        "tiny", "pretrain", FAST + [f"out_dir={tmp_path}", "steps=3", "log.val_every=3", "log.val_batches=1"]
+    )
     result = run(cfg)
     stage = tmp_path / "tiny" / "pretrain"
     rows = [json.loads(line) for line in (stage / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
-    assert {"loss", "lr", "grad_norm", "tok_per_s", "lm_loss", "mtp_loss", "aux_loss", "moe/max_over_mean"} <= set(rows[0])
+    assert {"loss", "lr", "grad_norm", "tok_per_s", "lm_loss", "mtp_loss", "aux_loss", "moe/max_over_mean"} <= set(
+        rows[0]
+    )
     assert "val_loss" in rows[-1] and result["val_loss"] == rows[-1]["val_loss"]
     assert {p.name for p in (stage / "plots").glob("*.png")} >= {"loss.png", "lr.png", "router_load.png"}
     assert json.loads((stage / "config.json").read_text())["steps"] == 3

@@ -7,8 +7,14 @@ from glmstack.model import ModelConfig
 from glmstack.train import checkpoint
 from glmstack.train.stage import load_config, run
 
-FAST = ["micro_batch_size=2", "log.progress=false", "log.plots=false", "log.val_every=0", "ckpt.every=0",
-        "schedule.batch_warmup_steps=0"]
+FAST = [
+    "micro_batch_size=2",
+    "log.progress=false",
+    "log.plots=false",
+    "log.val_every=0",
+    "ckpt.every=0",
+    "schedule.batch_warmup_steps=0",
+]
 
 
 def _weights(folder):
