@@ -101,36 +101,40 @@ def experts_grouped_mm(x_TD, topk_idx_TK, topk_w_TK, w_gate_up_EFD, w_down_EDF):
 
 
 def experts_sorted(x_TD, topk_idx_TK, topk_w_TK, w_gate_up_EFD, w_down_EDF):
-    """Same sort as experts_grouped_mm, then one matmul per expert on contiguous row blocks with a hand-written
-    backward (no zero-filled slice gradients, no index_put): the fast path where _grouped_mm has no kernel."""
-    T, K = topk_idx_TK.shape
+    """Same sort as experts_grouped_mm, then one matmul per expert on contiguous row blocks, the gate weights applied
+    in sorted order and the K outputs summed by one index_add, with a hand-written backward (no zero-filled slice
+    gradients, no index_put, no un-sort): the fast path where _grouped_mm has no kernel."""
+    K = topk_idx_TK.shape[1]
     flat_N = topk_idx_TK.reshape(-1)
     order_N = flat_N.argsort(stable=True)
     counts = torch.bincount(flat_N, minlength=w_gate_up_EFD.shape[0]).tolist()  # host sync: free on CPU
-    y_ND = _SortedExperts.apply(x_TD, w_gate_up_EFD, w_down_EDF, order_N, counts, K)
-    return torch.bmm(topk_w_TK.to(y_ND.dtype).unsqueeze(1), y_ND.view(T, K, -1)).squeeze(1)  # (T, D)
+    return _SortedExperts.apply(x_TD, topk_w_TK, w_gate_up_EFD, w_down_EDF, order_N, counts, K)
 
 
 class _SortedExperts(torch.autograd.Function):
-    """y[(t, k)] = SwiGLU_{e(t,k)}(x[t]) for the N = T*K pairs, returned in (t, k) order."""
+    """y[t] = sum_k w[t, k] SwiGLU_{e(t,k)}(x[t]), computed over the N = T*K pairs sorted by expert."""
 
     @staticmethod
-    def forward(ctx, x_TD, w_gu_EFD, w_d_EDF, order_N, counts, K):
-        tok_N = order_N // K
+    def forward(ctx, x_TD, w_TK, w_gu_EFD, w_d_EDF, order_N, counts, K):
+        tok_N = order_N // K  # token of each sorted row
+        wk_N = w_TK.reshape(-1).index_select(0, order_N).to(x_TD.dtype)
         xs_ND = x_TD.index_select(0, tok_N)  # rows sorted by expert
         h_NF2 = x_TD.new_empty(xs_ND.shape[0], w_gu_EFD.shape[1])
         ys_ND = x_TD.new_empty(xs_ND.shape)
         for e, (a, b) in _blocks(counts):
             torch.mm(xs_ND[a:b], w_gu_EFD[e].t(), out=h_NF2[a:b])
             torch.mm(_swiglu(h_NF2[a:b]), w_d_EDF[e].t(), out=ys_ND[a:b])
-        ctx.save_for_backward(xs_ND, h_NF2, w_gu_EFD, w_d_EDF, order_N)
-        ctx.counts, ctx.K, ctx.T = counts, K, x_TD.shape[0]
-        return torch.empty_like(ys_ND).index_copy_(0, order_N, ys_ND)
+        ctx.save_for_backward(xs_ND, h_NF2, ys_ND, wk_N, w_gu_EFD, w_d_EDF, order_N, tok_N)
+        ctx.counts, ctx.K, ctx.w_dtype = counts, K, w_TK.dtype
+        return torch.zeros_like(x_TD).index_add_(0, tok_N, ys_ND * wk_N[:, None])
 
     @staticmethod
-    def backward(ctx, dy_ND):
-        xs_ND, h_NF2, w_gu_EFD, w_d_EDF, order_N = ctx.saved_tensors
-        dys_ND = dy_ND.index_select(0, order_N)
+    def backward(ctx, dy_TD):
+        xs_ND, h_NF2, ys_ND, wk_N, w_gu_EFD, w_d_EDF, order_N, tok_N = ctx.saved_tensors
+        dys_ND = dy_TD.index_select(0, tok_N)
+        dwk_N = (dys_ND.float() * ys_ND.float()).sum(-1)  # d/d gate weight, in sorted order
+        dw_TK = torch.empty_like(dwk_N).index_copy_(0, order_N, dwk_N).view(-1, ctx.K)
+        dys_ND.mul_(wk_N[:, None])
         dxs_ND, dw_gu, dw_d = torch.empty_like(xs_ND), torch.zeros_like(w_gu_EFD), torch.zeros_like(w_d_EDF)
         for e, (a, b) in _blocks(ctx.counts):
             gate, up = h_NF2[a:b].chunk(2, dim=-1)
@@ -141,8 +145,8 @@ class _SortedExperts(torch.autograd.Function):
             dh = torch.cat([dact * up * sig * (1 + gate * (1 - sig)), dact * gate * sig], dim=-1)
             torch.mm(dh.t(), xs_ND[a:b], out=dw_gu[e])
             torch.mm(dh, w_gu_EFD[e], out=dxs_ND[a:b])
-        dx_TD = dxs_ND.new_zeros(ctx.T, dxs_ND.shape[1]).index_add_(0, order_N // ctx.K, dxs_ND)
-        return dx_TD, dw_gu, dw_d, None, None, None
+        dx_TD = torch.zeros_like(dy_TD).index_add_(0, tok_N, dxs_ND)
+        return dx_TD, dw_TK.to(ctx.w_dtype), dw_gu, dw_d, None, None, None
 
 
 def _blocks(counts: list[int]):
