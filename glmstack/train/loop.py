@@ -118,9 +118,9 @@ def _micro_batches(model, data_iter, n: int, device, amp, loss_fn, values) -> tu
         batch = _to_device(next(data_iter), device)
         sync = contextlib.nullcontext() if i == n - 1 or not hasattr(model, "no_sync") else model.no_sync()
         amp_ctx = torch.autocast(device.type, dtype=amp) if amp is not None else contextlib.nullcontext()
-        with sync, amp_ctx:
-            loss, metrics = loss_fn(model, batch, values)
-        with sync:
+        with sync:  # DDP: skip the gradient all-reduce on all but the last micro-batch
+            with amp_ctx:
+                loss, metrics = loss_fn(model, batch, values)
             (loss / n).backward()
         total += float(loss.detach()) / n
         tokens += int(batch["input_ids"].numel())

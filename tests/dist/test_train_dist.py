@@ -1,8 +1,8 @@
 """Two gloo processes on CPU (DDP, FSDP2, expert parallel) give the single-process loss for the same global batch.
 
-Expert parallel sums an expert's gradient over ranks in a different order than one process does (last-bit
-differences); bf16 Newton–Schulz turns those into visible update differences within a few steps, so the EP case
-compares with fp32 NS on both sides (optim.ns_dtype=float32): what is tested is the parallelism, not bf16 rounding.
+Expert parallel (and DDP with accumulation) sums gradients in a different order than one process does (last-bit
+differences); bf16 Newton–Schulz turns those into visible update differences within a few steps, so those cases
+compare with fp32 NS on both sides (optim.ns_dtype=float32): what is tested is the parallelism, not bf16 rounding.
 
 The single-process reference accumulates the two ranks' micro-batches (the synthetic loader gives rank r the
 batches r, r+W, ...), so every step sees exactly the same tokens; losses must agree within 1e-5 relative.
@@ -57,25 +57,28 @@ def _losses(out_dir):
 _REFERENCES = {}
 
 
-def _reference(tmp_path_factory, extra: tuple[str, ...]) -> list[float]:
-    if extra not in _REFERENCES:
+def _reference(tmp_path_factory, extra: tuple[str, ...], accum: int = 1) -> list[float]:
+    """Single-process losses with the two ranks' micro-batches (accum each) accumulated in one step."""
+    if (extra, accum) not in _REFERENCES:
         out = tmp_path_factory.mktemp("single")
-        run(load_config("tiny", "pretrain", BASE + list(extra) + ["grad_accum=2", f"out_dir={out}"]))
-        _REFERENCES[extra] = _losses(out)
-    return _REFERENCES[extra]
+        run(load_config("tiny", "pretrain", BASE + list(extra) + [f"grad_accum={2 * accum}", f"out_dir={out}"]))
+        _REFERENCES[(extra, accum)] = _losses(out)
+    return _REFERENCES[(extra, accum)]
 
 
 @pytest.mark.parametrize(
     "mode,extra",
     [
         (["dist.dp=ddp"], ()),
+        # no_sync on the first micro-batch, all-reduce on the last; sums in another order, so fp32 NS as for EP
+        (["dist.dp=ddp", "grad_accum=2"], ("optim.ns_dtype=float32",)),
         (["dist.dp=fsdp"], ()),
         (["dist.dp=ddp", "dist.expert_parallel=true"], ("optim.ns_dtype=float32",)),
     ],
-    ids=["ddp", "fsdp", "ep"],
+    ids=["ddp", "ddp-accum", "fsdp", "ep"],
 )
 def test_two_ranks_match_single_process(tmp_path, tmp_path_factory, mode, extra):
-    reference = _reference(tmp_path_factory, extra)
+    reference = _reference(tmp_path_factory, extra, accum=2 if "grad_accum=2" in mode else 1)
     mp.spawn(_worker, args=(2, _free_port(), BASE + mode + list(extra) + [f"out_dir={tmp_path}"]), nprocs=2, join=True)
     losses = _losses(tmp_path)
     assert len(losses) == STEPS == len(reference)
