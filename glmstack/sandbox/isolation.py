@@ -29,6 +29,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from glmstack.sandbox import seccomp
 from glmstack.sandbox.uids import UidSlot, clear_stale_work_dirs
 
 BOOT = (Path(__file__).with_name("boot.py")).read_text()
@@ -106,13 +107,17 @@ def _ro_binds(extra: tuple[str, ...]) -> list[str]:
     return args
 
 
-def bwrap_argv(work_dir_mb: int, extra_ro: tuple[str, ...] = (), warm: bool = False) -> list[str]:
+def bwrap_argv(
+    work_dir_mb: int, extra_ro: tuple[str, ...] = (), warm: bool = False, seccomp_fd: int | None = None
+) -> list[str]:
     """The bwrap prefix of the command line; the program then runs as `python -I -S -c BOOT`. `warm`: for a
     zygote (warm.py), where /sandbox holds one work dir per execution and /tmp is a tmpfs it clears after each."""
     size = str(work_dir_mb << 20)
     args = ["bwrap", *NAMESPACES.split()]
     if os.geteuid() == 0:  # a root bwrap keeps all of root's capabilities unless told; boot.py needs only these
         args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_CHOWN"]
+    if seccomp_fd is not None:
+        args += ["--seccomp", str(seccomp_fd)]
     args += _ro_binds(extra_ro)
     args += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--perms", "1777", "--tmpfs", "/dev/shm"]
     args += ["--size", size, "--tmpfs", SANDBOX_DIR]
@@ -217,8 +222,16 @@ class Launch:
     uid: int | None = None  # the sandbox uid boot.py switches to (None: we are not root, keep ours)
     host_dir: str | None = None  # host temp work dir to remove afterwards (unshare/plain)
     slot: UidSlot | None = field(default=None, repr=False)
+    pass_fds: tuple[int, ...] = ()  # fds the launcher inherits (the seccomp filter); ours to close after the start
+
+    def started(self) -> None:
+        """The launcher has its copies of pass_fds: close ours."""
+        for fd in self.pass_fds:
+            os.close(fd)
+        self.pass_fds = ()
 
     def cleanup(self) -> None:
+        self.started()
         if self.slot is not None:
             self.slot.release()
         if self.host_dir is not None:
@@ -240,15 +253,10 @@ def prepare(mode: str, work_dir_mb: int, site: bool = False, extra_ro: tuple[str
         layers += ("no-new-privs", "die-with-parent" if mode == "unshare" else "main-dies-with-parent")
     uid = slot.uid if slot else None
     if mode == "bwrap":
-        return Launch(
-            bwrap_argv(work_dir_mb, extra_ro) + python_argv(exe, site),
-            "/",
-            env_for(SANDBOX_DIR),
-            layers,
-            uid,
-            None,
-            slot,
-        )
+        fd = seccomp.filter_fd()
+        argv = bwrap_argv(work_dir_mb, extra_ro, seccomp_fd=fd) + python_argv(exe, site)
+        layers += ("seccomp",) if fd is not None else ()
+        return Launch(argv, "/", env_for(SANDBOX_DIR), layers, uid, None, slot, (fd,) if fd is not None else ())
     if uid is not None:
         clear_stale_work_dirs(uid)
     host_dir = tempfile.mkdtemp(prefix=f"glmstack-sandbox-{uid if uid is not None else 'u'}-")

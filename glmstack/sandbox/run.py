@@ -113,8 +113,10 @@ def _spawn(launch: isolation.Launch) -> tuple[subprocess.Popen, tuple[int, int, 
     (r_in, w_in), (r_out, w_out), (r_err, w_err) = os.pipe(), os.pipe(), os.pipe()
     try:
         proc = subprocess.Popen(
-            launch.argv, cwd=launch.cwd, env=launch.env, stdin=r_in, stdout=w_out, stderr=w_err, start_new_session=True
-        )
+            launch.argv, cwd=launch.cwd, env=launch.env, stdin=r_in, stdout=w_out, stderr=w_err,
+            start_new_session=True, pass_fds=launch.pass_fds,
+        )  # fmt: skip
+        launch.started()
     except BaseException:
         for fd in (w_in, r_out, r_err):
             os.close(fd)

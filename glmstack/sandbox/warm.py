@@ -23,7 +23,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from glmstack.sandbox import isolation
+from glmstack.sandbox import isolation, seccomp
 from glmstack.sandbox.limits import Limits
 from glmstack.sandbox.pump import encode_payload, pump
 from glmstack.sandbox.run import Result, make_result
@@ -31,7 +31,6 @@ from glmstack.sandbox.uids import UidSlot, kill_uid
 
 ZYGOTE = Path(__file__).with_name("zygote.py").read_text()
 REPLY_S = 10.0  # how long the zygote may take to report an execution it was told about, after its uid died
-LAYERS = (*isolation.LAYERS["bwrap"], "uid", "warm-fork")
 
 
 class ZygoteDied(RuntimeError):
@@ -49,25 +48,35 @@ class WarmSandbox:
     def __init__(self, *, work_dir_mb: int = Limits().work_dir_mb, site: bool = False, extra_ro=()):
         if not warm_available():
             raise RuntimeError("warm sandboxes need bubblewrap and root; use glmstack.sandbox.run")
-        exe = isolation.interpreter("bwrap")
-        # The zygote also empties the shared dirs, whose entries belong to the sandbox uids: it needs to pass
-        # their permissions (CAP_DAC_OVERRIDE, CAP_FOWNER). Each execution drops every capability at its uid switch.
-        caps = ["--cap-add", "CAP_DAC_OVERRIDE", "--cap-add", "CAP_FOWNER"]
-        self._argv = isolation.bwrap_argv(work_dir_mb, tuple(extra_ro), warm=True) + caps
-        self._argv += [exe, "-I", *([] if site else ["-S"]), "-c", ZYGOTE]
+        self._config = (work_dir_mb, tuple(extra_ro), site)
         self._proc: subprocess.Popen | None = None
         self._start()
 
+    def _argv(self, ctl_fd: int, seccomp_fd: int | None) -> list[str]:
+        work_dir_mb, extra_ro, site = self._config
+        # The zygote also empties the shared dirs, whose entries belong to the sandbox uids: it needs to pass
+        # their permissions (CAP_DAC_OVERRIDE, CAP_FOWNER). Each execution drops every capability at its uid switch.
+        argv = isolation.bwrap_argv(work_dir_mb, extra_ro, warm=True, seccomp_fd=seccomp_fd)
+        argv += ["--cap-add", "CAP_DAC_OVERRIDE", "--cap-add", "CAP_FOWNER"]
+        argv += [isolation.interpreter("bwrap"), "-I", *([] if site else ["-S"]), "-c", ZYGOTE]
+        return argv + [str(ctl_fd), isolation.BOOT]
+
     def _start(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        with theirs:
+        seccomp_fd = seccomp.filter_fd()
+        fds = (theirs.fileno(), *([seccomp_fd] if seccomp_fd is not None else []))
+        try:
             self._proc = subprocess.Popen(
-                [*self._argv, str(theirs.fileno()), isolation.BOOT], cwd="/",
-                env=isolation.env_for(isolation.SANDBOX_DIR), stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
+                self._argv(theirs.fileno(), seccomp_fd), cwd="/", env=isolation.env_for(isolation.SANDBOX_DIR),
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=fds,
                 start_new_session=True,
             )  # fmt: skip
+        finally:
+            theirs.close()
+            if seccomp_fd is not None:
+                os.close(seccomp_fd)
         self._ctl = ours
+        self.layers = (*isolation.LAYERS["bwrap"], "uid", "warm-fork", *(["seccomp"] if seccomp_fd is not None else []))
 
     def close(self) -> None:
         """Stop the zygote (closing its socket ends it; SIGKILL if it lingers)."""
@@ -163,5 +172,5 @@ class WarmSandbox:
                 slot.release()
         duration = time.monotonic() - start
         return make_result(
-            out, err, why, status[0], duration_s=duration, mode="bwrap", layers=LAYERS, uid=slot.uid, work_dir=None
+            out, err, why, status[0], duration_s=duration, mode="bwrap", layers=self.layers, uid=slot.uid, work_dir=None
         )
