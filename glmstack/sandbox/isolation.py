@@ -4,7 +4,7 @@ Three modes, strongest first; `auto` picks the first that works on this host (pr
 
 - `bwrap`   bubblewrap: new PID, network, IPC, UTS and mount namespaces; a fresh root that holds only the
             interpreter and the system libraries, read-only; a size-limited tmpfs work dir at /sandbox;
-            --die-with-parent. Killing bwrap kills the namespace's init, and the kernel then kills every
+            a seccomp filter (seccomp.py); --die-with-parent. Killing bwrap kills the namespace's init, and the kernel then kills every
             process in the namespace, so setsid + double fork cannot outlive a run.
 - `unshare` util-linux unshare (root only): new PID, network, IPC, UTS namespaces with --kill-child; the
             file system is the host's (read by the sandbox uid's permissions), the work dir is a host temp dir.
@@ -14,7 +14,8 @@ In every mode: rlimits (limits.py), a scrubbed environment, an empty work dir re
 kill of the process group, and, when we are root, a dedicated unprivileged uid per execution (held with a lock
 file so concurrent runners never share one). RLIMIT_NPROC counts per uid and is ignored for root, so the uid
 is what makes the process limit bite; after each run every process of that uid is killed (the backstop for
-`plain`, where a daemon could escape the process group). docs/sandbox.md has the full table.
+`plain`, where a daemon could escape the process group; uids.py). warm.py reuses one bwrap for many
+executions. docs/sandbox.md has the full table.
 """
 
 from __future__ import annotations
