@@ -19,6 +19,7 @@ import sys
 from glmstack.sandbox import isolation
 from glmstack.sandbox.limits import Limits
 from glmstack.sandbox.run import run
+from glmstack.sandbox.warm import warm_available
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -42,9 +43,9 @@ def _parser() -> argparse.ArgumentParser:
 def _info(mode: str) -> int:
     chosen = isolation.resolve(mode)
     print(f"mode: {chosen}  (available: {', '.join(m for m in isolation.MODES if isolation.available(m))})")
-    uid = "uid" if isolation.uid_usable(chosen) else "no dedicated uid"
-    print(f"layers: {', '.join(isolation.LAYERS[chosen])}, {uid}")
+    print(f"layers: {', '.join(run('pass', mode=chosen).layers)}")  # as a real run reports them
     print(f"interpreter: {isolation.interpreter(chosen)}")
+    print(f"warm sandboxes (run_batch): {'yes' if warm_available() and chosen == 'bwrap' else 'no'}")
     return 0
 
 
