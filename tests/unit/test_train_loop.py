@@ -69,3 +69,13 @@ def test_bias_update_direction():
     metrics = balance.load_metrics(load)
     assert metrics["moe/max_over_mean"] == 2.5
     assert metrics["moe/entropy/0"] < torch.log(torch.tensor(4.0))
+
+
+def test_spike_guard_rule():
+    from glmstack.train.loop import LoopState, _is_bad
+
+    state = LoopState(loss_ema=2.0)
+    assert not _is_bad(3.9, 1.0, state, spike_factor=2.0)
+    assert _is_bad(4.1, 1.0, state, spike_factor=2.0)
+    assert not _is_bad(4.1, 1.0, state, spike_factor=0.0)  # spike check off: only NaN/inf
+    assert _is_bad(1.0, float("inf"), state, spike_factor=0.0) and _is_bad(float("nan"), 1.0, state, 0.0)
