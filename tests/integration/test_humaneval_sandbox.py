@@ -14,9 +14,10 @@ def problems():
 
 
 @pytest.mark.slow
-def test_all_canonical_solutions_pass(problems):
+@pytest.mark.parametrize("warm", [None, False], ids=["warm_when_available", "cold"])
+def test_all_canonical_solutions_pass(problems, warm):
     assert len(problems) == 164
-    results = evaluate(problems, concurrency=2)
+    results = evaluate(problems, concurrency=2, warm=warm)
     failed = {tid: (r.flags(), r.stderr[-300:]) for tid, r in results.items() if not r.ok}
     assert failed == {}
     assert pass_rate(results) == 1.0
