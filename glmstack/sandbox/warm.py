@@ -146,14 +146,18 @@ class WarmSandbox:
         limits = (limits or Limits()).replace(**overrides)
         try:
             return self._run(code, stdin, files, argv, limits)
-        except ZygoteDied:
-            self._restart()
+        except ZygoteDied:  # _settle has started a new zygote
             return self._run(code, stdin, files, argv, limits)
 
     def _run(self, code: str, stdin, files, argv, limits: Limits) -> Result:
         slot = UidSlot()
         payload = encode_payload(code, stdin, files, argv, limits.rlimits(), slot.uid, False)
         start, status = time.monotonic(), []
+        try:
+            fds = self._submit(slot.uid)
+        except BaseException:
+            slot.release()
+            raise
 
         def wait_exit(timeout: float) -> bool:
             if not status and (code_ := self._reply(timeout)) is not None:
@@ -162,7 +166,7 @@ class WarmSandbox:
 
         out, err, why = b"", b"", "interrupted"
         try:
-            out, err, why = pump(self._submit(slot.uid), payload, limits, slot.uid, wait_exit)
+            out, err, why = pump(fds, payload, limits, slot.uid, wait_exit)
         finally:  # nothing of this execution may run when we return, or when the zygote serves the next one
             try:
                 if not status:
