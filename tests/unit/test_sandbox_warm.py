@@ -2,6 +2,7 @@
 
 import os
 import signal
+import threading
 
 import pytest
 
@@ -62,3 +63,11 @@ def test_run_batch_uses_warm_boxes():
     assert [r.stdout for r in results] == [f"{i}\n" for i in range(6)]
     assert all("warm-fork" in r.layers for r in results)
     assert all("warm-fork" not in r.layers for r in run_batch(["print(1)"], warm=False))
+
+
+def test_a_zygote_killed_mid_execution_is_replaced_and_the_run_retried(box):
+    killer = threading.Timer(0.5, lambda: os.killpg(box._proc.pid, signal.SIGKILL))
+    killer.start()
+    r = box.run("import time; time.sleep(1.5); print('done')", timeout_s=10)
+    killer.join()
+    assert r.ok and r.stdout == "done\n" and uids.uid_pids(r.uid) == []
