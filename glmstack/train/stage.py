@@ -18,12 +18,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from glmstack.config import ConfigError, apply_overrides
+from glmstack.config import ConfigError, apply_overrides, diff_fields
+from glmstack.model.config import TRAINING_FIELDS
 from glmstack.optim import build_optimizer
 from glmstack.train import dist
 from glmstack.train.config import TrainConfig
 from glmstack.train.loop import device_of, pretrain_loss, train
 from glmstack.train.synthetic import SyntheticLM
+
+# ModelConfig fields a later stage may change on loaded weights: the RoPE base and context length (GLM-4.5
+# mid-training) and the model's training-only fields (MTP/aux weights, GLM-5's DSA stage, ...); any other
+# difference would not match the checkpoint's tensors.
+STAGE_MAY_CHANGE = ("rope_theta", "max_position_embeddings", *TRAINING_FIELDS)
 
 
 def load_config(recipe: str, stage: str, overrides: list[str]) -> TrainConfig:
@@ -69,7 +75,14 @@ def build_model(cfg: TrainConfig, device: torch.device):
     if cfg.init_from:
         model = load_hf(resolve_checkpoint(cfg.init_from, cfg.out_dir), dtype=torch.float32)
         if overrides:  # e.g. mid-training's RoPE base change: same weights, new config fields
-            model.cfg = dataclasses.replace(model.cfg, **overrides)
+            new_cfg = dataclasses.replace(model.cfg, **overrides)
+            changed = [f for f in diff_fields(model.cfg, new_cfg) if f not in STAGE_MAY_CHANGE]
+            if changed:
+                raise ConfigError(
+                    f"init_from={cfg.init_from!r}: the checkpoint's weights fix {', '.join(changed)}; "
+                    f"a stage may change only {', '.join(STAGE_MAY_CHANGE)}"
+                )
+            model.cfg = new_cfg
             apply_dsa_stage(model)  # GLM-5 DSA stages (dsa_stage override): indexer mode, what trains
         return model.to(device)
     return GLM(ModelConfig.preset(cfg.model, **overrides)).init_weights(seed=cfg.seed, device=device)

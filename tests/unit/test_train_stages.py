@@ -33,3 +33,14 @@ def test_midtrain_continues_from_pretrain(tmp_path):
     assert ModelConfig.from_hf(pre).rope_theta == 1e4 and ModelConfig.from_hf(mid).rope_theta == 1e6
     result = run(load_config("tiny", "midtrain", FAST + [f"out_dir={tmp_path}", "steps=1", "seq_len=32"]))
     assert result["step"] == 1 and result["loss"] < 20
+
+
+def test_midtrain_refuses_structural_change(tmp_path):
+    import pytest
+
+    from glmstack.config import ConfigError
+
+    run(load_config("tiny", "pretrain", FAST + [f"out_dir={tmp_path}", "steps=1", "seq_len=16"]))
+    cfg = load_config("tiny", "midtrain", FAST + [f"out_dir={tmp_path}", "steps=0", "model_overrides.hidden_size=32"])
+    with pytest.raises(ConfigError, match="hidden_size"):
+        run(cfg)
