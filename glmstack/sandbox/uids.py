@@ -16,6 +16,7 @@ import os
 import random
 import shutil
 import signal
+import stat
 import tempfile
 import time
 import warnings
@@ -26,13 +27,22 @@ LOCK_DIR = Path(tempfile.gettempdir()) / "glmstack-sandbox-uids"
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
+def _ensure_lock_dir() -> None:
+    """LOCK_DIR lives in the shared /tmp: make sure it is ours (not another user's dir or symlink) before a root
+    process creates files in it."""
+    LOCK_DIR.mkdir(mode=0o700, exist_ok=True)
+    st = os.lstat(LOCK_DIR)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise RuntimeError(f"sandbox: {LOCK_DIR} is not a private directory of ours; remove it")
+
+
 class UidSlot:
     """An exclusive unprivileged uid for one execution, held by an flock so other runners skip it."""
 
     def __init__(self):
-        LOCK_DIR.mkdir(mode=0o700, exist_ok=True)
+        _ensure_lock_dir()
         for slot in random.sample(range(UID_SLOTS), 64):
-            fd = os.open(LOCK_DIR / f"{slot}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            fd = os.open(LOCK_DIR / f"{slot}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -118,6 +128,12 @@ def clear_stale_work_dirs(own_uid: int) -> None:
     (or our own, whose lock we hold) has no live runner."""
     for d in Path(tempfile.gettempdir()).glob("glmstack-sandbox-[0-9]*-*"):
         uid = int(d.name.split("-")[2])
+        try:
+            st = os.lstat(d)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (uid, os.geteuid()):
+            continue  # not one of ours: leave other users' files alone
         if uid == own_uid or _is_free(uid):
             kill_uid(uid)
             shutil.rmtree(d, ignore_errors=True)
