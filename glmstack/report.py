@@ -53,8 +53,8 @@ def _series(rows: list[dict], key: str, offset: int = 0, smooth: float = 0.0) ->
 
 
 def _smoothing(n_points: int) -> float:
-    """EMA factor averaging over ~1/20 of a curve's points (none for short curves)."""
-    window = n_points / 20
+    """EMA factor averaging over ~1/10 of a curve's points (none for short curves)."""
+    window = n_points / 10
     return 1 - 1 / window if window > 1 else 0.0
 
 
@@ -150,7 +150,7 @@ def plot_accepted(spec: dict, plots: Path) -> list[str]:
     ks = sorted(hist)
     ax.bar(ks, [hist[k] for k in ks], color="tab:green")
     ax.set(title=f"MTP speculative decoding: mean accepted length {spec.get('mean_accepted', float('nan')):.2f}",
-           xlabel="tokens per verify step", ylabel="steps", xticks=ks)
+           xlabel="tokens per verify step", ylabel="share of verify steps", xticks=ks)
     ax.title.set_fontsize(10)
     fig.tight_layout()
     fig.savefig(plots / "accepted_length.png")

@@ -147,6 +147,11 @@ def model_overrides(size: Size, vocab_size: int) -> dict:
             "max_position_embeddings": size.mid_seq_len}
 
 
+def _val_every(steps: int, log_every: int, n: int) -> int:
+    """About `n` validations per stage, on logged steps (the loop writes a row only every log.every steps)."""
+    return log_every * max(1, round(steps / n / log_every))
+
+
 def pretrain(minutes: float = 15, out: str = "runs/speedrun", seed: int = 0, vocab_size: int | None = None):
     """Pre-training: Muon, warm-up + cosine spanning both stages, MTP weight 0.3, balancing bias rate 1e-3."""
     from glmstack.train.config import TrainConfig
@@ -164,7 +169,7 @@ def pretrain(minutes: float = 15, out: str = "runs/speedrun", seed: int = 0, voc
                                    val_path=str(out / "data" / "pretrain" / "eval"), packing="concat")
     cfg.ckpt.every, cfg.ckpt.keep_last = max(10, size.pretrain_steps // 5), 1
     cfg.log.every, cfg.log.val_batches = max(1, size.pretrain_steps // 50), 4  # ~50 log lines a stage
-    cfg.log.val_every = max(5, size.pretrain_steps // 10)
+    cfg.log.val_every = _val_every(size.pretrain_steps, cfg.log.every, 10)
     return cfg
 
 
@@ -180,7 +185,8 @@ def midtrain(minutes: float = 15, out: str = "runs/speedrun", seed: int = 0, voc
     cfg.schedule = dataclasses.replace(cfg.schedule, warmup_steps=0, step_offset=size.pretrain_steps,
                                        mtp_weight=[[0, 0.1]], balance_rate=[[0, 0.0]])
     cfg.ckpt.every = max(10, size.midtrain_steps // 3)
-    cfg.log.every, cfg.log.val_every = max(1, size.midtrain_steps // 50), max(5, size.midtrain_steps // 6)
+    cfg.log.every = max(1, size.midtrain_steps // 50)
+    cfg.log.val_every = _val_every(size.midtrain_steps, cfg.log.every, 8)
     return cfg
 
 
