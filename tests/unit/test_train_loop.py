@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 
 from glmstack.train import balance, checkpoint
@@ -79,3 +80,29 @@ def test_spike_guard_rule():
     assert _is_bad(4.1, 1.0, state, spike_factor=2.0)
     assert not _is_bad(4.1, 1.0, state, spike_factor=0.0)  # spike check off: only NaN/inf
     assert _is_bad(1.0, float("inf"), state, spike_factor=0.0) and _is_bad(float("nan"), 1.0, state, 0.0)
+
+
+@pytest.mark.slow
+def test_bias_updates_even_out_the_load(tmp_path):
+    """The direction of loss-free balancing in a real run (bench/balance.py gives the 300-step figures)."""
+
+    def worst_load(rate):
+        out = tmp_path / str(rate)
+        cfg = load_config(
+            "tiny",
+            "pretrain",
+            FAST
+            + [
+                f"out_dir={out}",
+                "steps=30",
+                "seq_len=32",
+                "micro_batch_size=4",
+                f"schedule.balance_rate=[[0, {rate}]]",
+                "log.plots=false",
+            ],
+        )
+        run(cfg)
+        rows = [json.loads(line) for line in (out / "tiny" / "pretrain" / "metrics.jsonl").read_text().splitlines()]
+        return sum(r["moe/max_over_mean"] for r in rows[-10:]) / 10
+
+    assert worst_load(1e-2) < worst_load(0.0)
