@@ -13,6 +13,7 @@ mean accepted length per verify step, acceptance per depth, wall-clock speedup (
 
     python bench/decode.py                          # ~4 minutes on 1 busy CPU thread
     python bench/decode.py --skip-mtp --repeats 9   # part 1 only
+    python bench/decode.py --skip-hf --mtp-layers 16  # part 2 with a 16-layer trunk
 """
 
 from __future__ import annotations
@@ -155,6 +156,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--train-steps", type=int, default=150)
     ap.add_argument("--skip-mtp", action="store_true")
+    ap.add_argument("--mtp-layers", type=int, default=0, help="part 2 on a trunk of this many layers (0: 4)")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", help="write the figures as JSON here")
@@ -165,6 +167,8 @@ def main(argv=None) -> int:
     if not args.skip_hf:
         result["engine_vs_transformers"] = engine_vs_hf(ours, hf, args.new_tokens, args.repeats)
     if not args.skip_mtp:
+        if args.mtp_layers:  # a deeper trunk: drafting becomes cheap next to the main model, as in real GLMs
+            ours = GLM(ModelConfig.preset("tiny-moe", num_hidden_layers=args.mtp_layers)).init_weights(seed=0)
         model, sample = train_mtp(ours, args.train_steps)
         result["mtp"] = speculative_speedup(model, sample, args.new_tokens, args.repeats)
         result["mtp"] += speculative_speedup(model, sample, args.new_tokens, args.repeats, batch=8, ks=(2, 4))

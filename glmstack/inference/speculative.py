@@ -42,15 +42,17 @@ class _Draft:
         self.cache_idx = lambda layer: n + layer
         self.layer_of_depth = [min(j, D - 1) for j in range(k)]  # 0-based depth -> MTP layer
 
-    def set_pending(self, h_BTD, next_ids_BT, pos_BT, count_B):
-        """Confirmed positions not yet fed to the MTP layers: row b's first count_B[b] columns are valid."""
+    def set_pending(self, h_BTD, next_ids_BT, pos_BT, count_B, keep_B=None):
+        """Confirmed positions not yet fed to the MTP layers: row b's first count_B[b] columns are valid, and
+        its cache keeps keep_B[b] of them (default all; 0 for finished rows, whose caches must stop growing)."""
         self.h, self.ids, self.pos, self.count = h_BTD, next_ids_BT, pos_BT, count_B
+        self.keep = count_B if keep_B is None else keep_B
 
     def _catch_up(self, layer: int):
         """Feed the pending (h, x) pairs to one MTP layer; -> (hidden, logits) at each row's last valid one."""
         g_BTD, logits_BTV = self.run.mtp_step(layer, self.ids, self.h, self.pos, self.cache)
         T = self.ids.shape[1]
-        self.cache.rewind(T - self.count, layers=[self.cache_idx(layer)])  # drop the ragged padding columns
+        self.cache.rewind(T - self.keep, layers=[self.cache_idx(layer)])  # drop the ragged padding columns
         last_B11 = (self.count - 1)[:, None, None]
         g_BD = g_BTD.gather(1, last_B11.expand(-1, 1, g_BTD.shape[-1])).squeeze(1)
         logits_BV = logits_BTV.gather(1, last_B11.expand(-1, 1, logits_BTV.shape[-1])).squeeze(1)
@@ -117,12 +119,14 @@ def mtp_decode(run, cfg, ids_BP, start_B, cache, rows, params, gen, k: int, stat
             n_B, x_B = accept_greedy(d_BK, logits_BKV)
         else:
             n_B, x_B = accept_sampled(d_BK, q_BKV, probs(logits_BKV, params), gen)
-        # finished rows keep riding along in the batch; accepting nothing bounds their cache growth to 1 a step
-        n_B = n_B * torch.tensor([rows.active(b) for b in range(B)], device=dev)
-        cache.rewind(k - n_B, layers=main_layers)
+        # finished rows ride along in the batch until all are done; they keep nothing of a step, so their caches
+        # and positions stop growing (a row that finished early could otherwise outgrow the preallocated cache)
+        active_B = torch.tensor([rows.active(b) for b in range(B)], device=dev)
+        n_B = n_B * active_B
+        cache.rewind(torch.where(active_B, k - n_B, k + 1), layers=main_layers)
         # the confirmed positions of this step: inputs [x_last, d_1..d_n] whose next tokens are [d_1..d_n, x_new]
         next_BK1 = torch.cat([d_BK, d_BK[:, :1]], 1).scatter(1, n_B[:, None], x_B[:, None])
-        drafter.set_pending(hidden_BKD, next_BK1, pos_BK1, n_B + 1)
+        drafter.set_pending(hidden_BKD, next_BK1, pos_BK1, n_B + 1, (n_B + 1) * active_B)
         n_list, d_list, x_list = n_B.tolist(), d_BK.tolist(), x_B.tolist()
         active = [b for b in range(B) if rows.active(b)]
         for b in active:

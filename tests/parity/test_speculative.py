@@ -38,7 +38,8 @@ def oracle(model, prompts, wrong_rate, monkeypatch, fast, seed=0):
             for t in range(logits.shape[1]):
                 p = int(position_ids[b, t]) + 2
                 tok = seq[p] if p < len(seq) else 0
-                if torch.rand((), generator=g) < wrong_rate:
+                rate = wrong_rate[b] if isinstance(wrong_rate, list) else wrong_rate
+                if torch.rand((), generator=g) < rate:
                     tok = (tok + 1) % V
                 fake[b, t, tok] = 10.0
         return h, fake
@@ -103,3 +104,12 @@ def test_speculative_sampling_keeps_distribution():
     exp *= counts[keep].sum() / exp.sum()
     assert stats.chisquare(counts[keep].numpy(), exp.numpy()).pvalue > 1e-3
     assert 1.0 < res.stats["mean_accepted_length"] < 3.0
+
+
+def test_rows_finishing_far_apart_stay_in_the_cache(model, monkeypatch):
+    """Row 0's drafts are always right (done in ~N/5 steps), row 1's never (N steps): row 0 rides along."""
+    engine = Engine(model)
+    plain = engine.generate(PROMPTS[:2], N_NEW, stop_ids=[]).tokens
+    oracle(model, PROMPTS[:2], [0.0, 1.0], monkeypatch, fast=True)
+    spec = engine.generate(PROMPTS[:2], N_NEW, stop_ids=[], speculative="mtp", draft_k=4)
+    assert spec.tokens == plain
