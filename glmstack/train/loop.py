@@ -252,8 +252,8 @@ def train(
     flops = _flops_per_token(model, cfg, device)
     bar = _progress(cfg, state, rank0)
     data_iter, t_start, start_step = iter(data), time.perf_counter(), state.step
-    result = {"stopped": "done", "val_loss": None, "loss": None}
     end = min(cfg.steps, stop_at) if stop_at is not None else cfg.steps
+    result = {"stopped": "done" if end == cfg.steps else "stop_at", "val_loss": None, "loss": None}
     while state.step < end:
         t0 = time.perf_counter()
         tokens_before = state.tokens

@@ -38,7 +38,8 @@ class SyntheticLM:
     def batch(self, index: int) -> dict[str, torch.Tensor]:
         """The `index`-th batch of this rank (pure in seed, rank, index)."""
         global_index = index * self.world_size + self.rank  # rank r takes every world_size-th batch
-        g = torch.Generator().manual_seed(hash((self.seed, self.stream, global_index)) & 0x7FFFFFFF)
+        mix = (self.seed * 1_000_003 + self.stream) * 2_147_483_629 + global_index  # same on every Python/platform
+        g = torch.Generator().manual_seed(mix % (2**63))
         B, T = self.batch_size, self.seq_len
         tokens = torch.empty(B, T + 1, dtype=torch.long)
         tokens[:, 0] = torch.randint(0, self.vocab_size, (B,), generator=g)
