@@ -109,7 +109,7 @@ def mtp_decode(run, cfg, ids_BP, start_B, cache, rows, params, gen, k: int, stat
     drafter.set_pending(hidden_BPD, torch.cat([ids_BP[:, 1:], x_B[:, None]], 1), pos_BP,
                         torch.full((B,), P, dtype=torch.long, device=dev))
     # ---- draft -> verify -> accept -> roll back
-    accepted, depth_hits, steps, t0 = [], torch.zeros(k), 0, time.perf_counter()
+    accepted, depth_hits, steps, t0 = [], [0] * k, 0, time.perf_counter()
     arange_K1 = torch.arange(k + 1, device=dev)
     while not rows.all_done:
         d_BK, q_BKV = drafter.draft()
@@ -131,12 +131,13 @@ def mtp_decode(run, cfg, ids_BP, start_B, cache, rows, params, gen, k: int, stat
         active = [b for b in range(B) if rows.active(b)]
         for b in active:
             accepted.append(n_list[b] + 1)
-            depth_hits[: n_list[b]] += 1
+            for j in range(n_list[b]):
+                depth_hits[j] += 1
         steps += len(active)
         yield rows.push([d_list[b][: n_list[b]] + [x_list[b]] for b in range(B)])
     stats.update(decode_s=time.perf_counter() - t0, verify_steps=steps,
                  mean_accepted_length=sum(accepted) / max(len(accepted), 1),
-                 acceptance_per_depth=(depth_hits / max(steps, 1)).tolist())
+                 acceptance_per_depth=[h / max(steps, 1) for h in depth_hits])
 
 
 def _sample_one(logits_BV, params, gen):
