@@ -54,11 +54,18 @@ def time_hf(hf, prompts, n, cpu: list | None = None):
     ids = torch.tensor(prompts)
     with torch.inference_mode():
         t, c = time.perf_counter(), time.process_time()
-        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                          do_sample=False, eos_token_id=None, pad_token_id=0)
+        out = hf.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
         if cpu is not None:
             cpu.append(time.process_time() - c)
-        return time.perf_counter() - t, out[:, ids.shape[1]:].tolist()
+        return time.perf_counter() - t, out[:, ids.shape[1] :].tolist()
 
 
 # ---------------------------------------------------------------- part 1: engine vs transformers
@@ -74,14 +81,24 @@ def engine_vs_hf(ours, hf, n: int, repeats: int, batches=(1, 8)) -> list[dict]:
             b, hf_tokens = time_hf(hf, prompts, n, cpu_hf)
             t_ours.append(a), t_hf.append(b), ratios.append(b / a)
         same = sum(x == y for r, h in zip(res.tokens, hf_tokens) for x, y in zip(r, h)) / (B * n)
-        row = dict(batch=B, new_tokens=n, ours_ms_per_step=1e3 * statistics.median(t_ours) / n,
-                   hf_ms_per_step=1e3 * statistics.median(t_hf) / n, speedup=statistics.median(ratios),
-                   ours_tok_s=B * n / statistics.median(t_ours), hf_tok_s=B * n / statistics.median(t_hf),
-                   same_tokens=same, cpu_time_speedup=statistics.median(cpu_hf) / statistics.median(cpu_ours))
-        print(f"batch {B}: ours {row['ours_ms_per_step']:.2f} ms/step ({row['ours_tok_s']:.0f} tok/s), "
-              f"transformers {row['hf_ms_per_step']:.2f} ms/step ({row['hf_tok_s']:.0f} tok/s), "
-              f"speedup x{row['speedup']:.2f} (median of pairs; CPU-time x{row['cpu_time_speedup']:.2f}), "
-              f"same greedy tokens {100 * same:.0f}%", flush=True)
+        row = {
+            "batch": B,
+            "new_tokens": n,
+            "ours_ms_per_step": 1e3 * statistics.median(t_ours) / n,
+            "hf_ms_per_step": 1e3 * statistics.median(t_hf) / n,
+            "speedup": statistics.median(ratios),
+            "ours_tok_s": B * n / statistics.median(t_ours),
+            "hf_tok_s": B * n / statistics.median(t_hf),
+            "same_tokens": same,
+            "cpu_time_speedup": statistics.median(cpu_hf) / statistics.median(cpu_ours),
+        }
+        print(
+            f"batch {B}: ours {row['ours_ms_per_step']:.2f} ms/step ({row['ours_tok_s']:.0f} tok/s), "
+            f"transformers {row['hf_ms_per_step']:.2f} ms/step ({row['hf_tok_s']:.0f} tok/s), "
+            f"speedup x{row['speedup']:.2f} (median of pairs; CPU-time x{row['cpu_time_speedup']:.2f}), "
+            f"same greedy tokens {100 * same:.0f}%",
+            flush=True,
+        )
         rows.append(row)
     return rows
 
@@ -90,8 +107,9 @@ def engine_vs_hf(ours, hf, n: int, repeats: int, batches=(1, 8)) -> list[dict]:
 def phrase_stream(vocab: int, n_phrases: int = 48, seed: int = 0):
     """A sampler of sequences made of random phrases: inside a phrase the next token is determined."""
     g = torch.Generator().manual_seed(seed)
-    phrases = [torch.randint(1, vocab, (int(torch.randint(6, 13, (), generator=g)),), generator=g)
-               for _ in range(n_phrases)]
+    phrases = [
+        torch.randint(1, vocab, (int(torch.randint(6, 13, (), generator=g)),), generator=g) for _ in range(n_phrases)
+    ]
 
     def sample(batch: int, length: int, gen: torch.Generator) -> torch.Tensor:
         out = []
@@ -118,8 +136,10 @@ def train_mtp(model, steps: int, batch: int = 8, seq: int = 32, lr: float = 3e-3
         opt.step()
         if step % 50 == 0 or step == steps - 1:
             mtp = [round(m.item(), 3) for m in out.mtp_loss]
-            print(f"train step {step:4d} lm {out.lm_loss.item():.3f} mtp {mtp} ({time.perf_counter() - t0:.0f}s)",
-                  flush=True)
+            print(
+                f"train step {step:4d} lm {out.lm_loss.item():.3f} mtp {mtp} ({time.perf_counter() - t0:.0f}s)",
+                flush=True,
+            )
     return model.eval(), sample
 
 
@@ -130,22 +150,30 @@ def speculative_speedup(model, sample, n: int, repeats: int, batch: int = 1, ks=
     times = {k: [] for k in (0, *ks)}
     stats = {}
     for _ in range(repeats):
-        for k in times:
+        for k, runs in times.items():
             kw = {"speculative": "mtp", "draft_k": k} if k else {}
             t, res = time_ours(engine, prompts, n, **kw)
             assert res.tokens == plain_ref, "speculative output differs from plain greedy"
-            times[k].append(t)
+            runs.append(t)
             stats[k] = res.stats
     base = statistics.median(times[0])
     rows = []
     for k in ks:
-        row = dict(batch=batch, k=k, mean_accepted_length=stats[k]["mean_accepted_length"],
-                   acceptance_per_depth=[round(a, 3) for a in stats[k]["acceptance_per_depth"]],
-                   ms_per_token=1e3 * statistics.median(times[k]) / n, plain_ms_per_token=1e3 * base / n,
-                   speedup=base / statistics.median(times[k]))
-        print(f"batch {batch} k={k}: accepted length {row['mean_accepted_length']:.2f}, per depth "
-              f"{row['acceptance_per_depth']}, {row['ms_per_token']:.2f} ms/token vs plain "
-              f"{row['plain_ms_per_token']:.2f}: x{row['speedup']:.2f}", flush=True)
+        row = {
+            "batch": batch,
+            "k": k,
+            "mean_accepted_length": stats[k]["mean_accepted_length"],
+            "acceptance_per_depth": [round(a, 3) for a in stats[k]["acceptance_per_depth"]],
+            "ms_per_token": 1e3 * statistics.median(times[k]) / n,
+            "plain_ms_per_token": 1e3 * base / n,
+            "speedup": base / statistics.median(times[k]),
+        }
+        print(
+            f"batch {batch} k={k}: accepted length {row['mean_accepted_length']:.2f}, per depth "
+            f"{row['acceptance_per_depth']}, {row['ms_per_token']:.2f} ms/token vs plain "
+            f"{row['plain_ms_per_token']:.2f}: x{row['speedup']:.2f}",
+            flush=True,
+        )
         rows.append(row)
     return rows
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import torch
 
@@ -46,9 +47,15 @@ def _load(args):
 
 
 def _gen_kwargs(args) -> dict:
-    return dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                top_k=args.top_k, seed=args.seed, draft_k=args.draft,
-                speculative=None if args.speculative == "none" else args.speculative)
+    return {
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "top_k": args.top_k,
+        "seed": args.seed,
+        "draft_k": args.draft,
+        "speculative": None if args.speculative == "none" else args.speculative,
+    }
 
 
 def _style(args, engine) -> str:
@@ -65,8 +72,9 @@ def _print_stats(stats: dict) -> None:
 
 # ---------------------------------------------------------------- generate
 def generate_main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="glmstack generate", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="glmstack generate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     _common(ap, temperature=0.0, top_p=1.0, max_new=256)
     ap.add_argument("--prompt", action="append", help="repeat for a batch; default: read stdin")
     ap.add_argument("--chat", action="store_true", help="wrap each prompt as a user turn in the chat format")
@@ -77,8 +85,10 @@ def generate_main(argv: list[str] | None = None) -> int:
     if args.chat:
         from glmstack.chat import render
 
-        prompts = [render([{"role": "user", "content": p}], style=_style(args, engine), add_generation_prompt=True)
-                   for p in prompts]
+        prompts = [
+            render([{"role": "user", "content": p}], style=_style(args, engine), add_generation_prompt=True)
+            for p in prompts
+        ]
     try:
         if len(prompts) == 1:  # stream a single prompt as it is generated
             stats: dict = {}
@@ -118,8 +128,9 @@ def _show(delta: dict, tty: bool, state: dict) -> None:
 
 
 def chat_main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="glmstack chat", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="glmstack chat", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     _common(ap, temperature=0.6, top_p=0.95, max_new=1024)
     ap.add_argument("--system", default=None, help="system message")
     ap.add_argument("--tools", default=None, help="JSON file with a list of OpenAI-style tool definitions")
@@ -130,7 +141,7 @@ def chat_main(argv: list[str] | None = None) -> int:
 
     engine = _load(args)
     style, tty = _style(args, engine), sys.stdout.isatty()
-    tools = json.loads(open(args.tools).read()) if args.tools else None
+    tools = json.loads(Path(args.tools).read_text()) if args.tools else None
     system = [{"role": "system", "content": args.system}] if args.system else []
     messages = list(system)
     print(f"chatting with {args.checkpoint} ({style}); /reset clears the conversation, /exit quits", file=sys.stderr)

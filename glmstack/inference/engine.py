@@ -18,8 +18,8 @@ of every row; `Rows` cuts them at the row's stop id or token budget.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
 
 import torch
 
@@ -27,6 +27,20 @@ from glmstack.inference.fast import FastForward, ReferenceForward, supported
 from glmstack.inference.kv_cache import KVCache
 from glmstack.inference.sampling import SamplingParams, sample
 from glmstack.inference.speculative import mtp_decode
+
+
+@dataclass(kw_only=True)
+class Request:
+    """What to generate: the options of Engine.generate / Engine.stream."""
+
+    max_new_tokens: int  # new tokens per row at most (the context may cap it)
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0  # nucleus sampling; 1 = off
+    top_k: int = 0  # 0 = off
+    seed: int | None = None  # seeds the sampling generator (None: a fresh random seed)
+    stop_ids: Sequence[int] | None = None  # None: tokenizer.eos_ids, else the config's eos_token_id
+    speculative: str | None = None  # "mtp": MTP speculative decoding
+    draft_k: int = 2  # draft tokens per verify step
 
 
 @dataclass
@@ -89,28 +103,28 @@ class Engine:
         self.sync_every = 8 if self.device.type == "cuda" else 1
 
     # ---------------------------------------------------------------- public API
-    def generate(self, prompts, max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
-                 top_k: int = 0, seed: int | None = None, stop_ids: Sequence[int] | None = None,
-                 speculative: str | None = None, draft_k: int = 2) -> GenerationResult:
-        """Generate for a batch. prompts: list of strings (needs a tokenizer) or of token-id lists (or one of them)."""
-        rows, stats = Rows(0, 0, ()), {}
+    def generate(self, prompts, max_new_tokens: int = 64, **options) -> GenerationResult:
+        """Generate for a batch: prompts are strings (needs a tokenizer) or token-id lists (or one of either).
+
+        options (see Request): temperature, top_p, top_k, seed, stop_ids, speculative ("mtp"), draft_k.
+        """
+        req = Request(max_new_tokens=max_new_tokens, **options)
+        stats: dict = {}
+        rows_out: list[Rows] = []
         t0 = time.perf_counter()
-        for step, _ in enumerate(self._run(prompts, max_new_tokens, temperature, top_p, top_k, seed, stop_ids,
-                                           speculative, draft_k, stats, rows_out := [], self.sync_every)):
+        for step, _ in enumerate(self._run(prompts, req, stats, rows_out, self.sync_every)):
             if step == 0:
                 stats["first_token_s"] = time.perf_counter() - t0
         rows = rows_out[0]
         text = [self._decode(r) for r in rows.out] if self.tokenizer is not None else None
         return GenerationResult(tokens=rows.out, text=text, finish_reason=rows.finish, stats=stats)
 
-    def stream(self, prompt, max_new_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
-               top_k: int = 0, seed: int | None = None, stop_ids: Sequence[int] | None = None,
-               speculative: str | None = None, draft_k: int = 2, stats: dict | None = None) -> Iterator[Delta]:
+    def stream(self, prompt, max_new_tokens: int = 256, stats: dict | None = None, **options) -> Iterator[Delta]:
         """One prompt; yields a Delta per decoding step (text deltas when the engine has a tokenizer)."""
+        req = Request(max_new_tokens=max_new_tokens, **options)
         ids: list[int] = []
         shown = full = ""
-        for new in self._run([prompt], max_new_tokens, temperature, top_p, top_k, seed, stop_ids, speculative,
-                             draft_k, {} if stats is None else stats, []):
+        for new in self._run([prompt], req, {} if stats is None else stats, []):
             ids.extend(new[0])
             text = None
             if self.tokenizer is not None:
@@ -118,27 +132,29 @@ class Engine:
                 if full.endswith("\ufffd"):  # byte-level BPE: half a UTF-8 character so far
                     text = ""
                 else:
-                    text, shown = full[len(shown):], full
+                    text, shown = full[len(shown) :], full
             if new[0]:
                 yield Delta(ids=new[0], text=text)
         if full != shown:  # the stream ended on an unfinished character: show what decode gives
-            yield Delta(ids=[], text=full[len(shown):])
+            yield Delta(ids=[], text=full[len(shown) :])
 
     # ---------------------------------------------------------------- the loop
-    def _run(self, prompts, max_new_tokens, temperature, top_p, top_k, seed, stop_ids, speculative, draft_k,
-             stats, rows_out, sync_every: int = 1) -> Iterator[list[list[int]]]:
-        params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
+    def _run(
+        self, prompts, req: Request, stats: dict, rows_out: list, sync_every: int = 1
+    ) -> Iterator[list[list[int]]]:
+        params = SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k)
+        speculative, draft_k = req.speculative, req.draft_k
         if speculative not in (None, "mtp"):
             raise ValueError(f"speculative must be None or 'mtp', got {speculative!r}")
         if speculative and draft_k < 1:
             raise ValueError(f"draft_k must be >= 1, got {draft_k}")
         ids_BP, start_B = self._prepare(prompts)
         B, P = ids_BP.shape
-        budget = self._budget(P, max_new_tokens)
-        rows = Rows(B, budget, self._stop_ids(stop_ids))
+        budget = self._budget(P, req.max_new_tokens)
+        rows = Rows(B, budget, self._stop_ids(req.stop_ids))
         rows_out.append(rows)
         gen = torch.Generator(device=self.device)
-        gen.manual_seed(seed if seed is not None else torch.seed())
+        gen.manual_seed(req.seed if req.seed is not None else torch.seed())
         # speculative: the verify block (k + 1) and the MTP layers' drafted positions (< k) on top of the budget
         slack = 2 * draft_k + 2 if speculative else 1
         cache = KVCache(B, P + budget + slack, start=start_B.to(self.device))
@@ -191,7 +207,7 @@ class Engine:
         ids = torch.zeros(len(seqs), P, dtype=torch.long)
         start = torch.tensor([P - len(s) for s in seqs], dtype=torch.long)
         for b, s in enumerate(seqs):
-            ids[b, P - len(s):] = torch.tensor(s, dtype=torch.long)
+            ids[b, P - len(s) :] = torch.tensor(s, dtype=torch.long)
         if int(ids.max()) >= self.cfg.vocab_size or int(ids.min()) < 0:
             raise ValueError(f"token id out of range for vocab_size {self.cfg.vocab_size}")
         return ids.to(self.device), start.to(self.device)
@@ -213,8 +229,10 @@ class Engine:
             raise ValueError(f"max_new_tokens must be > 0, got {max_new_tokens}")
         ctx = self.cfg.max_position_embeddings
         if prompt_len >= ctx:
-            raise ValueError(f"prompt has {prompt_len} tokens; the model's context is {ctx} "
-                             f"(max_position_embeddings), leaving no room to generate")
+            raise ValueError(
+                f"prompt has {prompt_len} tokens; the model's context is {ctx} "
+                f"(max_position_embeddings), leaving no room to generate"
+            )
         return min(max_new_tokens, ctx - prompt_len)
 
     def _stop_ids(self, stop_ids) -> list[int]:

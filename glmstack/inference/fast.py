@@ -26,7 +26,6 @@ from glmstack.model.attention import Attention, sdpa
 from glmstack.model.moe import MoE, _grouped_mm_ok
 from glmstack.model.rope import rope_cos_sin
 
-
 HIT_LOOP_MAX_TOKENS = 2  # measured on CPU (bench/decode.py): the hit-expert loop wins for 1-2 tokens
 EXPERT_COPY_MAX_BYTES = 256 * 2**20
 
@@ -58,8 +57,10 @@ class FastForward:
         # (except the CPU expert banks, see _expert_weights), so weights updated in place are seen.
         cache = {} if expert_cache is None else expert_cache
         self.blocks = [_BlockPlan(b, cache) for b in model.layers]
-        self.mtp = [(_norm(m.enorm), _norm(m.hnorm), m.eh_proj.weight, _BlockPlan(m.block, cache),
-                     _norm(m.final_norm)) for m in model.mtp_by_depth()]
+        self.mtp = [
+            (_norm(m.enorm), _norm(m.hnorm), m.eh_proj.weight, _BlockPlan(m.block, cache), _norm(m.final_norm))
+            for m in model.mtp_by_depth()
+        ]
         self.embed, self.norm, self.head = model.embed_tokens.weight, _norm(model.norm), model.lm_head.weight
 
     def rope(self, position_ids_BT):

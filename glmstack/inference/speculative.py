@@ -23,7 +23,7 @@ Shape legend: B rows, K drafts, T positions, D hidden, V vocabulary.
 from __future__ import annotations
 
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -106,8 +106,12 @@ def mtp_decode(run, cfg, ids_BP, start_B, cache, rows, params, gen, k: int, stat
     x_B = _sample_one(logits_BPV[:, -1], params, gen)
     stats["prefill_s"] = time.perf_counter() - t0
     yield rows.push([[t] for t in x_B.tolist()])
-    drafter.set_pending(hidden_BPD, torch.cat([ids_BP[:, 1:], x_B[:, None]], 1), pos_BP,
-                        torch.full((B,), P, dtype=torch.long, device=dev))
+    drafter.set_pending(
+        hidden_BPD,
+        torch.cat([ids_BP[:, 1:], x_B[:, None]], 1),
+        pos_BP,
+        torch.full((B,), P, dtype=torch.long, device=dev),
+    )
     # ---- draft -> verify -> accept -> roll back
     accepted, depth_hits, steps, t0 = [], [0] * k, 0, time.perf_counter()
     arange_K1 = torch.arange(k + 1, device=dev)
@@ -135,9 +139,12 @@ def mtp_decode(run, cfg, ids_BP, start_B, cache, rows, params, gen, k: int, stat
                 depth_hits[j] += 1
         steps += len(active)
         yield rows.push([d_list[b][: n_list[b]] + [x_list[b]] for b in range(B)])
-    stats.update(decode_s=time.perf_counter() - t0, verify_steps=steps,
-                 mean_accepted_length=sum(accepted) / max(len(accepted), 1),
-                 acceptance_per_depth=[h / max(steps, 1) for h in depth_hits])
+    stats.update(
+        decode_s=time.perf_counter() - t0,
+        verify_steps=steps,
+        mean_accepted_length=sum(accepted) / max(len(accepted), 1),
+        acceptance_per_depth=[h / max(steps, 1) for h in depth_hits],
+    )
 
 
 def _sample_one(logits_BV, params, gen):

@@ -17,13 +17,14 @@ def model():
 
 
 @torch.inference_mode()
-def naive(model, prompt, n, params=SamplingParams(temperature=0.0), gen=None):
+def naive(model, prompt, n, params=None, gen=None):
     """The plainest loop: the whole sequence through the model at every step, no cache."""
+    params = params or SamplingParams(temperature=0.0)
     ids = list(prompt)
     for _ in range(n):
         logits = model(torch.tensor([ids])).logits[:, -1]
         ids.append(int(sample(logits, params, gen)[0]))
-    return ids[len(prompt):]
+    return ids[len(prompt) :]
 
 
 def test_greedy_equals_naive_recompute(model):

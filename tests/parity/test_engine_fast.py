@@ -61,8 +61,10 @@ def test_router_and_one_token_experts_match_reference(model):
     assert torch.equal(idx.sort(-1).values, idx_ref.sort(-1).values)
     torch.testing.assert_close(w.gather(1, idx.argsort(-1)), w_ref.gather(1, idx_ref.argsort(-1)))
     w1, w2 = moe.experts.gate_up_proj, moe.experts.down_proj
-    torch.testing.assert_close(experts_one_token(x[:1], idx[:1], w[:1], w1.transpose(1, 2), w2.transpose(1, 2)),
-                               experts_loop(x[:1], idx[:1], w[:1], w1, w2))
+    torch.testing.assert_close(
+        experts_one_token(x[:1], idx[:1], w[:1], w1.transpose(1, 2), w2.transpose(1, 2)),
+        experts_loop(x[:1], idx[:1], w[:1], w1, w2),
+    )
 
 
 def test_engine_sees_in_place_weight_updates():
@@ -74,4 +76,7 @@ def test_engine_sees_in_place_weight_updates():
         for moe in model.moe_layers():
             moe.experts.gate_up_proj.mul_(-3.0)
             moe.experts.down_proj.add_(0.05)
-    assert engine.generate(prompt, 8, stop_ids=[]).tokens == Engine(model, fast=False).generate(prompt, 8, stop_ids=[]).tokens
+    assert (
+        engine.generate(prompt, 8, stop_ids=[]).tokens
+        == Engine(model, fast=False).generate(prompt, 8, stop_ids=[]).tokens
+    )

@@ -20,7 +20,7 @@ def naive(model, prompt, n):
     ids = list(prompt)
     for _ in range(n):
         ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt):]
+    return ids[len(prompt) :]
 
 
 def test_glm5_one_by_one_equals_naive():
