@@ -13,6 +13,7 @@ import torch
 
 from glmstack.inference import Engine
 from glmstack.inference.fast import FastForward
+from glmstack.inference.sampling import SamplingParams, probs
 from glmstack.model import GLM, ModelConfig
 
 PROMPTS = [[5, 17, 300, 2, 9, 41, 7], [11], [400, 3, 3, 8]]
@@ -83,24 +84,25 @@ def test_speculative_stops_mid_block(model, monkeypatch):
     assert spec.stats["mean_accepted_length"] > 3
 
 
-def test_speculative_sampling_keeps_distribution():
-    """First two sampled tokens over many rows: speculative frequencies == the model's exact joint p(x1) p(x2|x1)."""
+@pytest.mark.parametrize("sampling", [{"temperature": 0.7}, {"temperature": 1.0, "top_k": 4, "top_p": 0.9}])
+def test_speculative_sampling_keeps_distribution(sampling):
+    """First two sampled tokens over many rows: speculative frequencies == the model's exact joint p(x1) p(x2|x1),
+    p being the same temperature/top-k/top-p transform plain sampling uses."""
     stats = pytest.importorskip("scipy.stats")
     cfg = ModelConfig.preset("tiny", vocab_size=6)
     model = GLM(cfg).init_weights(seed=1).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(40)  # sharper distributions so that rejections happen often
-    prompt, n_rows, temp = [1, 4, 2], 6000, 0.7
+    prompt, n_rows, params = [1, 4, 2], 6000, SamplingParams(**sampling)
     with torch.inference_mode():
-        p1 = torch.softmax(model(torch.tensor([prompt])).logits[0, -1] / temp, -1)
+        p1 = probs(model(torch.tensor([prompt])).logits[0, -1], params)
         seqs = torch.tensor([prompt + [a] for a in range(6)])
-        p2 = torch.softmax(model(seqs).logits[:, -1] / temp, -1)  # (6, 6): p(x2 | x1 = a)
+        p2 = probs(model(seqs).logits[:, -1], params)  # (6, 6): p(x2 | x1 = a)
     joint = (p1[:, None] * p2).reshape(-1).double()
-    res = Engine(model).generate(
-        [prompt] * n_rows, 2, temperature=temp, seed=0, stop_ids=[], speculative="mtp", draft_k=2
-    )
+    res = Engine(model).generate([prompt] * n_rows, 2, seed=0, stop_ids=[], speculative="mtp", draft_k=2, **sampling)
     first_two = torch.tensor([t[:2] for t in res.tokens])
     counts = torch.bincount(first_two[:, 0] * 6 + first_two[:, 1], minlength=36).double()
+    assert counts[joint == 0].sum() == 0  # nothing outside the top-k / top-p support
     keep = joint * n_rows > 5  # chi-square needs populated cells; the rest must stay (nearly) empty
     exp = joint[keep] * n_rows
     exp *= counts[keep].sum() / exp.sum()
