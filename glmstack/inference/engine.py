@@ -61,7 +61,7 @@ class Rows:
     """Per-row output, token budget and stop handling, shared by the plain and the speculative loops."""
 
     def __init__(self, batch_size: int, max_new_tokens: int, stop_ids: Sequence[int]):
-        self.budget, self.stop = max_new_tokens, set(stop_ids)
+        self.batch_size, self.budget, self.stop = batch_size, max_new_tokens, set(stop_ids)
         self.out: list[list[int]] = [[] for _ in range(batch_size)]
         self.finish: list[str | None] = [None] * batch_size
 
@@ -101,6 +101,8 @@ class Engine:
         # generate() reads new tokens back to the host every `sync_every` steps (stop checks); on a GPU that
         # read is a sync that stalls the launch queue, on a CPU it is free. stream() always reads every step.
         self.sync_every = 8 if self.device.type == "cuda" else 1
+        # plain decoding drops finished rows from the batch once a quarter of it has finished (copies the cache)
+        self.compact = True
 
     # ---------------------------------------------------------------- public API
     def generate(self, prompts, max_new_tokens: int = 64, **options) -> GenerationResult:
@@ -176,22 +178,33 @@ class Engine:
         logits_BV = run.forward(ids_BP, pos_BT, cache, last_only=True)[0][:, -1]
         stats["prefill_s"] = time.perf_counter() - t0
         pos_B1 = pos_BT[:, -1:] + 1
-        steps, t0, pending = 0, time.perf_counter(), []
+        alive = list(range(ids_BP.shape[0]))  # original row of each batch row (finished rows get dropped)
+        steps, t0, pending, compactions = 0, time.perf_counter(), [], 0
         for step in range(rows.budget):  # every row is done after `budget` tokens at the latest
             tok_B = sample(logits_BV, params, gen)
             pending.append(tok_B)
             last = step == rows.budget - 1
             if len(pending) == sync_every or last:
-                yield rows.push(torch.stack(pending, 1).tolist())  # finished rows' extra tokens are dropped
+                new = [[] for _ in range(rows.batch_size)]
+                for j, toks in enumerate(torch.stack(pending, 1).tolist()):
+                    new[alive[j]] = toks
+                yield rows.push(new)  # finished rows' extra tokens are dropped
                 pending = []
                 if rows.all_done:
                     break
+                keep = [j for j, b in enumerate(alive) if rows.active(b)]
+                if self.compact and len(alive) - len(keep) >= max(1, len(alive) // 4):
+                    # RL rollouts end at very different lengths: stop paying for the finished rows
+                    idx = torch.tensor(keep, device=self.device)
+                    cache.keep_rows(idx)
+                    tok_B, pos_B1, alive = tok_B[idx], pos_B1[idx], [alive[j] for j in keep]
+                    compactions += 1
             if last:
                 break
             logits_BV = run.forward(tok_B[:, None], pos_B1, cache, last_only=True)[0][:, -1]
             pos_B1 = pos_B1 + 1
             steps += 1
-        stats.update(decode_s=time.perf_counter() - t0, decode_steps=steps)
+        stats.update(decode_s=time.perf_counter() - t0, decode_steps=steps, compactions=compactions)
 
     # ---------------------------------------------------------------- helpers
     def _prepare(self, prompts) -> tuple[torch.Tensor, torch.Tensor]:

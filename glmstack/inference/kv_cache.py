@@ -116,6 +116,19 @@ class KVCache:
         self_BTS = k_pos_S[None, None, :] == q_pos_BT[:, :, None]
         return ((causal_BTS & not_pad_BS[:, None, :]) | self_BTS)[:, None]  # (B, 1, T_new, T_all)
 
+    def keep_rows(self, idx: torch.Tensor) -> None:
+        """Keep only the rows `idx` (B',) in this order: the engine drops finished rows. Copies every buffer."""
+        self.batch_size = len(idx)
+        self.start = self.start[idx.to(self.start.device)]
+        self.padded = bool((self.start > 0).any())
+        self._n_rewinds += 1
+        self._masks.clear()
+        for i in list(self._k):
+            self._k[i], self._v[i], self._len[i] = self._k[i][idx], self._v[i][idx], self._len[i][idx]
+            lens = self._len[i].tolist()
+            self._max[i], self._uniform[i] = max(lens, default=0), len(set(lens)) <= 1
+            self._sig[i] = (self._sig[i], "rows", self._n_rewinds)
+
     # ---- rollback -----------------------------------------------------------------------------------------
     def rewind(self, drop: int | torch.Tensor, layers=None) -> None:
         """Forget the last `drop` positions (int, or (B,) per row) of the given layers (default: all)."""

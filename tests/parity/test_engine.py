@@ -99,3 +99,15 @@ def test_deferred_host_reads_give_same_tokens(model):
     engine.sync_every = 4
     out = engine.generate(PROMPTS, 10, stop_ids=[stop])
     assert out.tokens == ref.tokens and out.finish_reason == ref.finish_reason
+
+
+def test_finished_rows_are_dropped_and_the_rest_is_unchanged(model):
+    prompts = PROMPTS + [[7, 7, 7], [300]]
+    engine = Engine(model)
+    free = [engine.generate([p], 12, stop_ids=[]).tokens[0] for p in prompts]
+    stop = free[0][1]  # row 0 stops at its 2nd token; others where that id shows up, if ever
+    ref = [engine.generate([p], 12, stop_ids=[stop]).tokens[0] for p in prompts]
+    out = engine.generate(prompts, 12, stop_ids=[stop])
+    assert out.tokens == ref and out.stats["compactions"] >= 1
+    engine.compact = False
+    assert engine.generate(prompts, 12, stop_ids=[stop]).tokens == ref

@@ -89,3 +89,15 @@ def test_overflow_and_bad_rewind_raise():
         cache.update(0, torch.zeros(1, 1, 1, 2), torch.zeros(1, 1, 1, 2))
     with pytest.raises(ValueError, match="below zero"):
         cache.rewind(5)
+
+
+def test_keep_rows_continues_like_the_kept_rows_alone():
+    q, k, v = rand(6)
+    cache = KVCache(B, 8, start=torch.tensor([0, 2, 1]))
+    attend(cache, 0, q[:, :, :4], k[:, :, :4], v[:, :, :4])
+    cache.keep_rows(torch.tensor([2, 0]))
+    assert cache.batch_size == 2 and cache.start.tolist() == [1, 0]
+    out = attend(cache, 0, q[[2, 0], :, 4:], k[[2, 0], :, 4:], v[[2, 0], :, 4:])
+    ref = KVCache(B, 8, start=torch.tensor([0, 2, 1]))
+    attend(ref, 0, q[:, :, :4], k[:, :, :4], v[:, :, :4])
+    torch.testing.assert_close(out, attend(ref, 0, q[:, :, 4:], k[:, :, 4:], v[:, :, 4:])[[2, 0]])
