@@ -6,7 +6,8 @@ drafts are accepted only when they equal the target argmax, sampled drafts by th
 output distribution is unchanged (tests/parity/test_speculative*.py).
 
 How (research/arch-math.md §4.3; the same recursion as vLLM's MTP / EAGLE drafting). The MTP layer at position t
-reads (h_t, x_{t+1}): the main model's last hidden state there and the NEXT token, and predicts x_{t+2}. One step:
+reads (h_t, x_{t+1}): the main model's final-normed hidden state there (out.hidden) and the NEXT token, and
+predicts x_{t+2}. One step:
   1. catch up: feed the MTP layer the positions the main model confirmed since the last step (true h, true x);
      its output at the last one drafts d_1.
   2. depth j = 2..k: feed (g, d_{j-1}) one position further, g = the MTP output hidden at the previous depth;
