@@ -8,8 +8,8 @@ s of the chosen experts, renormalised when `norm_topk_prob`, times `routed_scali
 Experts are 3-D banks `gate_up_proj (E, 2F, D)` (gate rows first) and `down_proj (E, D, F)`, the layout transformers
 keeps in memory. The fast path (`experts_grouped`) sorts the T*K (token, expert) pairs by expert and runs two
 `torch._grouped_mm` calls on GPU (bf16, sm90+; `experts_grouped_mm`) or, elsewhere, one matmul per expert on
-contiguous row blocks with a hand-written backward (`experts_sorted`); `experts_loop` is the plain per-expert reference (`use_grouped_mm=False`). All three
-are checked equal in tests/unit/test_model_moe.py, forward and backward.
+contiguous row blocks with a hand-written backward (`experts_sorted`); `experts_loop` is the plain per-expert
+reference (`use_grouped_mm=False`). All three are checked equal in tests/unit/test_model_moe.py, forward and backward.
 
 Also here: the sequence-wise balance loss (DeepSeek-V3 Eq. 17-20) and per-expert token counts for the trainer's
 bias update. Shape legend: B batch, T tokens, D hidden, E experts, K experts per token, F expert width,
@@ -112,40 +112,50 @@ def experts_sorted(x_TD, topk_idx_TK, topk_w_TK, w_gate_up_EFD, w_down_EDF):
 
 
 class _SortedExperts(torch.autograd.Function):
-    """y[t] = sum_k w[t, k] SwiGLU_{e(t,k)}(x[t]), computed over the N = T*K pairs sorted by expert."""
+    """y[t] = sum_k w[t, k] SwiGLU_{e(t,k)}(x[t]), computed over the N = T*K pairs sorted by expert. The gate weight
+    scales each row's activation before the down GEMM (F wide, not D), so no (N, D) product is weighted or kept."""
 
     @staticmethod
     def forward(ctx, x_TD, w_TK, w_gu_EFD, w_d_EDF, order_N, counts, K):
         tok_N = order_N // K  # token of each sorted row
-        wk_N = w_TK.reshape(-1).index_select(0, order_N).to(x_TD.dtype)
+        wk_N1 = w_TK.reshape(-1).index_select(0, order_N).to(x_TD.dtype)[:, None]
         xs_ND = x_TD.index_select(0, tok_N)  # rows sorted by expert
-        h_NF2 = x_TD.new_empty(xs_ND.shape[0], w_gu_EFD.shape[1])
-        ys_ND = x_TD.new_empty(xs_ND.shape)
+        N, F2 = xs_ND.shape[0], w_gu_EFD.shape[1]
+        h_NF2, actw_NF, ys_ND = x_TD.new_empty(N, F2), x_TD.new_empty(N, F2 // 2), x_TD.new_empty(xs_ND.shape)
         for e, (a, b) in _blocks(counts):
             torch.mm(xs_ND[a:b], w_gu_EFD[e].t(), out=h_NF2[a:b])
-            torch.mm(_swiglu(h_NF2[a:b]), w_d_EDF[e].t(), out=ys_ND[a:b])
-        ctx.save_for_backward(xs_ND, h_NF2, ys_ND, wk_N, w_gu_EFD, w_d_EDF, order_N, tok_N)
+            torch.mul(_swiglu(h_NF2[a:b]), wk_N1[a:b], out=actw_NF[a:b])
+            torch.mm(actw_NF[a:b], w_d_EDF[e].t(), out=ys_ND[a:b])
+        ctx.save_for_backward(xs_ND, h_NF2, actw_NF, wk_N1, w_gu_EFD, w_d_EDF, order_N, tok_N)
         ctx.counts, ctx.K, ctx.w_dtype = counts, K, w_TK.dtype
-        return torch.zeros_like(x_TD).index_add_(0, tok_N, ys_ND * wk_N[:, None])
+        return torch.zeros_like(x_TD).index_add_(0, tok_N, ys_ND)
 
     @staticmethod
     def backward(ctx, dy_TD):
-        xs_ND, h_NF2, ys_ND, wk_N, w_gu_EFD, w_d_EDF, order_N, tok_N = ctx.saved_tensors
+        xs_ND, h_NF2, actw_NF, wk_N1, w_gu_EFD, w_d_EDF, order_N, tok_N = ctx.saved_tensors
         dys_ND = dy_TD.index_select(0, tok_N)
-        dwk_N = (dys_ND.float() * ys_ND.float()).sum(-1)  # d/d gate weight, in sorted order
-        dw_TK = torch.empty_like(dwk_N).index_copy_(0, order_N, dwk_N).view(-1, ctx.K)
-        dys_ND.mul_(wk_N[:, None])
-        dxs_ND, dw_gu, dw_d = torch.empty_like(xs_ND), torch.zeros_like(w_gu_EFD), torch.zeros_like(w_d_EDF)
+        dxs_ND, dh_NF2 = torch.empty_like(xs_ND), torch.empty_like(h_NF2)
+        dwk_N = dy_TD.new_empty(len(tok_N), dtype=torch.float32)
+        dw_gu, dw_d = torch.empty_like(w_gu_EFD), torch.empty_like(w_d_EDF)
         for e, (a, b) in _blocks(ctx.counts):
+            torch.mm(dys_ND[a:b].t(), actw_NF[a:b], out=dw_d[e])
+            g_nF = dys_ND[a:b] @ w_d_EDF[e]  # d/d(weighted activation)
             gate, up = h_NF2[a:b].chunk(2, dim=-1)
             sig = torch.sigmoid(gate)
-            act = gate * sig * up
-            torch.mm(dys_ND[a:b].t(), act, out=dw_d[e])
-            dact = dys_ND[a:b] @ w_d_EDF[e]
-            dh = torch.cat([dact * up * sig * (1 + gate * (1 - sig)), dact * gate * sig], dim=-1)
-            torch.mm(dh.t(), xs_ND[a:b], out=dw_gu[e])
-            torch.mm(dh, w_gu_EFD[e], out=dxs_ND[a:b])
+            silu = gate * sig
+            torch.linalg.vecdot(g_nF.float(), (silu * up).float(), out=dwk_N[a:b])  # d/d gate weight
+            dgate, dup = dh_NF2[a:b].chunk(2, dim=-1)
+            g_nF.mul_(wk_N1[a:b])  # d/d activation
+            torch.mul(g_nF, silu, out=dup)
+            torch.mul(g_nF.mul_(up), silu.mul_(1 - sig).add_(sig), out=dgate)  # silu' = sig + silu (1 - sig)
+            torch.mm(dh_NF2[a:b].t(), xs_ND[a:b], out=dw_gu[e])
+            torch.mm(dh_NF2[a:b], w_gu_EFD[e], out=dxs_ND[a:b])
+        for e, n in enumerate(ctx.counts):
+            if not n:  # an expert no token chose
+                dw_gu[e].zero_()
+                dw_d[e].zero_()
         dx_TD = torch.zeros_like(dy_TD).index_add_(0, tok_N, dxs_ND)
+        dw_TK = torch.empty_like(dwk_N).index_copy_(0, order_N, dwk_N).view(-1, ctx.K)
         return dx_TD, dw_TK.to(ctx.w_dtype), dw_gu, dw_d, None, None, None
 
 
