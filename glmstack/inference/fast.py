@@ -3,9 +3,12 @@
 Why: at decode a step processes 1..k+1 tokens per row, so the cost is per-op overhead, not FLOPs. The training
 forward computes the balance loss and expert counts in every MoE layer, recomputes RoPE angles per forward, and
 on CPU `torch._grouped_mm` walks every expert even when 4 of 16 got tokens. Here:
-  - RoPE cos/sin come from a table built once per generate call (indexed by position);
-  - routed experts run only the experts some token chose (host loop; a host sync is free on CPU and cheap next
-    to a forward on GPU), weighted and index_add-ed back;
+  - every module's tensors are pulled into per-call "plans" (_BlockPlan), so a step makes no module calls;
+  - RoPE cos/sin come from a table built once per generate call, applied as x cos + (x @ R) sin (R exact);
+  - RMSNorm is one fused F.rms_norm (fp32), the router skips its training outputs;
+  - routed experts: at one token the K chosen ones from a host list; at 2 tokens a loop over the hit experts
+    (a host sync: free on CPU, cheap next to a forward on GPU); above that the grouped GEMM, on CPU over
+    contiguous (E, D, 2F) / (E, F, D) copies of the banks kept across calls (see _expert_weights);
   - no aux loss, no expert-load counts; the LM head runs only on the positions the caller needs.
 The reference is `GLM.forward` itself: tests/parity/test_engine_fast.py checks logits (allclose) and greedy
 tokens (equal) with the fast path on and off; `Engine(model, fast=False)` switches it off. Models whose
