@@ -8,7 +8,8 @@ be redrawn for any run folder at any time:
 `write_report(run_dir, summary)` is what `glmstack speedrun` calls. `summary` (also saved as summary.json) holds
 what the metrics files do not: `figures` (name -> number, deterministic for one seed), `timings` (stage ->
 seconds, excluded from comparisons), `samples` (prompt/completion pairs), `perplexity_by_position`
-(curve name -> list of NLL per position), `speculative` (accepted-length histogram and mean), `config`.
+(curve name -> list of NLL per position), `speculative` (accepted-length histogram and mean), `data_steps`
+(build name -> [step, documents in, documents out] rows), `config`, `missing` (parts that did not run).
 """
 
 from __future__ import annotations
@@ -170,6 +171,15 @@ def _markdown(summary: dict, drawn: list[str]) -> str:
         out += [summary["intro"], ""]
     out += ["## Figures", "", "| figure | value |", "|---|---|"]
     out += [f"| {k} | {_fmt(v)} |" for k, v in summary.get("figures", {}).items()]
+    if summary.get("data_steps"):
+        names = list(summary["data_steps"])
+        out += ["", "## Data pipeline", "", "Documents in and out of each step of each build.", "",
+                "| step | " + " | ".join(f"{n} in → out" for n in names) + " |", "|---" * (len(names) + 1) + "|"]
+        rows = {}
+        for n in names:
+            for step, n_in, n_out in summary["data_steps"][n]:
+                rows.setdefault(step, {})[n] = f"{n_in} → {n_out}"
+        out += [f"| {step} | " + " | ".join(r.get(n, "") for n in names) + " |" for step, r in rows.items()]
     if summary.get("timings"):
         out += ["", "## Wall-clock time", "", "| stage | seconds |", "|---|---|"]
         out += [f"| {k} | {v:.1f} |" for k, v in summary["timings"].items()]

@@ -216,7 +216,8 @@ def stage_data(run: Run) -> dict:
         print(f"-- {stage} data", flush=True)
         summary = build_dataset(cfg, tok, run.stage_dir("data") / stage)
         out[stage] = {"train_tokens": _split_tokens(summary, "train"), "eval_tokens": _split_tokens(summary, "eval"),
-                      "docs_read": summary["steps"][0][1], "docs_kept": summary["steps"][-1][2]}
+                      "docs_read": summary["steps"][0][1], "docs_kept": summary["steps"][-1][2],
+                      "steps": summary["steps"]}
     return out
 
 
@@ -388,6 +389,7 @@ def build_summary(run: Run) -> dict:
         "title": f"glmstack speedrun: {run.minutes:g}-minute budget, seed {run.seed}",
         "intro": INTRO.format(threads=ev["threads"], **asdict(size)),
         "figures": fig, "timings": timings, "samples": ev["samples"],
+        "data_steps": {k: v["steps"] for k, v in res["data"].items() if isinstance(v, dict)},
         "perplexity_by_position": {"pre-trained (context " + str(size.seq_len) + ")": ev["perplexity_by_position"]["pretrain"],
                                    "mid-trained (context " + str(size.mid_seq_len) + ")": ev["perplexity_by_position"]["midtrain"]},
         "speculative": spec, "config": {"size": asdict(size), "seed": run.seed, "minutes": run.minutes},
