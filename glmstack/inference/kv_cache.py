@@ -35,6 +35,7 @@ class KVCache:
         self._len: dict[int, torch.Tensor] = {}  # layer -> (B,) long, positions stored per row
         self._max: dict[int, int] = {}  # host copy of max(_len[i]) so the hot path never syncs
         self._uniform: dict[int, bool] = {}  # all rows of layer i have the same length
+        self._host: dict[int, list[int] | None] = {}  # host copy of _len[i] while rows differ (None: all _max)
         # layers with equal signatures have equal lengths, so they share one mask per forward
         self._sig: dict[int, tuple] = {}
         self._masks: dict[tuple, torch.Tensor] = {}
@@ -63,7 +64,7 @@ class KVCache:
         self._k[i] = torch.zeros(B, k_new.shape[1], S, k_new.shape[3], dtype=dtype, device=device)
         self._v[i] = torch.zeros(B, v_new.shape[1], S, v_new.shape[3], dtype=dtype, device=device)
         self._len[i] = torch.zeros(B, dtype=torch.long, device=device)
-        self._max[i], self._uniform[i], self._sig[i] = 0, True, ()
+        self._max[i], self._uniform[i], self._sig[i], self._host[i] = 0, True, (), None
         if self.start.device != device:
             self.start = self.start.to(device)
 
@@ -85,6 +86,8 @@ class KVCache:
             v_buf[rows_BT, :, pos_BT] = v_new.transpose(1, 2).to(v_buf.dtype)
         self._len[i] += T
         self._max[i] = off + T
+        if self._host[i] is not None:
+            self._host[i] = [n + T for n in self._host[i]]
         self._sig[i] = (self._sig[i], T)
         return k_buf[:, :, : off + T], v_buf[:, :, : off + T]
 
@@ -125,26 +128,27 @@ class KVCache:
         self._masks.clear()
         for i in list(self._k):
             self._k[i], self._v[i], self._len[i] = self._k[i][idx], self._v[i][idx], self._len[i][idx]
-            lens = self._len[i].tolist()
-            self._max[i], self._uniform[i] = max(lens, default=0), len(set(lens)) <= 1
+            self._set_host(i, self._len[i].tolist())
             self._sig[i] = (self._sig[i], "rows", self._n_rewinds)
+
+    def _set_host(self, i: int, lens: list[int]) -> None:
+        self._max[i], self._uniform[i] = max(lens, default=0), len(set(lens)) <= 1
+        self._host[i] = None if self._uniform[i] else lens
 
     # ---- rollback -----------------------------------------------------------------------------------------
     def rewind(self, drop: int | torch.Tensor, layers=None) -> None:
         """Forget the last `drop` positions (int, or (B,) per row) of the given layers (default: all)."""
         layers = list(self._k) if layers is None else [i for i in layers if i in self._k]
         self._n_rewinds += 1
-        uniform_drop = isinstance(drop, int)
-        if not uniform_drop:
-            drop_list = drop.tolist()
-            uniform_drop = len(set(drop_list)) == 1
-        for i in layers:
-            self._len[i] -= drop if isinstance(drop, int) else drop.to(self._len[i].device)
-            if uniform_drop and self._uniform[i]:
-                self._max[i] -= drop if isinstance(drop, int) else drop_list[0]
-            else:  # rows diverge: refresh the host copies (one sync, speculative path only)
-                lens = self._len[i].tolist()
-                self._max[i], self._uniform[i] = max(lens), len(set(lens)) == 1
-            if min(self._len[i].tolist()) < 0:
+        drop_B = [drop] * self.batch_size if isinstance(drop, int) else drop.tolist()  # one sync per call
+        new = {}
+        for i in layers:  # the host copies decide everything: no per-layer device reads
+            lens = self._host[i] or [self._max[i]] * self.batch_size
+            new[i] = [n - d for n, d in zip(lens, drop_B)]
+            if min(new[i]) < 0:
                 raise ValueError(f"rewind below zero on layer {i}")
+        drop_t = drop if isinstance(drop, int) else drop.to(self.start.device)
+        for i in layers:
+            self._len[i] -= drop_t
+            self._set_host(i, new[i])
             self._sig[i] = (self._sig[i], "rewind", self._n_rewinds)
