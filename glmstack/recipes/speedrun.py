@@ -4,17 +4,18 @@
 
 Stages, each announced by a banner and showing its own progress bar:
 
-    data       the data pipeline over the embedded corpus (Python stdlib source + docs): filter, dedup, splits
-    tokenizer  a byte-level BPE tokenizer trained on it, with GLM's special tokens
+    tokenizer  a byte-level BPE with GLM's special tokens, trained on the embedded corpus (Python stdlib + docs)
+    data       the data pipeline, twice: the pre-training mix and a code-heavy mid-training mix (repo-level
+               documents, FIM): filters, dedup, quality buckets -> token shards with held-out splits
     pretrain   a tiny GLM-4.5-architecture MoE with an MTP layer: Muon, loss-free expert balancing
-    midtrain   longer context with a larger RoPE base, repo-level code with FIM, best-fit packing
-    evaluate   samples, loss by token position, MTP speculative decoding statistics
-    report     report.md + plots/*.png in the run folder
+    midtrain   twice the context with RoPE base 1e4 -> 1e6, best-fit packing, the cosine continued
+    evaluate   loss by token position, code samples, MTP speculative decoding statistics; <out>/model/
+    report     report.md + plots/*.png + summary.json in the run folder
 
-The time budget picks a row of `SIZES` (model width/depth, steps, sequence lengths); nothing is measured at
-run time, so one seed gives the same numbers on any machine. Each finished stage leaves `<out>/<stage>/DONE.json`;
+The time budget picks a row of `SIZES` (model width/depth, steps, sequence lengths); nothing is measured at run
+time, so one seed gives the same figures run after run. Each finished stage leaves `<out>/<stage>/DONE.json`;
 after Ctrl-C a re-run skips finished stages and the trainer resumes from the stage's `latest` checkpoint.
-`GLMSTACK_SPEEDRUN_STOP_AFTER=<stage>` exits (code 75) right after that stage, for tests of exactly this.
+`GLMSTACK_SPEEDRUN_STOP_AFTER=<stage>` exits (code 75) right after that stage. See docs/speedrun.md.
 """
 
 from __future__ import annotations
@@ -126,8 +127,8 @@ def _check_same_run(run: Run) -> None:
     if path.exists():
         have = json.loads(path.read_text())
         if have != want:
-            raise SystemExit(f"{run.out} holds a speedrun with {have['minutes']} minutes and seed {have['seed']}; "
-                             f"continue it with those, or pick another --out")
+            raise SystemExit(f"{run.out} holds a speedrun with --minutes {have['minutes']:g} --seed {have['seed']} "
+                             f"(size {have['size']}); continue it with those, or pick another --out")
     else:
         run.out.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(want, indent=2) + "\n")
