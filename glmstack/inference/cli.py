@@ -59,8 +59,12 @@ def _gen_kwargs(args) -> dict:
 
 
 def _style(args, engine) -> str:
+    """--style, else the checkpoint's own chat template (GLM-4.7/5's has clear_thinking), else the model type."""
     if args.style != "auto":
         return args.style
+    template = (getattr(engine.tokenizer, "_config", None) or {}).get("chat_template") or ""
+    if template:
+        return "glm-4.7" if "clear_thinking" in template else "glm-4.5"
     return "glm-4.7" if engine.cfg.model_type == "glm_moe_dsa" else "glm-4.5"
 
 
