@@ -8,7 +8,7 @@ be redrawn for any run folder at any time:
 `write_report(run_dir, summary)` is what `glmstack speedrun` calls. `summary` (also saved as summary.json) holds
 what the metrics files do not: `figures` (name -> number, deterministic for one seed), `timings` (stage ->
 seconds, excluded from comparisons), `samples` (prompt/completion pairs), `perplexity_by_position`
-(curve name -> list of NLL per position), `speculative` (accepted-length histogram and mean), `data_steps`
+(curve name -> list of NLL per position), `position_marks` ([position, label] lines on that plot), `speculative` (accepted-length histogram and mean), `data_steps`
 (build name -> [step, documents in, documents out] rows), `config`, `missing` (parts that did not run).
 """
 
@@ -129,7 +129,7 @@ def plot_training(run_dir: Path, plots: Path) -> list[str]:
     return drawn
 
 
-def plot_perplexity(curves: dict[str, list[float]], plots: Path) -> list[str]:
+def plot_perplexity(curves: dict[str, list[float]], plots: Path, marks=()) -> list[str]:
     """NLL by token position per checkpoint, smoothed over windows so tiny evals stay readable."""
     lines = []
     for name, nll in curves.items():
@@ -138,7 +138,7 @@ def plot_perplexity(curves: dict[str, list[float]], plots: Path) -> list[str]:
         ys = [sum(nll[x : x + w]) / w for x in xs]
         lines.append((name, xs, ys, "-"))
     ok = _plot(plots / "perplexity_by_position.png", "Loss by token position (held-out code)", "position",
-               "NLL (nats)", lines)
+               "NLL (nats)", lines, marks)
     return ["perplexity_by_position.png"] if ok else []
 
 
@@ -216,7 +216,7 @@ def write_report(run_dir: str | Path, summary: dict | None = None) -> Path:
     plots = run_dir / "plots"
     plots.mkdir(parents=True, exist_ok=True)
     drawn = plot_training(run_dir, plots)
-    drawn += plot_perplexity(summary.get("perplexity_by_position", {}), plots)
+    drawn += plot_perplexity(summary.get("perplexity_by_position", {}), plots, summary.get("position_marks", ()))
     drawn += plot_accepted(summary.get("speculative", {}), plots)
     report = run_dir / "report.md"
     report.write_text(_markdown(summary, drawn))

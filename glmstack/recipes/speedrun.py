@@ -273,7 +273,7 @@ def stage_report(run: Run) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-EVAL_WINDOWS = 24  # held-out windows for loss by position
+EVAL_WINDOWS = 64  # held-out windows for loss by position
 SAMPLE_PROMPTS = ["import os\n\n\ndef ", "class Stack:\n    def __init__(self", "    for i in range("]
 SAMPLE_TOKENS = 80  # new tokens per sample
 SPEC_PROMPTS, SPEC_PROMPT_TOKENS, SPEC_TOKENS, DRAFT_K = 8, 24, 48, 3  # MTP speculative decoding measurement
@@ -393,6 +393,7 @@ def build_summary(run: Run) -> dict:
         "data_steps": {k: v["steps"] for k, v in res["data"].items() if isinstance(v, dict)},
         "perplexity_by_position": {"pre-trained (context " + str(size.seq_len) + ")": ev["perplexity_by_position"]["pretrain"],
                                    "mid-trained (context " + str(size.mid_seq_len) + ")": ev["perplexity_by_position"]["midtrain"]},
+        "position_marks": [[size.seq_len, "pre-training context"]],
         "speculative": spec, "config": {"size": asdict(size), "seed": run.seed, "minutes": run.minutes},
     }
 
