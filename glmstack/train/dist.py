@@ -119,24 +119,25 @@ def optimizer_is_sharded(model: nn.Module) -> bool:
 
 @torch.no_grad()
 def clip_grad_norm_(model: nn.Module, max_norm: float) -> float:
-    """Global grad L2 norm (each element counted once across ranks), clipped to max_norm when > 0."""
-    grads = [p.grad for p in unwrap(model).parameters() if p.grad is not None]
-    replicated = torch.zeros((), dtype=torch.float64)
-    sharded = torch.zeros((), dtype=torch.float64)
-    for g, p in zip(grads, [p for p in unwrap(model).parameters() if p.grad is not None]):
-        if _is_dtensor(g):
-            sharded += g.to_local().double().pow(2).sum().cpu()
-        elif _is_ep(p):
-            sharded += g.double().pow(2).sum().cpu()
-        else:
-            replicated += g.double().pow(2).sum().cpu()
+    """Global grad L2 norm (each element counted once across ranks), clipped to max_norm when > 0.
+
+    Replicated gradients (single process, DDP) are identical on every rank and count once; FSDP2 shards and
+    expert-parallel banks differ by rank, so their squared sums are all-reduced. One host sync per step.
+    """
+    params = [p for p in unwrap(model).parameters() if p.grad is not None]
+    if not params:
+        return 0.0
+    local = [p.grad.to_local() if _is_dtensor(p.grad) else p.grad for p in params]  # this rank's elements
+    is_sharded = [_is_dtensor(p.grad) or _is_ep(p) for p in params]
+    zero = local[0].new_zeros((), dtype=torch.float64)
+    sq = [g.double().pow(2).sum() for g in local]
+    replicated = sum((s for s, sh in zip(sq, is_sharded) if not sh), zero)
+    sharded = sum((s for s, sh in zip(sq, is_sharded) if sh), zero)
     if is_dist():
         dist.all_reduce(sharded)
     norm = float((replicated + sharded).sqrt())
     if max_norm > 0 and norm > max_norm:
-        coef = max_norm / (norm + 1e-6)
-        for g in grads:
-            (g.to_local() if _is_dtensor(g) else g).mul_(coef)
+        torch._foreach_mul_(local, max_norm / (norm + 1e-6))
     return norm
 
 
