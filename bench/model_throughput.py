@@ -8,14 +8,23 @@ machine CPU time is the robust figure (a descheduled process accrues none), whic
 thread (with several, a descheduled worker stalls the others at every barrier). Each side's GFLOP/s
 (model.flops_per_token) is set against the fp32 matmul peak measured at start with the same threads.
 
+The loss is each side's own training loss on the same shifted targets (glmstack `lm_loss`, transformers `loss`
+from `labels=input_ids`), fp32, MTP off on both. Each step's minor page faults are counted too: with glibc's
+default allocator every tensor over the mmap threshold is fresh pages, faulted in at first touch; `--heap` keeps
+all allocations on the heap (mallopt, for both sides alike, as jemalloc/tcmalloc would) to show the ratio without
+that cost.
+
     python bench/model_throughput.py                    # defaults: 8 x 256, 15 pairs after 3 warm-up pairs
+    python bench/model_throughput.py --heap             # both sides without page-fault churn
     python bench/model_throughput.py --hf-experts eager # transformers' per-expert loop instead of its default
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
+import resource
 import statistics
 import tempfile
 import time
@@ -50,11 +59,22 @@ def build_models(preset: str, hf_experts: str | None):
     return ours.train(), hf.train()
 
 
-def timed(fn) -> tuple[float, float]:
-    """(wall seconds, CPU seconds per thread) of one call."""
-    w, c = time.perf_counter(), time.process_time()
+def keep_heap() -> bool:
+    """glibc: serve every allocation from the heap and never trim it (M_MMAP_THRESHOLD = -3, M_TRIM_THRESHOLD = -1),
+    so each step's large tensors reuse pages instead of mmap'ing and faulting in fresh ones. False if not glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    return bool(libc.mallopt(-3, 1 << 30)) and bool(libc.mallopt(-1, 1 << 30))
+
+
+def timed(fn) -> tuple[float, float, int]:
+    """(wall seconds, CPU seconds per thread, minor page faults) of one call."""
+    w, c, f = time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     fn()
-    return time.perf_counter() - w, (time.process_time() - c) / torch.get_num_threads()
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f
+    return time.perf_counter() - w, (time.process_time() - c) / torch.get_num_threads(), faults
 
 
 def step_ours(model, ids, labels_shifted):
@@ -69,6 +89,7 @@ def step_hf(model, ids, labels_shifted):
 
 def run(args) -> dict:
     torch.set_num_threads(args.threads)
+    heap = keep_heap() if args.heap else False
     peak = matmul_peak_gflops()
     ours, hf = build_models(args.preset, args.hf_experts)
     B, T = args.batch, args.seq
@@ -82,14 +103,16 @@ def run(args) -> dict:
             times["transformers"].append(b)
     flops = ours.flops_per_token(T) * B * T
     result = {"preset": args.preset, "batch": B, "seq": T, "threads": torch.get_num_threads(),
-              "hf_experts": hf.config._experts_implementation, "matmul_peak_gflops": round(peak, 1)}
+              "hf_experts": hf.config._experts_implementation, "matmul_peak_gflops": round(peak, 1),
+              "allocator": "glibc heap only" if heap else "default"}
     for j, clock in enumerate(("wall", "cpu")):  # timed() order
         pairs = zip(times["glmstack"], times["transformers"])
         result[f"speedup_{clock}"] = round(statistics.median(b[j] / a[j] for a, b in pairs), 3)
     for side, ts in times.items():
         cpu, wall = statistics.median(t[1] for t in ts), statistics.median(t[0] for t in ts)
         result[side] = {"cpu_s": round(cpu, 4), "wall_s": round(wall, 4), "tokens_per_cpu_s": round(B * T / cpu),
-                        "gflops": round(flops / cpu / 1e9, 1), "pct_of_peak": round(100 * flops / cpu / 1e9 / peak, 1)}
+                        "gflops": round(flops / cpu / 1e9, 1), "pct_of_peak": round(100 * flops / cpu / 1e9 / peak, 1),
+                        "page_faults": int(statistics.median(t[2] for t in ts))}
     return result
 
 
@@ -102,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--hf-experts", default=None, help="transformers experts_implementation (default: its own)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 = robust on a shared machine)")
+    p.add_argument("--heap", action="store_true", help="glibc: all allocations from the heap (no page-fault churn)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = p.parse_args(argv)
     r = run(args)
@@ -109,11 +133,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(r))
         return 0
     print(f"{r['preset']} batch {r['batch']}x{r['seq']}, {r['threads']} thread(s), fp32 matmul peak "
-          f"{r['matmul_peak_gflops']} GFLOP/s, transformers experts={r['hf_experts']}")
+          f"{r['matmul_peak_gflops']} GFLOP/s, transformers experts={r['hf_experts']}, allocator {r['allocator']}")
     for side in ("glmstack", "transformers"):
         s = r[side]
         print(f"  {side:<13} {s['tokens_per_cpu_s']:>7} tok/s  {s['cpu_s']:.3f} s/step CPU ({s['wall_s']:.3f} wall)"
-              f"  {s['gflops']:>6} GFLOP/s ({s['pct_of_peak']}% of peak)")
+              f"  {s['gflops']:>6} GFLOP/s ({s['pct_of_peak']}% of peak)  {s['page_faults']} page faults/step")
     print(f"  speedup glmstack / transformers, median of {args.repeats} interleaved pairs: "
           f"{r['speedup_cpu']}x CPU time, {r['speedup_wall']}x wall")
     return 0
