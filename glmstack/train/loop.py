@@ -112,8 +112,11 @@ def _emit(line: str, bar) -> None:
 
 
 def _micro_batches(model, data_iter, n: int, device, amp, loss_fn, values) -> tuple[float, dict, int]:
-    """Forward/backward `n` micro-batches; -> (mean loss, mean metrics (expert_load summed), tokens)."""
-    total, sums, tokens = 0.0, {}, 0
+    """Forward/backward `n` micro-batches; -> (mean loss, mean metrics (expert_load summed), tokens).
+
+    Losses and metrics stay on the device until all micro-batches are queued: one host sync per step.
+    """
+    sums, tokens = {}, 0
     for i in range(n):
         batch = _to_device(next(data_iter), device)
         sync = contextlib.nullcontext() if i == n - 1 or not hasattr(model, "no_sync") else model.no_sync()
@@ -122,11 +125,13 @@ def _micro_batches(model, data_iter, n: int, device, amp, loss_fn, values) -> tu
             with amp_ctx:
                 loss, metrics = loss_fn(model, batch, values)
             (loss / n).backward()
-        total += float(loss.detach()) / n
         tokens += int(batch["input_ids"].numel())
-        for k, v in metrics.items():
-            sums[k] = sums.get(k, 0) + (v if k == "expert_load" else float(v) / n)
-    return total, sums, tokens
+        for k, v in ({"loss": loss} | metrics).items():
+            v = v.detach() if torch.is_tensor(v) else torch.tensor(float(v))
+            v = v if k == "expert_load" else v.double() / n
+            sums[k] = sums[k] + v if k in sums else v
+    out = {k: v if k == "expert_load" else float(v) for k, v in sums.items()}
+    return out.pop("loss"), out, tokens
 
 
 def _train_step(model, optimizer, data_iter, cfg: TrainConfig, state: LoopState, device, amp, loss_fn) -> dict:
