@@ -50,11 +50,17 @@ def barrier() -> None:
 
 def mean_over_ranks(x: float) -> float:
     """The average of a Python scalar over ranks (for logging the global loss)."""
-    if not is_dist():
-        return x
-    t = torch.tensor([x], dtype=torch.float64)
+    return means_over_ranks({"x": x})["x"]
+
+
+def means_over_ranks(values: dict[str, float]) -> dict[str, float]:
+    """Average every scalar of a dict over ranks in one all-reduce."""
+    if not is_dist() or not values:
+        return values
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor(list(values.values()), dtype=torch.float64, device=device)
     dist.all_reduce(t)
-    return float(t) / world()
+    return dict(zip(values, (t / world()).tolist()))
 
 
 # ---------------------------------------------------------------- wrapping

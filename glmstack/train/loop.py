@@ -143,17 +143,12 @@ def _train_step(model, optimizer, data_iter, cfg: TrainConfig, state: LoopState,
     )
     lr = _set_lr(optimizer, values["lr_mult"])
     loss, metrics, tokens = _micro_batches(model, data_iter, accum, device, amp, loss_fn, values)
-    loss = dist.mean_over_ranks(loss)
-    grad_norm = dist.clip_grad_norm_(model, cfg.optim.grad_clip)
     load = metrics.pop("expert_load", None)
-    row = {
-        "loss": loss,
-        "lr": lr,
-        "grad_norm": grad_norm,
-        "accum": accum,
-        "mtp_weight": values["mtp_weight"],
-        **{k: dist.mean_over_ranks(v) for k, v in metrics.items()},
-    }
+    metrics = dist.means_over_ranks({"loss": loss} | metrics)  # every rank decides the guard on the same loss
+    loss = metrics.pop("loss")
+    grad_norm = dist.clip_grad_norm_(model, cfg.optim.grad_clip)
+    row = {"loss": loss, "lr": lr, "grad_norm": grad_norm, "accum": accum, "mtp_weight": values["mtp_weight"]}
+    row |= metrics
     state.tokens += tokens * dist.world()
     state.step += 1
     if _is_bad(loss, grad_norm, state, cfg.guard.spike_factor):
