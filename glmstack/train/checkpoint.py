@@ -158,10 +158,19 @@ def load(folder: str | Path, *, model, optimizer, data) -> dict:
     folder = Path(folder)
     ts = folder / "trainer_state"
     load_model(model, folder)
-    sharded = ts / f"optimizer_{dist.rank():05d}.pt"
-    opt_path = sharded if sharded.exists() else ts / "optimizer.pt"
+    saved_world = len(list(ts.glob("rank_*.pt")))
+    if dist.optimizer_is_sharded(model) != (ts / "optimizer_00000.pt").exists() or (
+        dist.optimizer_is_sharded(model) and saved_world != dist.world()
+    ):
+        raise ValueError(
+            f"{folder} was written by {saved_world} rank(s) with "
+            f"{'sharded' if (ts / 'optimizer_00000.pt').exists() else 'replicated'} optimizer state; resume it "
+            f"with the same dist.dp / dist.expert_parallel layout and number of ranks"
+        )
+    opt_path = ts / (f"optimizer_{dist.rank():05d}.pt" if dist.optimizer_is_sharded(model) else "optimizer.pt")
     optimizer.load_state_dict(torch.load(opt_path, weights_only=False))
-    rank_state = torch.load(ts / f"rank_{dist.rank():05d}.pt", weights_only=False)
+    rank_file = ts / f"rank_{dist.rank():05d}.pt"
+    rank_state = torch.load(rank_file if rank_file.exists() else ts / "rank_00000.pt", weights_only=False)
     set_rng_state(rank_state["rng"])
     if rank_state["data"] is not None and hasattr(data, "load_state_dict"):
         data.load_state_dict(rank_state["data"])
