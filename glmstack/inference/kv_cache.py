@@ -36,8 +36,12 @@ class KVCache:
         self._max: dict[int, int] = {}  # host copy of max(_len[i]) so the hot path never syncs
         self._uniform: dict[int, bool] = {}  # all rows of layer i have the same length
         self._host: dict[int, list[int] | None] = {}  # host copy of _len[i] while rows differ (None: all _max)
-        # layers with equal signatures have equal lengths, so they share one mask per forward
-        self._sig: dict[int, tuple] = {}
+        # layers with equal signatures have equal lengths, so they share one mask per forward. A signature is an
+        # interned id of (previous signature, event): a tuple nested once per update made each mask lookup cost
+        # O(steps) and overflowed Python's recursion limit after ~1000 speculative steps.
+        self._sig: dict[int, int] = {}
+        self._sig_ids: dict[tuple, int] = {}
+        self._n_sigs = 0
         self._masks: dict[tuple, torch.Tensor] = {}
         self._n_rewinds = 0
 
@@ -64,7 +68,7 @@ class KVCache:
         self._k[i] = torch.zeros(B, k_new.shape[1], S, k_new.shape[3], dtype=dtype, device=device)
         self._v[i] = torch.zeros(B, v_new.shape[1], S, v_new.shape[3], dtype=dtype, device=device)
         self._len[i] = torch.zeros(B, dtype=torch.long, device=device)
-        self._max[i], self._uniform[i], self._sig[i], self._host[i] = 0, True, (), None
+        self._max[i], self._uniform[i], self._sig[i], self._host[i] = 0, True, -1, None
         if self.start.device != device:
             self.start = self.start.to(device)
 
@@ -88,7 +92,7 @@ class KVCache:
         self._max[i] = off + T
         if self._host[i] is not None:
             self._host[i] = [n + T for n in self._host[i]]
-        self._sig[i] = (self._sig[i], T)
+        self._advance(i, T)
         return k_buf[:, :, : off + T], v_buf[:, :, : off + T]
 
     def attention_mask(self, i: int, T_new: int) -> torch.Tensor | None:
@@ -129,7 +133,18 @@ class KVCache:
         for i in list(self._k):
             self._k[i], self._v[i], self._len[i] = self._k[i][idx], self._v[i][idx], self._len[i][idx]
             self._set_host(i, self._len[i].tolist())
-            self._sig[i] = (self._sig[i], "rows", self._n_rewinds)
+            self._advance(i, ("rows", self._n_rewinds))
+
+    def _advance(self, i: int, event) -> None:
+        """Layer i's history moved by `event`: equal histories get equal ids (ids are never reused)."""
+        key = (self._sig[i], event)
+        sig = self._sig_ids.get(key)
+        if sig is None:
+            if len(self._sig_ids) > 4096:  # forgetting old histories only costs sharing, never correctness
+                self._sig_ids.clear()
+            sig = self._sig_ids[key] = self._n_sigs
+            self._n_sigs += 1
+        self._sig[i] = sig
 
     def _set_host(self, i: int, lens: list[int]) -> None:
         self._max[i], self._uniform[i] = max(lens, default=0), len(set(lens)) <= 1
@@ -151,4 +166,4 @@ class KVCache:
         for i in layers:
             self._len[i] -= drop_t
             self._set_host(i, new[i])
-            self._sig[i] = (self._sig[i], "rewind", self._n_rewinds)
+            self._advance(i, ("rewind", self._n_rewinds))

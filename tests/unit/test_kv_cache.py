@@ -101,3 +101,18 @@ def test_keep_rows_continues_like_the_kept_rows_alone():
     ref = KVCache(B, 8, start=torch.tensor([0, 2, 1]))
     attend(ref, 0, q[:, :, :4], k[:, :, :4], v[:, :, :4])
     torch.testing.assert_close(out, attend(ref, 0, q[:, :, 4:], k[:, :, 4:], v[:, :, 4:])[[2, 0]])
+
+
+def test_long_speculative_history_keeps_sharing_masks():
+    """Thousands of verify-block updates + rewinds: mask lookups stay cheap (the signature used to be a tuple
+    nested once per update and hit Python's recursion limit after ~1000 steps), layers with the same history
+    still share one mask, and the mask is still right."""
+    q, k, v = rand(3)
+    cache = KVCache(B, 16, start=torch.tensor([0, 1, 2]))
+    for _ in range(3000):
+        for i in (0, 1):
+            cache.update(i, k, v)
+        assert cache.attention_mask(0, 3) is cache.attention_mask(1, 3)
+        cache.rewind(3)
+    ref = KVCache(B, 16, start=torch.tensor([0, 1, 2]))
+    assert torch.equal(attend(cache, 0, q, k, v), attend(ref, 0, q, k, v))
