@@ -31,6 +31,12 @@ def init_from_env(device_type: str = "cpu") -> None:
         dist.init_process_group(backend)
 
 
+def shutdown() -> None:
+    """Leave the process group (end of a torchrun command)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def is_dist() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 

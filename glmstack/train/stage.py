@@ -171,4 +171,5 @@ def main_for(stage: str, description: str, argv: list[str] | None) -> int:
         return 2
     if dist.rank() == 0:
         print(f"{stage} finished: {result}", flush=True)
+    dist.shutdown()
     return 0 if result["stopped"] in ("done", "stop_at") else 1
