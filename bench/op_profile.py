@@ -16,9 +16,8 @@ import collections
 import time
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-
 from model_throughput import build_models, keep_heap
+from torch.utils._python_dispatch import TorchDispatchMode
 
 GEMMS = ("mm", "addmm", "addmm_", "bmm", "_grouped_mm")
 
