@@ -81,8 +81,6 @@ def parallelize(model: nn.Module, dp: str, expert_parallel: bool = False) -> nn.
     if expert_parallel:
         from glmstack.train.expert_parallel import apply_expert_parallel
 
-        if dp == "fsdp":
-            raise ValueError("expert_parallel with dp=fsdp is not supported yet; use dp=ddp")
         apply_expert_parallel(model)
     if dp == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -93,9 +91,10 @@ def parallelize(model: nn.Module, dp: str, expert_parallel: bool = False) -> nn.
     if dp == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
+        experts = {p for p in model.parameters() if _is_ep(p)}  # already split by expert parallel: not re-sharded
         for block in _blocks(model):
-            fully_shard(block)
-        fully_shard(model)
+            fully_shard(block, ignored_params=experts)
+        fully_shard(model, ignored_params=experts)
         return model
     if dp != "none":
         raise ValueError(f"dist.dp must be auto, none, ddp or fsdp, got {dp!r}")

@@ -74,8 +74,9 @@ def _reference(tmp_path_factory, extra: tuple[str, ...], accum: int = 1) -> list
         (["dist.dp=ddp", "grad_accum=2"], ("optim.ns_dtype=float32",)),
         (["dist.dp=fsdp"], ()),
         (["dist.dp=ddp", "dist.expert_parallel=true"], ("optim.ns_dtype=float32",)),
+        (["dist.dp=fsdp", "dist.expert_parallel=true"], ("optim.ns_dtype=float32",)),
     ],
-    ids=["ddp", "ddp-accum", "fsdp", "ep"],
+    ids=["ddp", "ddp-accum", "fsdp", "ep", "ep-fsdp"],
 )
 def test_two_ranks_match_single_process(tmp_path, tmp_path_factory, mode, extra):
     reference = _reference(tmp_path_factory, extra, accum=2 if "grad_accum=2" in mode else 1)
@@ -95,8 +96,9 @@ def test_two_ranks_match_single_process(tmp_path, tmp_path_factory, mode, extra)
     [
         (["dist.dp=fsdp"], ()),
         (["dist.dp=ddp", "dist.expert_parallel=true"], ("optim.ns_dtype=float32",)),
+        (["dist.dp=fsdp", "dist.expert_parallel=true"], ("optim.ns_dtype=float32",)),
     ],
-    ids=["fsdp", "ep"],
+    ids=["fsdp", "ep", "ep-fsdp"],
 )
 def test_sharded_resume_continues_the_run(tmp_path, tmp_path_factory, mode, extra):
     """Stop after 2 steps, resume in fresh processes: per-rank optimizer shards and full weights reload."""
