@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 CHUNK_ELEMENTS = 2**20  # fp32 logits per chunk (4 MiB: reused from the heap, no page faults; 256 rows at V=4096)
+MIN_CHUNK_ROWS = 256  # but never fewer rows than this: the head's GEMMs stay large at real vocabularies (151k)
 
 
 def cross_entropy(logits_BTV: torch.Tensor, labels_BT: torch.Tensor) -> torch.Tensor:
@@ -59,7 +60,7 @@ def _chunked(h_ND, w_VD, labels_N, grads: bool):
     dh_ND = torch.empty_like(h_ND) if grads else None
     dw_VD = None
     total = h_ND.new_zeros((), dtype=torch.float32)
-    step = max(1, CHUNK_ELEMENTS // V)
+    step = max(MIN_CHUNK_ROWS, CHUNK_ELEMENTS // V)
     for a in range(0, N, step):
         b = min(a + step, N)
         z_nV = (h_ND[a:b] @ w_VD.t()).float()
