@@ -98,6 +98,8 @@ class Engine:
         self.device = next(model.parameters()).device
         self.fast = fast and supported(model)
         self._expert_cache: dict = {}  # fast path: CPU expert-bank copies, remade when the weights change
+        # fast path: all experts densely on blocks of up to this many tokens (None: fast.DENSE_MAX_TOKENS, off)
+        self.dense_max_tokens: int | None = None
         # generate() reads new tokens back to the host every `sync_every` steps (stop checks); on a GPU that
         # read is a sync that stalls the launch queue, on a CPU it is free. stream() always reads every step.
         self.sync_every = 8 if self.device.type == "cuda" else 1
@@ -161,7 +163,11 @@ class Engine:
         slack = 2 * draft_k + 2 if speculative else 1
         cache = KVCache(B, P + budget + slack, start=start_B.to(self.device))
         max_len = P + budget + slack
-        run = FastForward(self.model, max_len, self._expert_cache) if self.fast else ReferenceForward(self.model)
+        run = (
+            FastForward(self.model, max_len, self._expert_cache, self.dense_max_tokens)
+            if self.fast
+            else ReferenceForward(self.model)
+        )
         t0 = time.perf_counter()
         with torch.inference_mode():
             if speculative is None:

@@ -30,6 +30,10 @@ from glmstack.model.moe import MoE, _grouped_mm_ok
 from glmstack.model.rope import rope_cos_sin
 
 HIT_LOOP_MAX_TOKENS = 2  # measured on CPU (bench/decode.py): the hit-expert loop wins for 1-2 tokens
+# experts_dense up to this many tokens: 0 = off. On CPU it lost at every size tried (2..40 tokens, 1.3-1.7x slower
+# per step, docs/inference.md): these small GEMMs are FLOP-bound, and dense does E/K = 4x the expert FLOPs.
+# Unmeasured on GPU, where 3 kernel launches per layer instead of ~3E should win for decode / verify blocks.
+DENSE_MAX_TOKENS = 0
 EXPERT_COPY_MAX_BYTES = 256 * 2**20
 
 
@@ -39,8 +43,9 @@ def supported(model) -> bool:
 
 
 class FastForward:
-    def __init__(self, model, max_len: int, expert_cache: dict | None = None):
-        """expert_cache: a dict kept by the caller across calls for the CPU expert-bank copies."""
+    def __init__(self, model, max_len: int, expert_cache: dict | None = None, dense_max_tokens: int | None = None):
+        """expert_cache: a dict kept by the caller across calls for the CPU expert-bank copies;
+        dense_max_tokens: run all experts densely (experts_dense) up to this many tokens (None: DENSE_MAX_TOKENS)."""
         self.model, cfg = model, model.cfg
         dtype, device = model.embed_tokens.weight.dtype, model.embed_tokens.weight.device
         pos = torch.arange(max_len, device=device)[None]
@@ -59,9 +64,10 @@ class FastForward:
         # attribute walks (those were ~10% of a batch-1 step). They hold the parameters themselves, not copies
         # (except the CPU expert banks, see _expert_weights), so weights updated in place are seen.
         cache = {} if expert_cache is None else expert_cache
-        self.blocks = [_BlockPlan(b, cache) for b in model.layers]
+        dense = DENSE_MAX_TOKENS if dense_max_tokens is None else dense_max_tokens
+        self.blocks = [_BlockPlan(b, cache, dense) for b in model.layers]
         self.mtp = [
-            (_norm(m.enorm), _norm(m.hnorm), m.eh_proj.weight, _BlockPlan(m.block, cache), _norm(m.final_norm))
+            (_norm(m.enorm), _norm(m.hnorm), m.eh_proj.weight, _BlockPlan(m.block, cache, dense), _norm(m.final_norm))
             for m in model.mtp_by_depth()
         ]
         self.embed, self.norm, self.head = model.embed_tokens.weight, _norm(model.norm), model.lm_head.weight
@@ -79,12 +85,16 @@ class FastForward:
         h_BTD = self.norm(x_BTD)
         return F.linear(h_BTD[:, -1:] if last_only else h_BTD, self.head), h_BTD
 
-    def mtp_step(self, layer: int, next_ids_BT, hidden_BTD, position_ids_BT, cache):
-        """GLM.mtp_step on the fast blocks: -> (normed hidden (B, T, D), logits (B, T, V))."""
+    def mtp_step(self, layer: int, next_ids_BT, hidden_BTD, position_ids_BT, cache, last_B=None):
+        """GLM.mtp_step on the fast blocks: -> (normed hidden (B, T, D), logits (B, T, V)); with last_B (B,) the
+        hidden (B, D) at that position of each row and the LM head there only (speculative catch-up drafts from
+        one position of a (k+1)-position block: the head is the largest read of a draft step)."""
         enorm, hnorm, eh_proj, block, final_norm = self.mtp[layer]
         emb_BTD = F.embedding(next_ids_BT, self.embed)
         x_BTD = F.linear(torch.cat([enorm(emb_BTD), hnorm(hidden_BTD)], dim=-1), eh_proj)
         h_BTD = final_norm(block(x_BTD, self.rope(position_ids_BT), cache))
+        if last_B is not None:
+            h_BTD = h_BTD[torch.arange(h_BTD.shape[0], device=h_BTD.device), last_B]  # (B, D)
         return h_BTD, F.linear(h_BTD, self.head)
 
 
@@ -99,7 +109,7 @@ def _norm(norm):
 class _BlockPlan:
     """One decoder block (GQA attention + dense MLP or MoE) as plain tensors; __call__ = Block.forward."""
 
-    def __init__(self, block, expert_cache: dict):
+    def __init__(self, block, expert_cache: dict, dense_max_tokens: int = 0):
         a = block.self_attn
         self.ln1, self.ln2 = _norm(block.input_layernorm), _norm(block.post_attention_layernorm)
         self.idx, self.H, self.G, self.Dh = a.layer_idx, a.n_heads, a.n_kv, a.head_dim
@@ -112,13 +122,15 @@ class _BlockPlan:
         self.mlp = (dense.gate_proj.weight, dense.up_proj.weight, dense.down_proj.weight) if dense else None
         if self.moe is not None:
             self.w1, self.w2 = _expert_weights(mlp.experts, expert_cache)
+            self.dense_max = dense_max_tokens
+            self.dense = _dense_weights(mlp.experts, expert_cache) if dense_max_tokens > 1 else None
 
     def __call__(self, x_BTD, rope, cache):
         x_BTD = x_BTD + self.attention(self.ln1(x_BTD), rope, cache)
         h_BTD = self.ln2(x_BTD)
         y_BTD = _swiglu(h_BTD, *self.mlp) if self.mlp is not None else 0
         if self.moe is not None:
-            y_BTD = moe_routed(self.moe.gate, h_BTD, self.w1, self.w2) + y_BTD
+            y_BTD = moe_routed(self.moe.gate, h_BTD, self.w1, self.w2, self.dense, self.dense_max) + y_BTD
         return x_BTD + y_BTD
 
     def attention(self, x_BTD, rope, cache):
@@ -155,17 +167,44 @@ def _expert_weights(experts, cache: dict):
     return hit[1], hit[2]
 
 
+def _dense_weights(experts, cache: dict):
+    """For experts_dense: the gate_up bank itself (E, 2F, D) and down as (D, E*F), a copy kept in `cache` and
+    remade when the bank changes (as _expert_weights)."""
+    p1, p2 = experts.gate_up_proj, experts.down_proj
+    E, D, F_ = p2.shape
+    key = (p2.data_ptr(), p2._version)
+    hit = cache.get(("dense", id(experts)))
+    if hit is None or hit[0] != key:
+        hit = cache[("dense", id(experts))] = (key, p2.permute(1, 0, 2).reshape(D, E * F_))
+    return p1, hit[1]
+
+
+def experts_dense(x_TD, idx_TK, w_TK, w1_EGD, w2_DN):
+    """ALL experts on all tokens (w1 the bank (E, 2F, D), w2 (D, E*F)): one GEMM for gate+up, the SwiGLU
+    weighted by the routing weights (0 where a token did not choose the expert), one GEMM for down — the sum
+    over experts of w_e * down_e(h_e) is one (T, E*F) @ (E*F, D) product. 3 kernels per layer instead of ~3E and
+    no sort; the same weight bytes when most experts are hit, but E/K times the expert FLOPs."""
+    T, (E, G, D) = x_TD.shape[0], w1_EGD.shape
+    gu_TE2F = F.linear(x_TD, w1_EGD.view(E * G, D)).view(T, E, 2, G // 2)
+    wd_TE = torch.zeros(T, E, dtype=x_TD.dtype, device=x_TD.device).scatter_(1, idx_TK, w_TK.to(x_TD.dtype))
+    h_TEF = F.silu(gu_TE2F[:, :, 0]) * gu_TE2F[:, :, 1] * wd_TE[:, :, None]
+    return F.linear(h_TEF.reshape(T, -1), w2_DN)
+
+
 def _rope(x_BTHK, cos_BT1K, sin_BT1K, rot_KK):
     """apply_partial_rope in (B, T, H, Dh) layout: x cos + rotate_half(x) sin on the first R dims, x elsewhere."""
     return x_BTHK * cos_BT1K + torch.matmul(x_BTHK, rot_KK) * sin_BT1K
 
 
-def moe_routed(router, x_BTD, w1, w2):
-    """The routed experts (w1 (E, D, 2F), w2 (E, F, D): the x @ w[e] layout); the caller adds the shared one."""
+def moe_routed(router, x_BTD, w1, w2, dense=None, dense_max: int = 0):
+    """The routed experts (w1 (E, D, 2F), w2 (E, F, D): the x @ w[e] layout); the caller adds the shared one.
+    dense: (gate_up bank, down (D, E*F)) for experts_dense, used for 2..dense_max tokens."""
     B, T, D = x_BTD.shape
     x_TD = x_BTD.reshape(B * T, D)
     idx_TK, w_TK = route(router, x_TD)
-    if x_TD.shape[0] == 1:
+    if dense is not None and 1 < x_TD.shape[0] <= dense_max:
+        y_TD = experts_dense(x_TD, idx_TK, w_TK, *dense)
+    elif x_TD.shape[0] == 1:
         y_TD = experts_one_token(x_TD, idx_TK, w_TK, w1, w2)
     elif x_TD.shape[0] <= HIT_LOOP_MAX_TOKENS or not _grouped_mm_ok(x_TD):
         y_TD = experts_hit(x_TD, idx_TK, w_TK, w1, w2)
@@ -234,5 +273,9 @@ class ReferenceForward:
         out = self.model(input_ids_BT, position_ids=position_ids_BT, cache=cache)
         return (out.logits[:, -1:] if last_only else out.logits), out.hidden
 
-    def mtp_step(self, layer: int, next_ids_BT, hidden_BTD, position_ids_BT, cache):
-        return self.model.mtp_step(layer, next_ids_BT, hidden_BTD, position_ids_BT, cache)
+    def mtp_step(self, layer: int, next_ids_BT, hidden_BTD, position_ids_BT, cache, last_B=None):
+        h_BTD, logits_BTV = self.model.mtp_step(layer, next_ids_BT, hidden_BTD, position_ids_BT, cache)
+        if last_B is None:
+            return h_BTD, logits_BTV
+        rows_B = torch.arange(h_BTD.shape[0], device=h_BTD.device)
+        return h_BTD[rows_B, last_B], logits_BTV[rows_B, last_B]

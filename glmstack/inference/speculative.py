@@ -51,12 +51,9 @@ class _Draft:
 
     def _catch_up(self, layer: int):
         """Feed the pending (h, x) pairs to one MTP layer; -> (hidden, logits) at each row's last valid one."""
-        g_BTD, logits_BTV = self.run.mtp_step(layer, self.ids, self.h, self.pos, self.cache)
+        g_BD, logits_BV = self.run.mtp_step(layer, self.ids, self.h, self.pos, self.cache, last_B=self.count - 1)
         T = self.ids.shape[1]
         self.cache.rewind(T - self.keep, layers=[self.cache_idx(layer)])  # drop the ragged padding columns
-        last_B11 = (self.count - 1)[:, None, None]
-        g_BD = g_BTD.gather(1, last_B11.expand(-1, 1, g_BTD.shape[-1])).squeeze(1)
-        logits_BV = logits_BTV.gather(1, last_B11.expand(-1, 1, logits_BTV.shape[-1])).squeeze(1)
         return g_BD, logits_BV
 
     def _pick(self, logits_BV):

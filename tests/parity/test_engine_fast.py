@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from glmstack.inference import Engine, KVCache
-from glmstack.inference.fast import FastForward, ReferenceForward, experts_grouped_t, experts_hit
+from glmstack.inference.fast import FastForward, ReferenceForward, experts_dense, experts_grouped_t, experts_hit
 from glmstack.model import GLM, ModelConfig
 from glmstack.model.moe import experts_loop
 
@@ -23,23 +23,29 @@ def test_experts_hit_equals_loop_reference():
     w1_t, w2_t = w1.transpose(1, 2), w2.transpose(1, 2)  # the fast path's x @ w[e] layout
     torch.testing.assert_close(experts_hit(x, idx, w, w1_t, w2_t), ref)
     torch.testing.assert_close(experts_grouped_t(x, idx, w, w1_t.contiguous(), w2_t.contiguous()), ref)
+    w2_dense = w2.permute(1, 0, 2).reshape(16, 8 * 8)  # (D, E*F): experts_dense's down layout
+    torch.testing.assert_close(experts_dense(x, idx, w, w1, w2_dense), ref)
 
 
 @torch.inference_mode()
-def test_forward_and_mtp_step_match_reference(model):
+@pytest.mark.parametrize("dense_max_tokens", [0, 64])  # sorted experts; all experts dense (experts_dense)
+def test_forward_and_mtp_step_match_reference(model, dense_max_tokens):
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(1, 500, (2, 9), generator=g)
     start = torch.tensor([0, 3])  # row 1 left-padded
     pos = (torch.arange(9) - start[:, None]).clamp_min(0)
     outs = []
-    for run in (ReferenceForward(model), FastForward(model, 32)):
+    for run in (ReferenceForward(model), FastForward(model, 32, dense_max_tokens=dense_max_tokens)):
         cache = KVCache(2, 32, start=start)
         prefill = run.forward(ids[:, :6], pos[:, :6], cache)
         block = run.forward(ids[:, 6:], pos[:, 6:], cache)  # 3 tokens after 6: offset causal mask
         cache.rewind(torch.tensor([1, 2]))  # rows now at different lengths
         step = run.forward(ids[:, 6:7], pos[:, 7:8], cache)
         mtp = run.mtp_step(1, ids[:, 1:7], prefill[1], pos[:, :6], cache)
-        outs.append([*prefill, *block, *step, *mtp])
+        cache.rewind(6, layers=[model.cfg.num_hidden_layers + 1])
+        last = run.mtp_step(1, ids[:, 1:7], prefill[1], pos[:, :6], cache, last_B=torch.tensor([5, 2]))
+        torch.testing.assert_close(last[1], mtp[1][[0, 1], [5, 2]], atol=1e-5, rtol=0)  # the head at one position
+        outs.append([*prefill, *block, *step, *mtp, *last])
     for ref, fast in zip(*outs):
         torch.testing.assert_close(fast, ref, atol=2e-5, rtol=1e-4)
 
@@ -49,6 +55,10 @@ def test_engine_tokens_equal_with_fast_on_and_off(model):
     on = Engine(model, fast=True).generate(prompts, 16, stop_ids=[]).tokens
     off = Engine(model, fast=False).generate(prompts, 16, stop_ids=[]).tokens
     assert on == off
+    dense = Engine(model, fast=True)
+    dense.dense_max_tokens = 64  # every decode step and verify block through experts_dense
+    assert dense.generate(prompts, 16, stop_ids=[]).tokens == off
+    assert dense.generate(prompts, 16, stop_ids=[], speculative="mtp", draft_k=3).tokens == off
 
 
 def test_router_and_one_token_experts_match_reference(model):
@@ -80,3 +90,10 @@ def test_engine_sees_in_place_weight_updates():
         engine.generate(prompt, 8, stop_ids=[]).tokens
         == Engine(model, fast=False).generate(prompt, 8, stop_ids=[]).tokens
     )
+    engine.dense_max_tokens = 64  # experts_dense's down-bank copy must follow too
+    engine.generate([prompt[0], prompt[0][:2]], 4, stop_ids=[])
+    with torch.no_grad():
+        for moe in model.moe_layers():
+            moe.experts.down_proj.mul_(2.0)
+    two = [prompt[0], prompt[0][:2]]
+    assert engine.generate(two, 8, stop_ids=[]).tokens == Engine(model, fast=False).generate(two, 8, stop_ids=[]).tokens

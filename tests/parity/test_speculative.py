@@ -30,7 +30,7 @@ def oracle(model, prompts, wrong_rate, monkeypatch, fast, seed=0):
     truth = [p + Engine(model).generate([p], N_NEW + 8, stop_ids=[]).tokens[0] for p in prompts]
     g = torch.Generator().manual_seed(seed)
 
-    def fake(real, depth, next_ids, hidden, position_ids, cache=None):
+    def fake(real, depth, next_ids, hidden, position_ids, cache=None, last_B=None):
         h, logits = real(depth, next_ids, hidden, position_ids, cache)
         # rows are identified by their first prompt token (all distinct in PROMPTS)
         V = logits.shape[-1]
@@ -44,11 +44,16 @@ def oracle(model, prompts, wrong_rate, monkeypatch, fast, seed=0):
                 if torch.rand((), generator=g) < rate:
                     tok = (tok + 1) % V
                 fake[b, t, tok] = 10.0
+        if last_B is not None:  # the catch-up asks for one position per row
+            rows = torch.arange(h.shape[0])
+            return h[rows, last_B], fake[rows, last_B]
         return h, fake
 
     if fast:
         real = FastForward.mtp_step
-        monkeypatch.setattr(FastForward, "mtp_step", lambda self, *a: fake(functools.partial(real, self), *a))
+        monkeypatch.setattr(
+            FastForward, "mtp_step", lambda self, *a, **kw: fake(functools.partial(real, self), *a, **kw)
+        )
     else:
         monkeypatch.setattr(model, "mtp_step", functools.partial(fake, model.mtp_step))
 
