@@ -86,16 +86,19 @@ class FastForward:
         return F.linear(h_BTD[:, -1:] if last_only else h_BTD, self.head), h_BTD
 
     def mtp_step(self, layer: int, next_ids_BT, hidden_BTD, position_ids_BT, cache, last_B=None):
-        """GLM.mtp_step on the fast blocks: -> (normed hidden (B, T, D), logits (B, T, V)); with last_B (B,) the
-        hidden (B, D) at that position of each row and the LM head there only (speculative catch-up drafts from
-        one position of a (k+1)-position block: the head is the largest read of a draft step)."""
+        """GLM.mtp_step on the fast blocks: -> (normed hidden (B, T, D), logits (B, T, V)).
+
+        With last_B (B,): -> (hidden (B, D), logits (B, V)) at that position of each row only. Speculative catch-up
+        feeds the k + 1 confirmed positions but drafts from the last one: the other positions need only their
+        K/V in the cache, so the query side, the MoE and the LM head run on one position (_BlockPlan.last_only)."""
         enorm, hnorm, eh_proj, block, final_norm = self.mtp[layer]
         emb_BTD = F.embedding(next_ids_BT, self.embed)
         x_BTD = F.linear(torch.cat([enorm(emb_BTD), hnorm(hidden_BTD)], dim=-1), eh_proj)
-        h_BTD = final_norm(block(x_BTD, self.rope(position_ids_BT), cache))
-        if last_B is not None:
-            h_BTD = h_BTD[torch.arange(h_BTD.shape[0], device=h_BTD.device), last_B]  # (B, D)
-        return h_BTD, F.linear(h_BTD, self.head)
+        if last_B is None:
+            h_BTD = final_norm(block(x_BTD, self.rope(position_ids_BT), cache))
+            return h_BTD, F.linear(h_BTD, self.head)
+        h_BD = final_norm(block.last_only(x_BTD, last_B, self.rope(position_ids_BT), cache)[:, 0])
+        return h_BD, F.linear(h_BD, self.head)
 
 
 def _norm(norm):
@@ -127,23 +130,53 @@ class _BlockPlan:
 
     def __call__(self, x_BTD, rope, cache):
         x_BTD = x_BTD + self.attention(self.ln1(x_BTD), rope, cache)
-        h_BTD = self.ln2(x_BTD)
+        return x_BTD + self.ffn(self.ln2(x_BTD))
+
+    def last_only(self, x_BTD, last_B, rope, cache):
+        """__call__'s output at position last_B[b] of each row only -> (B, 1, D); K/V still go to the cache for
+        all T positions (the caller rewinds what it does not keep). That output depends on the other positions
+        only through their K/V, so it equals __call__(...)[b, last_B[b]]."""
+        B, T, _ = x_BTD.shape
+        a_BTD = self.ln1(x_BTD)
+        k_BGSK, v_BGSK = self.update_kv(a_BTD, rope, cache)
+        rows_B = torch.arange(B, device=x_BTD.device)
+        x_B1D, a_B1D = x_BTD[rows_B, last_B][:, None], a_BTD[rows_B, last_B][:, None]
+        rope_B1 = tuple(t[rows_B, last_B][:, None] for t in rope[:2]) + (rope[2],)
+        # the query at cache index len - T + last_B sees the keys up to itself after the row's padding (a padding
+        # query only itself), as KVCache.attention_mask
+        q_pos_B1 = (cache.lengths(self.idx) - T + last_B)[:, None]
+        k_pos_S = torch.arange(k_BGSK.shape[2], device=x_BTD.device)
+        seen_BS = ((k_pos_S <= q_pos_B1) & (k_pos_S >= cache.start[:, None])) | (k_pos_S == q_pos_B1)
+        mask_B11S = seen_BS[:, None, None]
+        x_B1D = x_B1D + self.attend(a_B1D, rope_B1, k_BGSK, v_BGSK, mask_B11S)
+        return x_B1D + self.ffn(self.ln2(x_B1D))
+
+    def ffn(self, h_BTD):
         y_BTD = _swiglu(h_BTD, *self.mlp) if self.mlp is not None else 0
         if self.moe is not None:
             y_BTD = moe_routed(self.moe.gate, h_BTD, self.w1, self.w2, self.dense, self.dense_max) + y_BTD
-        return x_BTD + y_BTD
+        return y_BTD
 
     def attention(self, x_BTD, rope, cache):
+        k_BGSK, v_BGSK = self.update_kv(x_BTD, rope, cache)
+        return self.attend(x_BTD, rope, k_BGSK, v_BGSK, cache.attention_mask(self.idx, x_BTD.shape[1]))
+
+    def update_kv(self, x_BTD, rope, cache):
+        """K/V of the new positions into the cache -> all keys and values (B, G, S, Dh)."""
         B, T, _ = x_BTD.shape
-        q_BTHK = F.linear(x_BTD, self.wq, self.bq).view(B, T, self.H, self.Dh)
         k_BTGK = F.linear(x_BTD, self.wk, self.bk).view(B, T, self.G, self.Dh)
         v_BGTK = F.linear(x_BTD, self.wv, self.bv).view(B, T, self.G, self.Dh).transpose(1, 2)
+        if self.kn is not None:
+            k_BTGK = self.kn(k_BTGK)
+        return cache.update(self.idx, _rope(k_BTGK, *rope).transpose(1, 2), v_BGTK)
+
+    def attend(self, x_BTD, rope, k_BGSK, v_BGSK, mask):
+        """The query side: q projection, attention over the cached keys, output projection."""
+        B, T, _ = x_BTD.shape
+        q_BTHK = F.linear(x_BTD, self.wq, self.bq).view(B, T, self.H, self.Dh)
         if self.qn is not None:
-            q_BTHK, k_BTGK = self.qn(q_BTHK), self.kn(k_BTGK)
-        q_BHTK = _rope(q_BTHK, *rope).transpose(1, 2)
-        k_BGTK = _rope(k_BTGK, *rope).transpose(1, 2)
-        k_BGSK, v_BGSK = cache.update(self.idx, k_BGTK, v_BGTK)
-        o_BHTK = sdpa(q_BHTK, k_BGSK, v_BGSK, cache.attention_mask(self.idx, T))
+            q_BTHK = self.qn(q_BTHK)
+        o_BHTK = sdpa(_rope(q_BTHK, *rope).transpose(1, 2), k_BGSK, v_BGSK, mask)
         return F.linear(o_BHTK.transpose(1, 2).reshape(B, T, self.H * self.Dh), self.wo)
 
 
