@@ -60,7 +60,7 @@ SIZES = (
     Size(minutes=5, hidden_size=96, num_hidden_layers=3, n_routed_experts=8, vocab_size=1024, corpus_mb=2,
          pretrain_steps=500, midtrain_steps=120, seq_len=128, mid_seq_len=256, batch_size=8),
     Size(minutes=15, hidden_size=128, num_hidden_layers=4, n_routed_experts=8, vocab_size=2048, corpus_mb=4,
-         pretrain_steps=700, midtrain_steps=200, seq_len=128, mid_seq_len=256, batch_size=8),
+         pretrain_steps=1000, midtrain_steps=300, seq_len=128, mid_seq_len=256, batch_size=8),
     Size(minutes=60, hidden_size=192, num_hidden_layers=5, n_routed_experts=16, vocab_size=4096, corpus_mb=12,
          pretrain_steps=1000, midtrain_steps=300, seq_len=256, mid_seq_len=512, batch_size=8),
 )  # measured on a shared 2-core machine: docs/speedrun.md; the 60-minute row is an estimate
