@@ -94,8 +94,9 @@ class FastForward:
         enorm, hnorm, eh_proj, block, final_norm = self.mtp[layer]
         emb_BTD = F.embedding(next_ids_BT, self.embed)
         x_BTD = F.linear(torch.cat([enorm(emb_BTD), hnorm(hidden_BTD)], dim=-1), eh_proj)
-        if last_B is None:
+        if last_B is None or x_BTD.shape[1] == 1:  # one position: nothing to skip
             h_BTD = final_norm(block(x_BTD, self.rope(position_ids_BT), cache))
+            h_BTD = h_BTD if last_B is None else h_BTD[:, 0]
             return h_BTD, F.linear(h_BTD, self.head)
         h_BD = final_norm(block.last_only(x_BTD, last_B, self.rope(position_ids_BT), cache)[:, 0])
         return h_BD, F.linear(h_BD, self.head)
