@@ -9,7 +9,10 @@ on CPU `torch._grouped_mm` walks every expert even when 4 of 16 got tokens. Here
   - routed experts: at one token the K chosen ones from a host list; at 2 tokens a loop over the hit experts
     (a host sync: free on CPU, cheap next to a forward on GPU); above that the grouped GEMM, on CPU over
     contiguous (E, D, 2F) / (E, F, D) copies of the banks kept across calls (see _expert_weights);
-  - no aux loss, no expert-load counts; the LM head runs only on the positions the caller needs.
+    experts_dense (all experts, 3 kernels per layer) behind `dense_max_tokens`, off: slower on CPU;
+  - no aux loss, no expert-load counts; the LM head runs only on the positions the caller needs;
+  - the speculative catch-up (mtp_step(last_B=)) computes K/V at every fed position but the query side, the
+    MoE and the LM head only at the one position each row drafts from.
 The reference is `GLM.forward` itself: tests/parity/test_engine_fast.py checks logits (allclose) and greedy
 tokens (equal) with the fast path on and off; `Engine(model, fast=False)` switches it off. Models whose
 attention is not the GQA `Attention` (GLM-5 MLA) use the reference forward.
@@ -17,6 +20,7 @@ attention is not the GQA `Attention` (GLM-5 MLA) use the reference forward.
     fwd = FastForward(model, max_len=4096)            # the same interface as ReferenceForward
     logits_BTV, hidden_BTD = fwd.forward(input_ids_BT, position_ids_BT, cache)
     hidden_BTD, logits_BTV = fwd.mtp_step(layer, next_ids_BT, hidden_BTD, position_ids_BT, cache)
+    hidden_BD, logits_BV = fwd.mtp_step(layer, next_ids_BT, hidden_BTD, position_ids_BT, cache, last_B=last_B)
 Shape legend: B batch, T tokens, D hidden, H heads, G kv heads, Dh head dim, K experts per token, F expert width.
 """
 
@@ -30,7 +34,7 @@ from glmstack.model.moe import MoE, _grouped_mm_ok
 from glmstack.model.rope import rope_cos_sin
 
 HIT_LOOP_MAX_TOKENS = 2  # measured on CPU (bench/decode.py): the hit-expert loop wins for 1-2 tokens
-# experts_dense up to this many tokens: 0 = off. On CPU it lost at every size tried (2..40 tokens, 1.3-1.7x slower
+# experts_dense up to this many tokens: 0 = off. On CPU it lost at every size tried (2..40 tokens, 1.3-1.9x slower
 # per step, docs/inference.md): these small GEMMs are FLOP-bound, and dense does E/K = 4x the expert FLOPs.
 # Unmeasured on GPU, where 3 kernel launches per layer instead of ~3E should win for decode / verify blocks.
 DENSE_MAX_TOKENS = 0
