@@ -183,6 +183,10 @@ def _markdown(summary: dict, drawn: list[str]) -> str:
     if summary.get("timings"):
         out += ["", "## Wall-clock time", "", "| stage | seconds |", "|---|---|"]
         out += [f"| {k} | {v:.1f} |" for k, v in summary["timings"].items()]
+        spec = summary.get("speculative", {})
+        if "tokens_per_s_plain" in spec:
+            out += ["", f"Greedy decoding of the held-out prompts: {spec['tokens_per_s_plain']:.0f} tokens/s plain, "
+                        f"{spec['tokens_per_s_mtp']:.0f} tokens/s with MTP drafting (k = {spec.get('draft_k')})."]
     captions = {
         "losses.png": "Next-token loss (solid, moving average), MTP loss (dashed) and held-out loss (dots); the "
         "dotted line marks the start of mid-training.",
