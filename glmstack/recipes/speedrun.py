@@ -149,7 +149,7 @@ def model_overrides(size: Size, vocab_size: int) -> dict:
 
 
 def _val_every(steps: int, log_every: int, n: int) -> int:
-    """About `n` validations per stage, on logged steps (the loop writes a row only every log.every steps)."""
+    """About `n` validations per stage, on logged steps (val points share the training curves' step grid)."""
     return log_every * max(1, round(steps / n / log_every))
 
 

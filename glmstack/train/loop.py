@@ -6,7 +6,8 @@ Per optimizer step:
   -> forward/backward per micro-batch (bf16 autocast on GPU, fp32 on CPU; DDP syncs only the last one)
   -> global grad norm + clipping -> NaN / loss-spike guard (skip, count, stop with a checkpoint after N in a row)
   -> optimizer step -> loss-free balancing bias update from the step's global expert load
-  -> one log line, metrics.jsonl, validation every `log.val_every`, checkpoint every `ckpt.every`.
+  -> validation every `log.val_every` -> one log line + metrics.jsonl row every `log.every` steps and on every
+     validated step -> checkpoint every `ckpt.every`.
 Resume (`ckpt.resume=auto`) restores model, optimizer, RNGs, data position and loop counters from `latest`, so
 N steps + resume + N steps equals 2N steps bit for bit (tests/integration/test_resume.py).
 
@@ -309,7 +310,8 @@ def _report(metrics: Metrics, bar, cfg: TrainConfig, state: LoopState, row: dict
         bar.update(1)
         extra = {"mfu": f"{row['mfu']:.1%}"} if "mfu" in row else {}
         bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tok_per_s']:,.0f}", **extra, refresh=False)
-    if state.step % cfg.log.every == 0 or state.step == cfg.steps:
+    # a validation step always gets its row, or a val_every that is not a multiple of log.every would lose it
+    if state.step % cfg.log.every == 0 or state.step == cfg.steps or "val_loss" in row:
         metrics.log(state.step, row | {"tokens": state.tokens, "skipped_total": state.skipped})
         if dist.rank() == 0:
             _emit(format_line(state.step, cfg.steps, row, eta_s=sec_per_step * (cfg.steps - state.step)), bar)

@@ -57,6 +57,17 @@ def test_metrics_rows_and_plots(tmp_path):
     assert json.loads((stage / "config.json").read_text())["steps"] == 3
 
 
+def test_validation_between_log_steps_is_written(tmp_path):
+    """val_every=3 with log.every=4: steps 3 and 6 validate off the log grid and still get their rows."""
+    overrides = ["steps=8", "log.every=4", "log.val_every=3", "log.val_batches=1", "log.plots=false"]
+    result = run(load_config("tiny", "pretrain", FAST + [f"out_dir={tmp_path}"] + overrides))
+    rows = [json.loads(line) for line in (tmp_path / "tiny" / "pretrain" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [3, 4, 6, 8]
+    assert [r["step"] for r in rows if "val_loss" in r] == [3, 6, 8]
+    assert all("lm_loss" in r for r in rows)  # a full training row, so the loss curves stay step-indexed
+    assert result["val_loss"] == rows[-1]["val_loss"]
+
+
 def test_bias_update_direction():
     class M(torch.nn.Module):
         def __init__(self):
