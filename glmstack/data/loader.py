@@ -27,18 +27,23 @@ from glmstack.data.shards import TokenShards
 
 
 class _EpochLoader:
-    """Shared iteration: a per-epoch permutation of `n_items`, split into global batches across ranks."""
+    """Shared iteration: a per-epoch permutation of the split's rows, cut into global batches across ranks.
+    A subclass says how many rows its shards hold (`_count_rows`) and how to read one (`row`)."""
 
     def __init__(
         self,
-        n_items: int,
+        data_dir,
+        seq_len: int,
         batch_size: int,
-        rank: int,
-        world_size: int,
-        seed: int,
-        shuffle: bool,
-        max_epochs: int | None,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+        shuffle: bool = True,
+        max_epochs: int | None = None,
     ):
+        self.shards = TokenShards(data_dir)
+        self.seq_len = seq_len
+        n_items = self._count_rows()
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
         self.n_items, self.batch_size, self.rank, self.world_size = n_items, batch_size, rank, world_size
@@ -92,21 +97,8 @@ class _EpochLoader:
 class PretrainLoader(_EpochLoader):
     """Concatenate and cut: windows of seq_len + 1 tokens -> input_ids / labels shifted by one."""
 
-    def __init__(
-        self,
-        data_dir,
-        seq_len: int,
-        batch_size: int,
-        rank: int = 0,
-        world_size: int = 1,
-        seed: int = 0,
-        shuffle: bool = True,
-        max_epochs: int | None = None,
-    ):
-        self.shards = TokenShards(data_dir)
-        self.seq_len = seq_len
-        n_windows = max(0, (self.shards.n_tokens - 1) // seq_len)
-        super().__init__(n_windows, batch_size, rank, world_size, seed, shuffle, max_epochs)
+    def _count_rows(self) -> int:
+        return max(0, (self.shards.n_tokens - 1) // self.seq_len)
 
     def row(self, i: int) -> dict[str, np.ndarray]:
         w = self.shards.span(i * self.seq_len, (i + 1) * self.seq_len + 1)
@@ -116,22 +108,13 @@ class PretrainLoader(_EpochLoader):
 class PackedLoader(_EpochLoader):
     """Best-fit-decreasing packed rows with segment_ids and position_ids (mid-training)."""
 
-    def __init__(
-        self,
-        data_dir,
-        seq_len: int,
-        batch_size: int,
-        rank: int = 0,
-        world_size: int = 1,
-        seed: int = 0,
-        shuffle: bool = True,
-        max_epochs: int | None = None,
-        buffer: int = 1 << 16,
-    ):
-        self.shards = TokenShards(data_dir)
-        self.seq_len = seq_len
-        self.rows = pack([int(n) for n in self.shards.doc_len], seq_len, buffer)
-        super().__init__(len(self.rows), batch_size, rank, world_size, seed, shuffle, max_epochs)
+    def __init__(self, data_dir, seq_len: int, batch_size: int, *, buffer: int = 1 << 16, **options):
+        self.buffer = buffer  # documents considered at once by the best-fit packer
+        super().__init__(data_dir, seq_len, batch_size, **options)
+
+    def _count_rows(self) -> int:
+        self.rows = pack([int(n) for n in self.shards.doc_len], self.seq_len, self.buffer)
+        return len(self.rows)
 
     def _tokens(self, doc: int, start: int, n: int) -> np.ndarray:
         s = int(self.shards.doc_start[doc]) + start
