@@ -14,6 +14,9 @@ mean accepted length per verify step, acceptance per depth, wall-clock speedup (
     python bench/decode.py                          # ~4 minutes on 1 busy CPU thread
     python bench/decode.py --skip-mtp --repeats 9   # part 1 only
     python bench/decode.py --skip-hf --mtp-layers 16  # part 2 with a 16-layer trunk
+
+Part 1 also prints a bound: the self time of our GEMM kernels per step (torch.profiler), which removing overhead
+cannot reduce; transformers' step time over it is the largest speedup left on this machine.
 """
 
 from __future__ import annotations
@@ -92,15 +95,32 @@ def engine_vs_hf(ours, hf, n: int, repeats: int, batches=(1, 8)) -> list[dict]:
             "same_tokens": same,
             "cpu_time_speedup": statistics.median(cpu_hf) / statistics.median(cpu_ours),
         }
+        row["ours_gemm_ms_per_step"] = gemm_ms_per_step(engine, prompts, n)
+        row["bound"] = row["hf_ms_per_step"] / row["ours_gemm_ms_per_step"]
         print(
             f"batch {B}: ours {row['ours_ms_per_step']:.2f} ms/step ({row['ours_tok_s']:.0f} tok/s), "
             f"transformers {row['hf_ms_per_step']:.2f} ms/step ({row['hf_tok_s']:.0f} tok/s), "
             f"speedup x{row['speedup']:.2f} (median of pairs; CPU-time x{row['cpu_time_speedup']:.2f}), "
-            f"same greedy tokens {100 * same:.0f}%",
+            f"same greedy tokens {100 * same:.0f}%\n  bound: our GEMMs alone take {row['ours_gemm_ms_per_step']:.2f} "
+            f"ms/step -> with every other op free, at most x{row['bound']:.2f}",
             flush=True,
         )
         rows.append(row)
     return rows
+
+
+GEMM_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::mv", "aten::addmv", "aten::_grouped_mm"}
+
+
+def gemm_ms_per_step(engine, prompts, n: int) -> float:
+    """Self time of the GEMM kernels per decode step (torch.profiler, one run): the part no removal of overhead can
+    touch, since the FLOPs and weight bytes are the model's. transformers' step / this = the best speedup left."""
+    from torch.profiler import profile
+
+    with profile() as prof:
+        engine.generate(prompts, n, stop_ids=[])
+    us = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in GEMM_OPS)
+    return us / 1e3 / n
 
 
 # ---------------------------------------------------------------- part 2: MTP speculative decoding
