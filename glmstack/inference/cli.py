@@ -29,7 +29,13 @@ def _common(ap: argparse.ArgumentParser, temperature: float, top_p: float, max_n
     ap.add_argument("--temperature", type=float, default=temperature, help="0 = greedy")
     ap.add_argument("--top-p", type=float, default=top_p)
     ap.add_argument("--top-k", type=int, default=0)
-    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="sampling seed: the b-th --prompt samples with SEED + b, so its output depends only on its prompt, its "
+        "seed and the sampling options, not on the other prompts (default: random)",
+    )
     ap.add_argument("--speculative", choices=["none", "mtp"], default="none", help="MTP speculative decoding")
     ap.add_argument("--draft", type=int, default=2, help="draft tokens per verify step with --speculative mtp")
     ap.add_argument("--dtype", choices=list(DTYPES), default=None, help="default: the checkpoint's")

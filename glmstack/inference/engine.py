@@ -6,12 +6,15 @@ allocation, no torch.cat, one forward per step; bench/decode.py measures it agai
 MTP speculative decoding (speculative.py) plugs into the same loop.
 
 How: prompts of different lengths are LEFT-padded into one (B, P) batch; `KVCache.start` masks the padding and
-positions restart at 0 after it, so every row computes exactly what it would alone. Each step yields the new tokens
-of every row; `Rows` cuts them at the row's stop id or token budget.
+positions restart at 0 after it, so every row computes exactly what it would alone. Sampling draws each row's
+noise from its own counter-based stream (sampling.RowStreams; row b's seed is seeds[b], else seed + b), so a row's
+sampled output depends only on its prompt, its seed and the sampling parameters — batched == one by one for
+sampling too. Each step yields the new tokens of every row; `Rows` cuts them at the row's stop id or token budget.
 
     engine = Engine(model, tokenizer)
     res = engine.generate(["Hello"], max_new_tokens=32, temperature=0.7, top_p=0.9, seed=0)
     res.tokens[0], res.text[0], res.stats                 # stats: tokens/s, accepted length with speculative="mtp"
+    engine.generate(["a", "b"], 32, temperature=0.7, seeds=[3, 9])  # row 1 == engine.generate(["b"], 32, ..., seeds=[9])
     for delta in engine.stream("Hello", max_new_tokens=32): print(delta.text, end="")
 """
 
@@ -25,8 +28,8 @@ import torch
 
 from glmstack.inference.fast import FastForward, ReferenceForward, supported
 from glmstack.inference.kv_cache import KVCache
-from glmstack.inference.sampling import SamplingParams, sample
-from glmstack.inference.speculative import mtp_decode
+from glmstack.inference.sampling import RowStreams, SamplingParams, row_seeds, sample
+from glmstack.inference.speculative import lanes, mtp_decode
 
 
 @dataclass(kw_only=True)
@@ -37,7 +40,8 @@ class Request:
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0  # nucleus sampling; 1 = off
     top_k: int = 0  # 0 = off
-    seed: int | None = None  # seeds the sampling generator (None: a fresh random seed)
+    seed: int | None = None  # row b samples with seed + b (None: a random base seed; see sampling.row_seeds)
+    seeds: Sequence[int] | None = None  # or one seed per prompt (not with seed)
     stop_ids: Sequence[int] | None = None  # None: tokenizer.eos_ids, else the config's eos_token_id
     speculative: str | None = None  # "mtp": MTP speculative decoding
     draft_k: int = 2  # draft tokens per verify step
@@ -49,6 +53,7 @@ class GenerationResult:
     text: list[str] | None  # decoded new tokens without the stop token (when the engine has a tokenizer)
     finish_reason: list[str]  # "stop" or "length" per row
     stats: dict = field(default_factory=dict)
+    seeds: list[int] | None = None  # each row's seed: seeds=[...] reproduces a row on its own
 
 
 @dataclass
@@ -58,10 +63,11 @@ class Delta:
 
 
 class Rows:
-    """Per-row output, token budget and stop handling, shared by the plain and the speculative loops."""
+    """Per-row output, token budget, stop handling and seed, shared by the plain and the speculative loops."""
 
-    def __init__(self, batch_size: int, max_new_tokens: int, stop_ids: Sequence[int]):
+    def __init__(self, batch_size: int, max_new_tokens: int, stop_ids: Sequence[int], seeds: list[int]):
         self.batch_size, self.budget, self.stop = batch_size, max_new_tokens, set(stop_ids)
+        self.seeds = seeds
         self.out: list[list[int]] = [[] for _ in range(batch_size)]
         self.finish: list[str | None] = [None] * batch_size
 
@@ -110,7 +116,8 @@ class Engine:
     def generate(self, prompts, max_new_tokens: int = 64, **options) -> GenerationResult:
         """Generate for a batch: prompts are strings (needs a tokenizer) or token-id lists (or one of either).
 
-        options (see Request): temperature, top_p, top_k, seed, stop_ids, speculative ("mtp"), draft_k.
+        options (see Request): temperature, top_p, top_k, seed or seeds, stop_ids, speculative ("mtp"), draft_k.
+        Row b's sampled tokens depend only on its prompt, its seed (seeds[b], else seed + b) and the options.
         """
         req = Request(max_new_tokens=max_new_tokens, **options)
         stats: dict = {}
@@ -121,7 +128,7 @@ class Engine:
                 stats["first_token_s"] = time.perf_counter() - t0
         rows = rows_out[0]
         text = [self._decode(r) for r in rows.out] if self.tokenizer is not None else None
-        return GenerationResult(tokens=rows.out, text=text, finish_reason=rows.finish, stats=stats)
+        return GenerationResult(tokens=rows.out, text=text, finish_reason=rows.finish, stats=stats, seeds=rows.seeds)
 
     def stream(self, prompt, max_new_tokens: int = 256, stats: dict | None = None, **options) -> Iterator[Delta]:
         """One prompt; yields a Delta per decoding step (text deltas when the engine has a tokenizer)."""
@@ -155,10 +162,11 @@ class Engine:
         ids_BP, start_B = self._prepare(prompts)
         B, P = ids_BP.shape
         budget = self._budget(P, req.max_new_tokens)
-        rows = Rows(B, budget, self._stop_ids(req.stop_ids))
+        rows = Rows(B, budget, self._stop_ids(req.stop_ids), row_seeds(req.seed, req.seeds, B))
         rows_out.append(rows)
-        gen = torch.Generator(device=self.device)
-        gen.manual_seed(req.seed if req.seed is not None else torch.seed())
+        # greedy draws nothing: no streams, no hashing
+        n_lanes = lanes(draft_k) if speculative else 1
+        streams = None if params.greedy else RowStreams(rows.seeds, n_lanes, self.device)
         # speculative: the verify block (k + 1) and the MTP layers' drafted positions (< k) on top of the budget
         slack = 2 * draft_k + 2 if speculative else 1
         cache = KVCache(B, P + budget + slack, start=start_B.to(self.device))
@@ -171,13 +179,15 @@ class Engine:
         t0 = time.perf_counter()
         with torch.inference_mode():
             if speculative is None:
-                yield from self._plain(run, ids_BP, start_B, cache, rows, params, gen, stats, sync_every)
+                yield from self._plain(run, ids_BP, start_B, cache, rows, params, streams, stats, sync_every)
             else:
-                yield from mtp_decode(run, self.cfg, ids_BP, start_B, cache, rows, params, gen, draft_k, stats)
+                yield from mtp_decode(run, self.cfg, ids_BP, start_B, cache, rows, params, streams, draft_k, stats)
         total, n_new = time.perf_counter() - t0, sum(len(r) for r in rows.out)
         stats.update(new_tokens=n_new, total_s=total, tokens_per_s=n_new / max(total, 1e-9))
 
-    def _plain(self, run, ids_BP, start_B, cache, rows, params, gen, stats, sync_every) -> Iterator[list[list[int]]]:
+    def _plain(
+        self, run, ids_BP, start_B, cache, rows, params, streams, stats, sync_every
+    ) -> Iterator[list[list[int]]]:
         P = ids_BP.shape[1]
         pos_BT = (torch.arange(P, device=self.device) - start_B[:, None]).clamp_min(0)
         t0 = time.perf_counter()
@@ -187,7 +197,7 @@ class Engine:
         alive = list(range(ids_BP.shape[0]))  # original row of each batch row (finished rows get dropped)
         steps, t0, pending, compactions = 0, time.perf_counter(), [], 0
         for step in range(rows.budget):  # every row is done after `budget` tokens at the latest
-            tok_B = sample(logits_BV, params, gen)
+            tok_B = sample(logits_BV, params, None if streams is None else streams.uniform(step)[:, 0])
             pending.append(tok_B)
             last = step == rows.budget - 1
             if len(pending) == sync_every or last:
@@ -203,6 +213,8 @@ class Engine:
                     # RL rollouts end at very different lengths: stop paying for the finished rows
                     idx = torch.tensor(keep, device=self.device)
                     cache.keep_rows(idx)
+                    if streams is not None:
+                        streams.keep_rows(idx)
                     tok_B, pos_B1, alive = tok_B[idx], pos_B1[idx], [alive[j] for j in keep]
                     compactions += 1
             if last:

@@ -1,4 +1,4 @@
-"""Token sampling: temperature, top-k, top-p (nucleus), greedy, all batched and seeded.
+"""Token sampling: temperature, top-k, top-p (nucleus), greedy, batched, with one random stream per row.
 
 Why: the engine, MTP speculative decoding and RL rollouts must agree on ONE definition of "the sampling
 distribution" — speculative rejection sampling only preserves the output distribution if the draft
@@ -10,16 +10,27 @@ Order of the transforms follows transformers' generate(): temperature, then top-
 0 means greedy (argmax), which is what `probs()` returns as a one-hot so the rejection rule degenerates to
 exact match.
 
-    from glmstack.inference.sampling import SamplingParams, sample
-    g = torch.Generator().manual_seed(0)
-    next_ids = sample(logits_BV, SamplingParams(temperature=0.7, top_p=0.9), g)   # (B,)
+Reproducibility per row: RL rollouts and evaluation need row b's sampled output to depend only on its prompt,
+its seed and the sampling parameters, not on the other rows of its batch. So a draw is an inverse-CDF lookup of
+a uniform u, and u comes from `RowStreams`: a counter-based generator (the idea of Philox / JAX's PRNG keys)
+where draw `lane` of step t of a row with seed s is a hash of (s, t, lane) — no state shared between rows, and
+dropping finished rows (Engine.compact) just drops their keys. `row_seeds` is the rule that gives each row its
+seed (docs/inference.md, "Seeds").
+
+    from glmstack.inference.sampling import RowStreams, SamplingParams, row_seeds, sample
+    streams = RowStreams(row_seeds(seed=0, seeds=None, n=B))
+    next_ids = sample(logits_BV, SamplingParams(temperature=0.7, top_p=0.9), streams.uniform(step)[:, 0])  # (B,)
 """
 
 from __future__ import annotations
 
+import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+M32, M64 = 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -69,15 +80,101 @@ def probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return torch.softmax(filter_logits(logits, params), dim=-1)
 
 
-def sample_from_probs(p: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One draw per row of (..., V) probabilities -> (...) long."""
-    flat = p.reshape(-1, p.shape[-1])
-    out = torch.multinomial(flat, 1, generator=generator)  # (N, 1)
-    return out.view(p.shape[:-1])
+Noise = torch.Tensor | torch.Generator | None  # uniforms in [0, 1), or where to draw them from
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Next token per row of (..., V) logits -> (...) long. Greedy skips the softmax entirely."""
+def uniforms(shape: Sequence[int], noise: Noise, device) -> torch.Tensor:
+    """`noise` itself when it is a tensor of uniforms, else fresh ones from that generator (None: torch's global)."""
+    if isinstance(noise, torch.Tensor):
+        return noise
+    return torch.rand(tuple(shape), generator=noise, device=device)
+
+
+def sample_from_probs(p: torch.Tensor, noise: Noise = None) -> torch.Tensor:
+    """One draw per row of (..., V) probabilities -> (...) long, by inverse CDF: the first token whose cumulative
+    mass exceeds u * total. Tokens of probability 0 are never drawn. noise: u shaped (...), or see `uniforms`."""
+    u = uniforms(p.shape[:-1], noise, p.device).float()
+    cdf = p.float().cumsum(-1)  # (..., V), nondecreasing, so a token of mass 0 never has cdf above its left one
+    # for float32 u < 1 (so u <= 1 - 2^-24) the rounded u * total stays below total: the pick is a token with mass
+    return torch.searchsorted(cdf, u[..., None] * cdf[..., -1:], right=True).squeeze(-1)
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, noise: Noise = None) -> torch.Tensor:
+    """Next token per row of (..., V) logits -> (...) long. Greedy skips the softmax and the noise entirely."""
     if params.greedy:
         return logits.argmax(dim=-1)
-    return sample_from_probs(probs(logits, params), generator)
+    return sample_from_probs(probs(logits, params), noise)
+
+
+# ---------------------------------------------------------------- per-row random streams
+def row_seeds(seed: int | None, seeds: Sequence[int] | None, n: int) -> list[int]:
+    """The seed of each of n rows: seeds[b] when given (one per row), else seed + b; neither: a random base seed.
+
+    seed + b makes a row reproducible on its own: row b of generate(prompts, seed=s) is generate([prompts[b]],
+    seed=s + b) (or seeds=[s + b]). The random base comes from `secrets`, so torch's global RNG is left alone.
+    """
+    if seeds is not None:
+        if seed is not None:
+            raise ValueError("give seed (row b gets seed + b) or seeds (one per prompt), not both")
+        if len(seeds) != n:
+            raise ValueError(f"seeds has {len(seeds)} entries for {n} prompts; give one per prompt")
+        return [int(s) for s in seeds]
+    base = secrets.randbits(63) if seed is None else int(seed)
+    return [base + b for b in range(n)]
+
+
+def _splitmix64(s: int) -> int:
+    """Seed -> 64-bit key (Steele et al. 2014's finaliser, a bijection): nearby seeds get unrelated keys."""
+    z = (s + 0x9E3779B97F4A7C15) & M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+    return z ^ (z >> 31)
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A bijection of 32-bit values held in int64 (xorshift-multiply as Wellons' lowbias32; both multipliers are
+    below 2^31, so the int64 products of 32-bit values never overflow and right shifts stay logical)."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & M32
+    x = x ^ (x >> 15)
+    x = (x * 0x5BD1E995) & M32
+    return x ^ (x >> 16)
+
+
+class RowStreams:
+    """One random stream per row: uniform(step) -> (B, lanes) float32 in [0, 1), a pure function of
+    (the row's seed, step, lane).
+
+    Counter-based: draw `lane` of `step` for the row with key k is hash(k, step * lanes + lane), three rounds of
+    `_mix32` keyed by the key's two halves (for one key, distinct counters give distinct 32-bit values); its top
+    24 bits are u. A row's draws therefore do not depend on which rows share its batch, on dropped rows or on the
+    order of the calls. Steps are hashed `block` at a time (a few dozen tensor ops per block, none per step).
+    """
+
+    def __init__(self, seeds: Sequence[int], lanes: int = 1, device=None, block: int = 64):
+        keys = [_splitmix64(int(s) & M64) for s in seeds]
+        self.lo_B1 = torch.tensor([k & M32 for k in keys], dtype=torch.long, device=device)[:, None]
+        self.hi_B1 = torch.tensor([k >> 32 for k in keys], dtype=torch.long, device=device)[:, None]
+        self.lanes, self.block = lanes, block
+        self._first, self._u_BSL = -1, None  # the hashed block: steps [_first, _first + block)
+
+    def uniform(self, step: int) -> torch.Tensor:
+        """The draws of `step`, (B, lanes)."""
+        first = step - step % self.block
+        if first != self._first:
+            self._u_BSL, self._first = self._hash(first), first
+        return self._u_BSL[:, step - first]
+
+    def keep_rows(self, idx: torch.Tensor) -> None:
+        """Keep rows idx (in this order), as KVCache.keep_rows; their streams are unchanged."""
+        self.lo_B1, self.hi_B1 = self.lo_B1[idx], self.hi_B1[idx]
+        if self._u_BSL is not None:
+            self._u_BSL = self._u_BSL[idx]
+
+    def _hash(self, first: int) -> torch.Tensor:
+        L, S, dev = self.lanes, self.block, self.lo_B1.device
+        x = torch.arange(first * L, (first + S) * L, device=dev)[None] & M32  # (1, S*L) counters
+        for key_B1 in (self.lo_B1, self.hi_B1, self.lo_B1):
+            x = _mix32(x ^ key_B1)
+        u = (x >> 8).float() * 2.0**-24  # 24 bits: exact in float32, at most 1 - 2^-24
+        return u.view(-1, S, L)

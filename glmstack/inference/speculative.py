@@ -18,6 +18,9 @@ predicts x_{t+2}. One step:
      drafted positions; the n + 1 confirmed (h, x) pairs are the next step's catch-up input.
 Rows accept different n, so rows run at different lengths: the cache keeps per-row lengths.
 Stats: mean accepted length per verify step (tau = n + 1) and the acceptance rate at each depth (P(n >= j)).
+Randomness (sampling): round 0 (prefill) and each verify round i take the row streams' draws of step i, 2k + 1
+lanes: lane j < k drafts d_{j+1}, lanes k..2k the k accept tests and the next token (accept.accept_sampled). Rows
+run their rounds in lockstep whatever the batch, so a row's sampled output does not depend on the other rows.
 Shape legend: B rows, K drafts, T positions, D hidden, V vocabulary.
 """
 
@@ -32,11 +35,16 @@ from glmstack.inference.accept import accept_greedy, accept_sampled
 from glmstack.inference.sampling import probs, sample_from_probs
 
 
+def lanes(k: int) -> int:
+    """Uniforms one row takes per round: k drafts, k accept tests, the next token."""
+    return 2 * k + 1
+
+
 class _Draft:
     """The MTP side: pending confirmed positions, per-layer catch-up, k recursive draft steps."""
 
-    def __init__(self, run, cfg, cache, params, gen, k: int):
-        self.run, self.cache, self.params, self.gen, self.k = run, cache, params, gen, k
+    def __init__(self, run, cfg, cache, params, k: int):
+        self.run, self.cache, self.params, self.k = run, cache, params, k
         n, D = cfg.num_hidden_layers, cfg.num_nextn_predict_layers
         if D < 1:
             raise ValueError("speculative='mtp' needs a checkpoint with MTP layers (num_nextn_predict_layers >= 1)")
@@ -56,14 +64,14 @@ class _Draft:
         self.cache.rewind(T - self.keep, layers=[self.cache_idx(layer)])  # drop the ragged padding columns
         return g_BD, logits_BV
 
-    def _pick(self, logits_BV):
+    def _pick(self, logits_BV, u_B):
         if self.params.greedy:
             return logits_BV.argmax(-1), None
         q_BV = probs(logits_BV, self.params)
-        return sample_from_probs(q_BV, self.gen), q_BV
+        return sample_from_probs(q_BV, u_B), q_BV
 
-    def draft(self):
-        """-> drafts (B, K), draft probabilities (B, K, V) or None when greedy."""
+    def draft(self, u_BL=None):
+        """-> drafts (B, K), draft probabilities (B, K, V) or None when greedy; u_BL: this round's uniforms."""
         fed, spec_writes = set(), {}
         last_pos_B = self.pos.gather(1, (self.count - 1)[:, None]).squeeze(1)
         drafts, qs = [], []
@@ -78,7 +86,7 @@ class _Draft:
                 g_B1D, logits_B1V = self.run.mtp_step(layer, drafts[-1][:, None], g_BD[:, None], pos_B1, self.cache)
                 g_BD, logits_BV = g_B1D[:, 0], logits_B1V[:, 0]
                 spec_writes[layer] = spec_writes.get(layer, 0) + 1
-            d_B, q_BV = self._pick(logits_BV)
+            d_B, q_BV = self._pick(logits_BV, None if u_BL is None else u_BL[:, j])
             drafts.append(d_B)
             qs.append(q_BV)
         for layer, n in spec_writes.items():  # drafted positions never stay in the MTP caches
@@ -86,22 +94,26 @@ class _Draft:
         return torch.stack(drafts, 1), (None if self.params.greedy else torch.stack(qs, 1))
 
 
-def mtp_decode(run, cfg, ids_BP, start_B, cache, rows, params, gen, k: int, stats: dict) -> Iterator[list[list[int]]]:
+def mtp_decode(
+    run, cfg, ids_BP, start_B, cache, rows, params, streams, k: int, stats: dict
+) -> Iterator[list[list[int]]]:
     """The speculative loop; yields each row's emitted tokens per verify step (see the module docstring).
 
     run: fast.FastForward or fast.ReferenceForward (forward -> (logits, hidden); mtp_step -> (hidden, logits)).
+    streams: sampling.RowStreams with lanes(k) lanes (None when greedy).
     """
     if k < 1:
         raise ValueError(f"draft_k must be >= 1, got {k}")
     B, P = ids_BP.shape
     main_layers = range(cfg.num_hidden_layers)
-    drafter = _Draft(run, cfg, cache, params, gen, k)
+    drafter = _Draft(run, cfg, cache, params, k)
+    draws = (lambda i: None) if params.greedy else streams.uniform  # round i -> (B, 2k + 1) uniforms
     dev = ids_BP.device
     # ---- prefill: the main model over the prompt, first token from its last position
     t0 = time.perf_counter()
     pos_BP = (torch.arange(P, device=dev) - start_B[:, None]).clamp_min(0)
     logits_BPV, hidden_BPD = run.forward(ids_BP, pos_BP, cache, last_only=True)
-    x_B = _sample_one(logits_BPV[:, -1], params, gen)
+    x_B = _sample_one(logits_BPV[:, -1], params, draws(0))
     stats["prefill_s"] = time.perf_counter() - t0
     yield rows.push([[t] for t in x_B.tolist()])
     drafter.set_pending(
@@ -111,16 +123,18 @@ def mtp_decode(run, cfg, ids_BP, start_B, cache, rows, params, gen, k: int, stat
         torch.full((B,), P, dtype=torch.long, device=dev),
     )
     # ---- draft -> verify -> accept -> roll back
-    accepted, depth_hits, steps, t0 = [], [0] * k, 0, time.perf_counter()
+    accepted, depth_hits, steps, rnd, t0 = [], [0] * k, 0, 0, time.perf_counter()
     arange_K1 = torch.arange(k + 1, device=dev)
     while not rows.all_done:
-        d_BK, q_BKV = drafter.draft()
+        rnd += 1
+        u_BL = draws(rnd)
+        d_BK, q_BKV = drafter.draft(u_BL)
         pos_BK1 = (cache.lengths(0) - start_B)[:, None] + arange_K1
         logits_BKV, hidden_BKD = run.forward(torch.cat([x_B[:, None], d_BK], 1), pos_BK1, cache)
         if q_BKV is None:
             n_B, x_B = accept_greedy(d_BK, logits_BKV)
         else:
-            n_B, x_B = accept_sampled(d_BK, q_BKV, probs(logits_BKV, params), gen)
+            n_B, x_B = accept_sampled(d_BK, q_BKV, probs(logits_BKV, params), u_BL[:, k:])
         # finished rows ride along in the batch until all are done; they keep nothing of a step, so their caches
         # and positions stop growing (a row that finished early could otherwise outgrow the preallocated cache)
         active_B = torch.tensor([rows.active(b) for b in range(B)], device=dev)
@@ -145,5 +159,5 @@ def mtp_decode(run, cfg, ids_BP, start_B, cache, rows, params, gen, k: int, stat
     )
 
 
-def _sample_one(logits_BV, params, gen):
-    return logits_BV.argmax(-1) if params.greedy else sample_from_probs(probs(logits_BV, params), gen)
+def _sample_one(logits_BV, params, u_BL):
+    return logits_BV.argmax(-1) if params.greedy else sample_from_probs(probs(logits_BV, params), u_BL[:, 0])

@@ -5,7 +5,7 @@ import torch
 
 from glmstack.inference import Engine
 from glmstack.inference.kv_cache import KVCache
-from glmstack.inference.sampling import SamplingParams, sample
+from glmstack.inference.sampling import RowStreams, SamplingParams, sample
 from glmstack.model import GLM, ModelConfig, SimpleKVCache
 
 PROMPTS = [[5, 17, 300, 2, 9, 41, 7], [11], [400, 3, 3, 8]]
@@ -17,13 +17,15 @@ def model():
 
 
 @torch.inference_mode()
-def naive(model, prompt, n, params=None, gen=None):
-    """The plainest loop: the whole sequence through the model at every step, no cache."""
+def naive(model, prompt, n, params=None, seed=None):
+    """The plainest loop: the whole sequence through the model at every step, no cache; token t samples with
+    draw t of the row's stream."""
     params = params or SamplingParams(temperature=0.0)
+    streams = RowStreams([seed]) if seed is not None else None
     ids = list(prompt)
-    for _ in range(n):
+    for t in range(n):
         logits = model(torch.tensor([ids])).logits[:, -1]
-        ids.append(int(sample(logits, params, gen)[0]))
+        ids.append(int(sample(logits, params, streams and streams.uniform(t)[:, 0])[0]))
     return ids[len(prompt) :]
 
 
@@ -39,9 +41,9 @@ def test_batched_equals_one_by_one(model):
     assert batched == [engine.generate([p], max_new_tokens=12, stop_ids=[]).tokens[0] for p in PROMPTS]
 
 
-def test_seeded_sampling_equals_naive_with_same_generator(model):
+def test_seeded_sampling_equals_naive_with_same_row_stream(model):
     params = SamplingParams(temperature=0.8, top_p=0.9, top_k=50)
-    ref = naive(model, PROMPTS[0], 10, params, torch.Generator().manual_seed(4))
+    ref = naive(model, PROMPTS[0], 10, params, seed=4)
     out = Engine(model).generate([PROMPTS[0]], 10, temperature=0.8, top_p=0.9, top_k=50, seed=4, stop_ids=[])
     assert out.tokens[0] == ref
 

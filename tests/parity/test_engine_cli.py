@@ -39,6 +39,16 @@ def test_generate_batch_speculative_and_bad_input(ckpt, capsys):
     assert "max_new_tokens" in capsys.readouterr().err
 
 
+def test_generate_seed_is_per_prompt(ckpt, capsys):
+    """--seed S: the b-th prompt samples with S + b, so a batch prints what each prompt prints alone."""
+    sampling = ["--max-new-tokens", "8", "--temperature", "1.0"]
+    assert generate_main([ckpt, "--prompt", "a b", "--prompt", "the quick", "--seed", "5", *sampling]) == 0
+    batch = capsys.readouterr().out
+    assert generate_main([ckpt, "--prompt", "the quick", "--seed", "6", *sampling]) == 0
+    alone = capsys.readouterr().out
+    assert batch.split("=== 1 ")[1].split("\n", 1)[1] == alone
+
+
 def test_chat_turns(ckpt, capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.StringIO("hi\n/reset\nhello again\n/exit\n"))
     assert chat_main([ckpt, "--max-new-tokens", "5", "--temperature", "0", "--system", "be brief"]) == 0
