@@ -4,7 +4,11 @@ Why: at decode a step processes 1..k+1 tokens per row, so the cost is per-op ove
 forward computes the balance loss and expert counts in every MoE layer, recomputes RoPE angles per forward, and
 on CPU `torch._grouped_mm` walks every expert even when 4 of 16 got tokens. Here:
   - every module's tensors are pulled into per-call "plans" (_BlockPlan), so a step makes no module calls;
-  - RoPE cos/sin come from a table built once per generate call, applied as x cos + (x @ R) sin (R exact);
+  - projections that read the same input are one GEMM (q/k/v; gate/up of the dense MLP and shared expert), on CPU
+    over contiguous (D, N) copies kept across calls (_Linear; MKL's few-row GEMMs read that layout faster);
+  - RoPE cos/sin come from a table built once per generate call, applied as x cos + (x @ R) sin (R exact), once
+    over the q and k heads together, after one rms_norm for q-norm and k-norm;
+  - decode attention (one query per row) is two batched matmuls per layer (_attend_one), not the SDPA kernel;
   - RMSNorm is one fused F.rms_norm (fp32), the router skips its training outputs;
   - routed experts: at one token the K chosen ones from a host list; at 2 tokens a loop over the hit experts
     (a host sync: free on CPU, cheap next to a forward on GPU); above that the grouped GEMM, on CPU over
@@ -39,6 +43,7 @@ HIT_LOOP_MAX_TOKENS = 2  # measured on CPU (bench/decode.py): the hit-expert loo
 # Unmeasured on GPU, where 3 kernel launches per layer instead of ~3E should win for decode / verify blocks.
 DENSE_MAX_TOKENS = 0
 EXPERT_COPY_MAX_BYTES = 256 * 2**20
+LINEAR_COPY_MAX_BYTES = 256 * 2**20  # per fused (D, N) projection copy (see _Linear)
 
 
 def supported(model) -> bool:
@@ -48,7 +53,8 @@ def supported(model) -> bool:
 
 class FastForward:
     def __init__(self, model, max_len: int, expert_cache: dict | None = None, dense_max_tokens: int | None = None):
-        """expert_cache: a dict kept by the caller across calls for the CPU expert-bank copies;
+        """expert_cache: a dict kept by the caller across calls for the CPU weight copies (expert banks, fused
+        projections);
         dense_max_tokens: run all experts densely (experts_dense) up to this many tokens (None: DENSE_MAX_TOKENS)."""
         self.model, cfg = model, model.cfg
         dtype, device = model.embed_tokens.weight.dtype, model.embed_tokens.weight.device
@@ -71,10 +77,16 @@ class FastForward:
         dense = DENSE_MAX_TOKENS if dense_max_tokens is None else dense_max_tokens
         self.blocks = [_BlockPlan(b, cache, dense) for b in model.layers]
         self.mtp = [
-            (_norm(m.enorm), _norm(m.hnorm), m.eh_proj.weight, _BlockPlan(m.block, cache, dense), _norm(m.final_norm))
+            (
+                _norm(m.enorm),
+                _norm(m.hnorm),
+                _Linear(cache, m.eh_proj),
+                _BlockPlan(m.block, cache, dense),
+                _norm(m.final_norm),
+            )
             for m in model.mtp_by_depth()
         ]
-        self.embed, self.norm, self.head = model.embed_tokens.weight, _norm(model.norm), model.lm_head.weight
+        self.embed, self.norm, self.head = model.embed_tokens.weight, _norm(model.norm), _Linear(cache, model.lm_head)
 
     def rope(self, position_ids_BT):
         """-> (cos, sin, rot): (B, T, 1, Dh) tables for the (B, T, H, Dh) layout, and the rotation matrix."""
@@ -87,7 +99,7 @@ class FastForward:
         for plan in self.blocks:
             x_BTD = plan(x_BTD, rope, cache)
         h_BTD = self.norm(x_BTD)
-        return F.linear(h_BTD[:, -1:] if last_only else h_BTD, self.head), h_BTD
+        return self.head(h_BTD[:, -1:] if last_only else h_BTD), h_BTD
 
     def mtp_step(self, layer: int, next_ids_BT, hidden_BTD, position_ids_BT, cache, last_B=None):
         """GLM.mtp_step on the fast blocks: -> (normed hidden (B, T, D), logits (B, T, V)).
@@ -97,13 +109,13 @@ class FastForward:
         K/V in the cache, so the query side, the MoE and the LM head run on one position (_BlockPlan.last_only)."""
         enorm, hnorm, eh_proj, block, final_norm = self.mtp[layer]
         emb_BTD = F.embedding(next_ids_BT, self.embed)
-        x_BTD = F.linear(torch.cat([enorm(emb_BTD), hnorm(hidden_BTD)], dim=-1), eh_proj)
+        x_BTD = eh_proj(torch.cat([enorm(emb_BTD), hnorm(hidden_BTD)], dim=-1))
         if last_B is None or x_BTD.shape[1] == 1:  # one position: nothing to skip
             h_BTD = final_norm(block(x_BTD, self.rope(position_ids_BT), cache))
             h_BTD = h_BTD if last_B is None else h_BTD[:, 0]
-            return h_BTD, F.linear(h_BTD, self.head)
+            return h_BTD, self.head(h_BTD)
         h_BD = final_norm(block.last_only(x_BTD, last_B, self.rope(position_ids_BT), cache)[:, 0])
-        return h_BD, F.linear(h_BD, self.head)
+        return h_BD, self.head(h_BD)
 
 
 def _norm(norm):
@@ -115,23 +127,26 @@ def _norm(norm):
 
 
 class _BlockPlan:
-    """One decoder block (GQA attention + dense MLP or MoE) as plain tensors; __call__ = Block.forward."""
+    """One decoder block (GQA attention + dense MLP or MoE) as plain tensors; __call__ = Block.forward.
 
-    def __init__(self, block, expert_cache: dict, dense_max_tokens: int = 0):
+    q, k and v are one GEMM (_Linear over the three weights), q-norm and k-norm one rms_norm over the H + G heads
+    (times the (H + G, Dh) stack of their weights: rms_norm(x, w) == rms_norm(x) * w bit for bit) and RoPE one
+    pass over them; the SwiGLU MLPs (dense and shared expert) one GEMM for gate and up."""
+
+    def __init__(self, block, cache: dict, dense_max_tokens: int = 0):
         a = block.self_attn
         self.ln1, self.ln2 = _norm(block.input_layernorm), _norm(block.post_attention_layernorm)
         self.idx, self.H, self.G, self.Dh = a.layer_idx, a.n_heads, a.n_kv, a.head_dim
-        self.wq, self.bq, self.wk, self.bk = a.q_proj.weight, a.q_proj.bias, a.k_proj.weight, a.k_proj.bias
-        self.wv, self.bv, self.wo = a.v_proj.weight, a.v_proj.bias, a.o_proj.weight
-        self.qn, self.kn = (_norm(a.q_norm), _norm(a.k_norm)) if a.q_norm is not None else (None, None)
+        self.qkv, self.wo = _Linear(cache, a.q_proj, a.k_proj, a.v_proj), _Linear(cache, a.o_proj)
+        self.qkn = _qk_norm(a.q_norm, a.k_norm, self.H, self.G) if a.q_norm is not None else None
         mlp = block.mlp
         self.moe = mlp if isinstance(mlp, MoE) else None
         dense = mlp.shared_experts if self.moe is not None else mlp
-        self.mlp = (dense.gate_proj.weight, dense.up_proj.weight, dense.down_proj.weight) if dense else None
+        self.mlp = (_Linear(cache, dense.gate_proj, dense.up_proj), _Linear(cache, dense.down_proj)) if dense else None
         if self.moe is not None:
-            self.w1, self.w2 = _expert_weights(mlp.experts, expert_cache)
+            self.w1, self.w2 = _expert_weights(mlp.experts, cache)
             self.dense_max = dense_max_tokens
-            self.dense = _dense_weights(mlp.experts, expert_cache) if dense_max_tokens > 1 else None
+            self.dense = _dense_weights(mlp.experts, cache) if dense_max_tokens > 1 else None
 
     def __call__(self, x_BTD, rope, cache):
         x_BTD = x_BTD + self.attention(self.ln1(x_BTD), rope, cache)
@@ -142,18 +157,16 @@ class _BlockPlan:
         all T positions (the caller rewinds what it does not keep). That output depends on the other positions
         only through their K/V, so it equals __call__(...)[b, last_B[b]]."""
         B, T, _ = x_BTD.shape
-        a_BTD = self.ln1(x_BTD)
-        k_BGSK, v_BGSK = self.update_kv(a_BTD, rope, cache)
+        q_BTHK, k_BTGK, v_BTGK = self.project(self.ln1(x_BTD), rope)
+        k_BGSK, v_BGSK = cache.update(self.idx, k_BTGK.transpose(1, 2), v_BTGK.transpose(1, 2))
         rows_B = torch.arange(B, device=x_BTD.device)
-        x_B1D, a_B1D = x_BTD[rows_B, last_B][:, None], a_BTD[rows_B, last_B][:, None]
-        rope_B1 = tuple(t[rows_B, last_B][:, None] for t in rope[:2]) + (rope[2],)
+        x_B1D, q_B1HK = x_BTD[rows_B, last_B][:, None], q_BTHK[rows_B, last_B][:, None]
         # the query at cache index len - T + last_B sees the keys up to itself after the row's padding (a padding
         # query only itself), as KVCache.attention_mask
         q_pos_B1 = (cache.lengths(self.idx) - T + last_B)[:, None]
         k_pos_S = torch.arange(k_BGSK.shape[2], device=x_BTD.device)
         seen_BS = ((k_pos_S <= q_pos_B1) & (k_pos_S >= cache.start[:, None])) | (k_pos_S == q_pos_B1)
-        mask_B11S = seen_BS[:, None, None]
-        x_B1D = x_B1D + self.attend(a_B1D, rope_B1, k_BGSK, v_BGSK, mask_B11S)
+        x_B1D = x_B1D + self.attend(q_B1HK, k_BGSK, v_BGSK, seen_BS[:, None, None])
         return x_B1D + self.ffn(self.ln2(x_B1D))
 
     def ffn(self, h_BTD):
@@ -163,58 +176,124 @@ class _BlockPlan:
         return y_BTD
 
     def attention(self, x_BTD, rope, cache):
-        k_BGSK, v_BGSK = self.update_kv(x_BTD, rope, cache)
-        return self.attend(x_BTD, rope, k_BGSK, v_BGSK, cache.attention_mask(self.idx, x_BTD.shape[1]))
+        q_BTHK, k_BTGK, v_BTGK = self.project(x_BTD, rope)
+        k_BGSK, v_BGSK = cache.update(self.idx, k_BTGK.transpose(1, 2), v_BTGK.transpose(1, 2))
+        return self.attend(q_BTHK, k_BGSK, v_BGSK, cache.attention_mask(self.idx, x_BTD.shape[1]))
 
-    def update_kv(self, x_BTD, rope, cache):
-        """K/V of the new positions into the cache -> all keys and values (B, G, S, Dh)."""
+    def project(self, x_BTD, rope):
+        """-> q (B, T, H, Dh), k (B, T, G, Dh) normed and rotated, v (B, T, G, Dh): views of one GEMM's output."""
         B, T, _ = x_BTD.shape
-        k_BTGK = F.linear(x_BTD, self.wk, self.bk).view(B, T, self.G, self.Dh)
-        v_BGTK = F.linear(x_BTD, self.wv, self.bv).view(B, T, self.G, self.Dh).transpose(1, 2)
-        if self.kn is not None:
-            k_BTGK = self.kn(k_BTGK)
-        return cache.update(self.idx, _rope(k_BTGK, *rope).transpose(1, 2), v_BGTK)
+        H, G = self.H, self.G
+        qkv_BTNK = self.qkv(x_BTD).view(B, T, H + 2 * G, self.Dh)
+        qk_BTNK = qkv_BTNK[:, :, : H + G]
+        if self.qkn is not None:
+            qk_BTNK = self.qkn(qk_BTNK)
+        qk_BTNK = _rope(qk_BTNK, *rope)
+        return qk_BTNK[:, :, :H], qk_BTNK[:, :, H:], qkv_BTNK[:, :, H + G :]
 
-    def attend(self, x_BTD, rope, k_BGSK, v_BGSK, mask):
-        """The query side: q projection, attention over the cached keys, output projection."""
-        B, T, _ = x_BTD.shape
-        q_BTHK = F.linear(x_BTD, self.wq, self.bq).view(B, T, self.H, self.Dh)
-        if self.qn is not None:
-            q_BTHK = self.qn(q_BTHK)
-        o_BHTK = sdpa(_rope(q_BTHK, *rope).transpose(1, 2), k_BGSK, v_BGSK, mask)
-        return F.linear(o_BHTK.transpose(1, 2).reshape(B, T, self.H * self.Dh), self.wo)
+    def attend(self, q_BTHK, k_BGSK, v_BGSK, mask):
+        """Attention of the (rotated) queries over the cached keys, then the output projection."""
+        B, T, H, Dh = q_BTHK.shape
+        if T == 1:
+            o_BHK = _attend_one(q_BTHK[:, 0], k_BGSK, v_BGSK, mask)
+        else:
+            o_BHK = sdpa(q_BTHK.transpose(1, 2), k_BGSK, v_BGSK, mask).transpose(1, 2)
+        return self.wo(o_BHK.reshape(B, T, H * Dh))
 
 
-def _swiglu(x, w_gate, w_up, w_down):
-    return F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down)
+def _attend_one(q_BHK, k_BGSK, v_BGSK, mask):
+    """One query per row (decode): softmax(q k^T / sqrt(Dh)) v as two batched matmuls over the G kv groups, each
+    with its H / G query heads as rows (GQA without repeating K/V). F.scaled_dot_product_attention's CPU kernel
+    costs ~1.6x this at these sizes (bench/decode.py); the sums differ only in rounding (parity test)."""
+    B, H, Dh = q_BHK.shape
+    G = k_BGSK.shape[1]
+    q_BGhK = q_BHK.reshape(B, G, H // G, Dh) * Dh**-0.5
+    s_BGhS = torch.matmul(q_BGhK, k_BGSK.transpose(-1, -2))
+    if mask is not None:  # (B, 1, 1, S): the same keys for every head
+        s_BGhS = s_BGhS.masked_fill(mask.logical_not(), float("-inf"))
+    return torch.matmul(s_BGhS.softmax(-1), v_BGSK).view(B, H, Dh)
+
+
+def _qk_norm(q_norm, k_norm, H: int, G: int):
+    """q_norm on the first H heads and k_norm on the last G of a (B, T, H + G, Dh) tensor, as one rms_norm."""
+    wq, wk, eps = q_norm.weight, k_norm.weight, q_norm.eps
+
+    def apart(x):
+        return torch.cat([q_norm(x[:, :, :H]), k_norm(x[:, :, H:])], dim=2)
+
+    if wq.dtype != torch.float32 or k_norm.eps != eps:
+        return apart
+    with torch.no_grad():  # H + G rows of Dh, rebuilt with the plan (once per generate call): always current
+        w_NK = torch.cat([wq.expand(H, -1), wk.expand(G, -1)])
+    return lambda x: F.rms_norm(x, wq.shape, None, eps) * w_NK if x.dtype == torch.float32 else apart(x)
+
+
+class _Linear:
+    """nn.Linear layers that read the same input as one GEMM: x -> cat([x W_1^T + b_1, x W_2^T + b_2, ...], -1).
+
+    On CPU (copies up to LINEAR_COPY_MAX_BYTES) the weights are one contiguous (D, N) copy, x @ W_DN: MKL's small-row
+    GEMMs read that layout faster than nn.Linear's (N, D), most of all when the weights come from DRAM as they do
+    in a decode step (the LM head at 8 rows 447 -> 372 us, at 1 row 308 -> 162 us; bench/decode.py). The copy is
+    kept in `cache` across calls and remade when a weight changes (_cached). Elsewhere: the layers' own weights,
+    one F.linear each (no copy)."""
+
+    def __init__(self, cache: dict, *layers):
+        ws, bs = [m.weight for m in layers], [m.bias for m in layers]
+        self.parts = list(zip(ws, bs))
+        nbytes = sum(w.numel() for w in ws) * ws[0].element_size()
+        same_bias = all((b is None) == (bs[0] is None) for b in bs)
+        if ws[0].device.type != "cpu" or nbytes > LINEAR_COPY_MAX_BYTES or not same_bias:
+            return
+        tensors = ws + [b for b in bs if b is not None]
+        self.w_DN, self.b_N = _cached(cache, ("linear", *map(id, ws)), tensors, lambda: _fuse(ws, bs))
+        self.parts = None
+
+    def __call__(self, x):
+        if self.parts is not None:
+            ys = [F.linear(x, w, b) for w, b in self.parts]
+            return ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
+        if self.b_N is None:
+            return torch.matmul(x, self.w_DN)
+        return torch.addmm(self.b_N, x.reshape(-1, x.shape[-1]), self.w_DN).view(*x.shape[:-1], -1)
+
+
+def _fuse(ws, bs):
+    b_N = None if bs[0] is None else torch.cat(bs)
+    return torch.cat(ws).t().contiguous(), b_N
+
+
+def _cached(cache: dict, name, tensors, build):
+    """build() kept in `cache` under `name` and remade when one of `tensors` changes: in place (its version counter
+    moves, as under optimizer.step or load_state_dict) or replaced (another data pointer)."""
+    key = tuple((t.data_ptr(), t._version) for t in tensors)
+    hit = cache.get(name)
+    if hit is None or hit[0] != key:
+        with torch.no_grad():
+            hit = cache[name] = (key, build())
+    return hit[1]
+
+
+def _swiglu(x, gate_up, down):
+    gate, up = gate_up(x).chunk(2, dim=-1)
+    return down(F.silu(gate) * up)
 
 
 def _expert_weights(experts, cache: dict):
     """The banks as (E, D, 2F) and (E, F, D) for x @ w[e]. On CPU, for banks up to 256 MiB, contiguous copies
     (the grouped GEMM runs ~25% faster on them than on the transposed views, bench/decode.py), kept in `cache`
-    and remade when a bank changes: in place (the tensor's version counter moves, as under optimizer.step or
-    load_state_dict) or replaced (another data pointer). Elsewhere the views, which cost nothing."""
+    (_cached). Elsewhere the views, which cost nothing."""
     p1, p2 = experts.gate_up_proj, experts.down_proj
     w1_EDF, w2_EFD = p1.transpose(1, 2), p2.transpose(1, 2)
     if w1_EDF.device.type != "cpu" or (p1.numel() + p2.numel()) * p1.element_size() > EXPERT_COPY_MAX_BYTES:
         return w1_EDF, w2_EFD
-    key = (p1.data_ptr(), p1._version, p2.data_ptr(), p2._version)
-    hit = cache.get(id(experts))
-    if hit is None or hit[0] != key:
-        hit = cache[id(experts)] = (key, w1_EDF.contiguous(), w2_EFD.contiguous())
-    return hit[1], hit[2]
+    return _cached(cache, id(experts), (p1, p2), lambda: (w1_EDF.contiguous(), w2_EFD.contiguous()))
 
 
 def _dense_weights(experts, cache: dict):
-    """For experts_dense: the gate_up bank itself (E, 2F, D) and down as (D, E*F), a copy kept in `cache` and
-    remade when the bank changes (as _expert_weights)."""
+    """For experts_dense: the gate_up bank itself (E, 2F, D) and down as (D, E*F), a copy kept in `cache`."""
     p1, p2 = experts.gate_up_proj, experts.down_proj
     E, D, F_ = p2.shape
-    key = (p2.data_ptr(), p2._version)
-    hit = cache.get(("dense", id(experts)))
-    if hit is None or hit[0] != key:
-        hit = cache[("dense", id(experts))] = (key, p2.permute(1, 0, 2).reshape(D, E * F_))
-    return p1, hit[1]
+    return p1, _cached(cache, ("dense", id(experts)), (p2,), lambda: p2.permute(1, 0, 2).reshape(D, E * F_))
 
 
 def experts_dense(x_TD, idx_TK, w_TK, w1_EGD, w2_DN):
@@ -256,7 +335,7 @@ def route(router, x_TD):
     if router.n_group > 1 or router.weight.dtype != torch.float32:
         _, idx_TK, w_TK = router(x_TD)
         return idx_TK, w_TK
-    scores_TE = F.linear(x_TD.float(), router.weight).sigmoid()
+    scores_TE = F.linear(x_TD if x_TD.dtype == torch.float32 else x_TD.float(), router.weight).sigmoid()
     idx_TK = (scores_TE + router.e_score_correction_bias).topk(router.top_k, dim=-1, sorted=False).indices
     w_TK = scores_TE.gather(1, idx_TK)
     if router.norm_topk_prob:
@@ -274,15 +353,17 @@ def experts_one_token(x_1D, idx_1K, w_1K, w1_EDF, w2_EFD):
 
 
 def experts_grouped_t(x_TD, idx_TK, w_TK, w1_EDF, w2_EFD):
-    """moe.experts_grouped on (E, D, 2F) / (E, F, D) banks: sort pairs by expert, two grouped GEMMs, un-sort."""
-    T, K = idx_TK.shape
-    flat_N = idx_TK.reshape(-1)
-    order_N = flat_N.argsort(stable=True)
-    offs_E = torch.bincount(flat_N, minlength=w1_EDF.shape[0]).cumsum(0).to(torch.int32)
-    gate_NF, up_NF = torch._grouped_mm(x_TD[order_N // K], w1_EDF, offs=offs_E).chunk(2, dim=-1)
-    y_ND = torch._grouped_mm(F.silu(gate_NF) * up_NF, w2_EFD, offs=offs_E)
-    y_TKD = y_ND[order_N.argsort()].view(T, K, -1)
-    return torch.bmm(w_TK.to(y_TKD.dtype).unsqueeze(1), y_TKD).squeeze(1)  # (T, D)
+    """moe.experts_sorted's order on (E, D, 2F) / (E, F, D) banks: sort the pairs by expert, two grouped GEMMs, the
+    gate weight on each row's activation (F wide), the K rows of a token summed by one index_add."""
+    K, E = idx_TK.shape[1], w1_EDF.shape[0]
+    flat_N, order_N = idx_TK.reshape(-1).sort(stable=True)
+    # group ends: the number of pairs with expert <= e (bincount + cumsum in one op)
+    offs_E = torch.searchsorted(flat_N, torch.arange(E, device=flat_N.device), right=True, out_int32=True)
+    tok_N = order_N // K
+    gate_NF, up_NF = torch._grouped_mm(x_TD[tok_N], w1_EDF, offs=offs_E).chunk(2, dim=-1)
+    wk_N1 = w_TK.reshape(-1)[order_N, None].to(x_TD.dtype)
+    y_ND = torch._grouped_mm(F.silu(gate_NF) * up_NF * wk_N1, w2_EFD, offs=offs_E)
+    return torch.zeros_like(x_TD).index_add_(0, tok_N, y_ND)
 
 
 def experts_hit(x_TD, idx_TK, w_TK, w1_EDF, w2_EFD):

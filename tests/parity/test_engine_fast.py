@@ -97,3 +97,31 @@ def test_engine_sees_in_place_weight_updates():
             moe.experts.down_proj.mul_(2.0)
     two = [prompt[0], prompt[0][:2]]
     assert engine.generate(two, 8, stop_ids=[]).tokens == Engine(model, fast=False).generate(two, 8, stop_ids=[]).tokens
+
+
+def test_engine_sees_in_place_updates_of_fused_projections():
+    """The fast path's (D, N) copies of q/k/v, o, the dense and shared-expert gate/up/down and the LM head (and the
+    stacked q/k-norm weights) must follow in-place updates and replaced weights too."""
+    model = GLM(ModelConfig.preset("tiny")).init_weights(seed=3).eval()
+    engine, prompts = Engine(model), [[3, 9, 27, 81], [5, 6]]
+    before = engine.generate(prompts, 6, stop_ids=[]).tokens
+    with torch.no_grad():
+        for block in model.layers:
+            a = block.self_attn
+            for lin in (a.q_proj, a.k_proj, a.v_proj, a.o_proj):
+                lin.weight.mul_(1.5)
+            a.q_proj.bias.add_(0.1)
+            a.q_norm.weight.mul_(-1.0)
+            a.k_norm.weight.add_(0.5)
+            mlp = block.mlp.shared_experts if hasattr(block.mlp, "shared_experts") else block.mlp
+            mlp.gate_proj.weight.mul_(-2.0)
+            mlp.down_proj.weight.add_(0.01)
+        model.lm_head.weight.copy_(torch.randn_like(model.lm_head.weight) * 0.05)
+    after = engine.generate(prompts, 6, stop_ids=[]).tokens
+    assert after == Engine(model, fast=False).generate(prompts, 6, stop_ids=[]).tokens
+    assert after != before  # the updates did change the output
+    model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.lm_head.weight) * 0.05)  # replaced
+    assert (
+        engine.generate(prompts, 6, stop_ids=[]).tokens
+        == Engine(model, fast=False).generate(prompts, 6, stop_ids=[]).tokens
+    )
