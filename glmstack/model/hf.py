@@ -18,6 +18,7 @@ folder, shards above `max_shard_bytes` (with `model.safetensors.index.json`), th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -117,11 +118,41 @@ def load_hf(folder: str | os.PathLike, dtype: torch.dtype | None = None, device=
     if dtype is None:
         dtype = DTYPES.get(cfg.hf_metadata.get("dtype") or cfg.hf_metadata.get("torch_dtype"), torch.float32)
     model = GLM(cfg, dtype=dtype)
-    files = checkpoint_files(folder)
-    plan = _check(model, files)
+    tensors = checkpoint_tensors(model, folder)  # checked here, before anything is allocated
     model.materialize(device)
-    _copy_tensors(model, files, plan)
+    state = model.state_dict()
+    for name, full in tensors:
+        state[name].copy_(full)
     return model
+
+
+def checkpoint_tensors(model: GLM, folder: str | os.PathLike):
+    """The checkpoint in `folder` as a stream of (our state-dict name, full tensor in the model's dtype), for the
+    (meta) `model` its config describes. Checked now (one CheckpointError naming every problem); the stream then
+    reads one of our tensors at a time (a bank gathers its experts' slices), so a sharded model can keep its part
+    of each (train/dist.py: materialize) and no process holds the whole checkpoint."""
+    files = checkpoint_files(Path(folder))
+    plan = _check(model, files)
+    state = model.state_dict()
+    by_ours: dict[str, list] = {}
+    for key, (ours, idx) in plan.items():
+        by_ours.setdefault(ours, []).append((key, idx))
+    targets = [(ours, state[ours].shape, state[ours].dtype, by_ours[ours]) for ours in sorted(by_ours)]
+    return _read(targets, files)
+
+
+@torch.no_grad()
+def _read(targets, files: dict[str, Path]):
+    with contextlib.ExitStack() as stack:
+        handles: dict[Path, object] = {}
+        for ours, shape, dtype, pieces in targets:
+            full = torch.empty(shape, dtype=dtype)
+            for key, idx in pieces:
+                path = files[key]
+                if path not in handles:
+                    handles[path] = stack.enter_context(safe_open(str(path), framework="pt"))
+                full[idx].copy_(handles[path].get_tensor(key))
+            yield ours, full
 
 
 def _check(model: GLM, files: dict[str, Path]) -> dict[str, tuple[str, tuple]]:
@@ -180,18 +211,6 @@ def _raise_if(missing: list[str], unexpected: list[str], bad_shape: list[str], h
 
 
 @torch.no_grad()
-def _copy_tensors(model: GLM, files: dict[str, Path], plan: dict[str, tuple[str, tuple]]) -> None:
-    state = model.state_dict()
-    by_file: dict[Path, list[str]] = {}
-    for k in plan:
-        by_file.setdefault(files[k], []).append(k)
-    for path, keys in by_file.items():
-        with safe_open(str(path), framework="pt") as f:
-            for key in keys:
-                ours, idx = plan[key]
-                state[ours][idx].copy_(f.get_tensor(key))
-
-
 # ---------------------------------------------------------------- save
 @torch.no_grad()
 def save_hf(model: GLM, folder: str | os.PathLike, dtype: torch.dtype | None = None,

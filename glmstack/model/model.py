@@ -139,19 +139,28 @@ class GLM(nn.Module):
         - DSA indexer k_norm (LayerNorm): weight 1, bias 0
         """
         self.materialize(device or "cpu")
-        std = self.cfg.initializer_range
-        gen = torch.Generator(device=self.embed_tokens.weight.device).manual_seed(seed)
-        for name, t in sorted(self.named_parameters(), key=lambda kv: kv[0]):
-            if isinstance(_owner(self, name), (RMSNorm, nn.LayerNorm)) and not name.endswith(".bias"):
-                t.fill_(1.0)
-            elif name.endswith(".bias"):
-                t.zero_()
-            else:
-                t.normal_(0.0, std, generator=gen)
-        for name, b in self.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                b.zero_()
+        state = self.state_dict()
+        for name, full in self.initial_tensors(seed, state[next(iter(state))].device):
+            state[name].copy_(full)
         return self
+
+    def initial_tensors(self, seed: int = 0, device="cpu"):
+        """init_weights' values as a stream of (state-dict name, full tensor), one tensor alive at a time.
+
+        Names, shapes and rules are read now, so the stream stays valid after the model is sharded: a sharded copy
+        (FSDP2, expert parallel) draws the same stream on every rank and keeps its part of each tensor
+        (train/dist.py: materialize), starting bit-identical to the unsharded init with no rank holding the whole
+        model."""
+        std = self.cfg.initializer_range
+        plan = []  # (name, shape, dtype, rule)
+        for name, p in sorted(self.named_parameters(), key=lambda kv: kv[0]):
+            if isinstance(_owner(self, name), (RMSNorm, nn.LayerNorm)) and not name.endswith(".bias"):
+                rule = "ones"
+            else:
+                rule = "zeros" if name.endswith(".bias") else "normal"
+            plan.append((name, p.shape, p.dtype, rule))
+        plan += [(n, b.shape, b.dtype, "zeros") for n, b in self.named_buffers() if n.endswith("e_score_correction_bias")]
+        return _draw(plan, std, seed, device)
 
     # ---------------------------------------------------------------- forward
     def forward(self, input_ids, labels=None, position_ids=None, segment_ids=None, cache=None,
@@ -291,6 +300,18 @@ class GLM(nn.Module):
 
 def _is_embedding(name: str) -> bool:
     return name in ("embed_tokens.weight", "lm_head.weight")
+
+
+@torch.no_grad()
+def _draw(plan, std: float, seed: int, device):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    for name, shape, dtype, rule in plan:
+        t = torch.empty(shape, dtype=dtype, device=device)
+        if rule == "normal":
+            t.normal_(0.0, std, generator=gen)
+        else:
+            t.fill_(1.0 if rule == "ones" else 0.0)
+        yield name, t
 
 
 def _owner(model: nn.Module, param_name: str) -> nn.Module:

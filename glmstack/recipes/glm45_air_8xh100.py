@@ -8,11 +8,10 @@ mid-training numbers (arXiv 2508.06471 §2.4; research/arch-math.md §3.2, §4, 
     glmstack pretrain glm45_air_8xh100 --print-config                       # the resolved config, no GPU needed
 
 Several nodes: add `--nnodes N --node_rank i --rdzv-endpoint host:port` to torchrun (the batch is per rank, so
-tokens per step grow with the world). Memory, why the full size does not start on 80 GB GPUs yet:
-`stage.build_model` materialises the whole fp32 model (~440 GB) on every rank before sharding. Past that, fp32
-weights + grads + Muon momentum are ~12 bytes/parameter (~1.3 TB), and expert parallelism alone splits the routed
-experts (102B), ~150 GB per rank on 8 ranks, so about 4 nodes would be needed. On one node, shrink the model:
-`--set model_overrides.num_hidden_layers=4`.
+tokens per step grow with the world). Memory: `stage.build_model` builds on meta, shards, then fills each rank's
+part from a stream of full tensors, so no rank holds the whole model; each keeps 1/W of the 109B parameters with
+fp32 weights + grads + Muon momentum, ~12 bytes/parameter: ~164 GB on 8 ranks, ~82 GB on 16 (2 nodes of H200), ~41
+GB on 32 (4 nodes of 80 GB H100). On one node, shrink the model: `--set model_overrides.num_hidden_layers=4`.
 
 GLM-4.5 trains 23T tokens, switching MTP weight 0.3 -> 0.1 and the balancing bias rate 1e-3 -> 0 after 15T;
 this recipe keeps those proportions over its own step budget.

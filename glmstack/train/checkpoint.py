@@ -78,19 +78,20 @@ def save_model(model: torch.nn.Module, folder: Path) -> None:
 
 
 def load_model(model: torch.nn.Module, folder: Path) -> None:
-    """Load weights (and balancing buffers) from a checkpoint folder into `model`, whatever its wrapping."""
+    """Load weights (and balancing buffers) from a checkpoint folder into `model`, whatever its wrapping. A GLM's
+    tensors stream in one at a time and each rank keeps its part (no rank holds the whole checkpoint)."""
     inner = dist.unwrap(model)
     try:
-        from glmstack.model import GLM, load_hf
+        from glmstack.model import GLM
+        from glmstack.model.hf import checkpoint_tensors
     except ImportError:
         GLM = None
     if GLM is not None and isinstance(inner, GLM):
-        state = load_hf(folder, dtype=torch.float32).state_dict()
+        dist.load_full_tensors(model, checkpoint_tensors(GLM(inner.cfg), folder))  # shapes from a meta twin
     else:
         from safetensors.torch import load_file
 
-        state = load_file(str(folder / "model.safetensors"))
-    dist.load_full_state_dict(model, state)
+        dist.load_full_state_dict(model, load_file(str(folder / "model.safetensors")))
 
 
 def save(

@@ -72,22 +72,23 @@ def means_over_ranks(values: dict[str, float]) -> dict[str, float]:
 # ---------------------------------------------------------------- wrapping
 
 
-def parallelize(model: nn.Module, dp: str, expert_parallel: bool = False) -> nn.Module:
-    """Expert parallel, then DDP / FSDP2; returns what the loop calls (DDP wraps, the others modify in place)."""
+def parallelize(model: nn.Module, dp: str, expert_parallel: bool = False, fill=None) -> nn.Module:
+    """Expert parallel, then DDP / FSDP2; returns what the loop calls (DDP wraps, the others modify in place).
+
+    fill(model): for a model built on meta, allocates and fills it (see `materialize`); called once each rank's
+    layout is final (after expert parallel and FSDP2 sharding) and before DDP, which broadcasts rank 0's tensors."""
+    fill = fill or (lambda m: None)
     if dp == "auto":
         dp = "ddp" if is_dist() else "none"
+    if dp not in ("none", "ddp", "fsdp"):
+        raise ValueError(f"dist.dp must be auto, none, ddp or fsdp, got {dp!r}")
     if not is_dist():
+        fill(model)
         return model
     if expert_parallel:
         from glmstack.train.expert_parallel import apply_expert_parallel
 
         apply_expert_parallel(model)
-    if dp == "ddp":
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        ignore = [n for n, p in model.named_parameters() if _is_ep(p)]
-        DDP._set_params_and_buffers_to_ignore_for_model(model, ignore)  # expert shards differ by rank
-        return DDP(model)
     if dp == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
@@ -95,9 +96,13 @@ def parallelize(model: nn.Module, dp: str, expert_parallel: bool = False) -> nn.
         for block in _blocks(model):
             fully_shard(block, ignored_params=experts)
         fully_shard(model, ignored_params=experts)
-        return model
-    if dp != "none":
-        raise ValueError(f"dist.dp must be auto, none, ddp or fsdp, got {dp!r}")
+    fill(model)
+    if dp == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ignore = [n for n, p in model.named_parameters() if _is_ep(p)]
+        DDP._set_params_and_buffers_to_ignore_for_model(model, ignore)  # expert shards differ by rank
+        return DDP(model)
     return model
 
 
@@ -123,6 +128,61 @@ def _is_dtensor(t: torch.Tensor) -> bool:
 def optimizer_is_sharded(model: nn.Module) -> bool:
     """Whether ranks hold different optimizer state (FSDP2 shards, expert-parallel banks)."""
     return is_dist() and any(_is_dtensor(p) or _is_ep(p) for p in unwrap(model).parameters())
+
+
+# ---------------------------------------------------------------- filling a sharded model
+
+
+@torch.no_grad()
+def materialize(model: nn.Module, device, tensors) -> None:
+    """Allocate a meta-built (and possibly already parallelized) model on `device` and fill it from `tensors`, a
+    stream of (state-dict name, full tensor) covering every tensor once (GLM.initial_tensors,
+    hf.checkpoint_tensors). Every rank reads the same stream and keeps only its part: an FSDP2 shard
+    (distribute_tensor without communication) or an expert-parallel slice. Peak memory per rank: its shard of the
+    model plus one full tensor."""
+    inner = unwrap(model)
+    if hasattr(inner, "materialize"):  # GLM: re-ties a tied embedding after allocation
+        inner.materialize(device)
+    else:
+        inner.to_empty(device=device)
+    for _, m in _ep_modules(inner):  # to_empty made new Parameters (meta -> device), without the mark
+        for p in (m.gate_up_proj, m.down_proj):
+            p._ep_sharded = True
+    load_full_tensors(model, tensors)
+
+
+@torch.no_grad()
+def load_full_tensors(model: nn.Module, tensors) -> None:
+    """Copy each (name, full tensor) of the stream into `model`, keeping this rank's part; every tensor of the model
+    must come (a tied alias counts as its source)."""
+    from torch.distributed.tensor import distribute_tensor
+
+    inner = unwrap(model)
+    own = inner.state_dict()
+    ep = {f"{name}.{p}": m for name, m in _ep_modules(inner) for p in ("gate_up_proj", "down_proj")}
+    seen = set()
+    for name, full in tensors:
+        if name not in own:
+            raise KeyError(f"{name}: not a tensor of this model")
+        t, seen_t = own[name], name
+        if name in ep and full.shape[0] == ep[name].n_experts:
+            m = ep[name]
+            full = full[m.e0 : m.e0 + m.n_local]
+        if _is_dtensor(t):
+            full = distribute_tensor(full.to(t.device, t.dtype), t.device_mesh, t.placements, src_data_rank=None)
+            t, full = t.to_local(), full.to_local()
+        t.copy_(full)
+        seen.add(seen_t)
+    aliases = {n for n, t in own.items() if any(t is own[s] for s in seen)}
+    missing = set(own) - seen - aliases
+    if missing:
+        raise KeyError(f"nothing filled {sorted(missing)[:5]}{' ...' if len(missing) > 5 else ''}")
+
+
+def _ep_modules(model: nn.Module) -> list:
+    from glmstack.train.expert_parallel import _ep_modules as ep_modules
+
+    return ep_modules(model)
 
 
 # ---------------------------------------------------------------- gradients
@@ -156,7 +216,8 @@ def clip_grad_norm_(model: nn.Module, max_norm: float) -> float:
 
 
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Unsharded CPU state dict (collective: call on every rank); meaningful on rank 0."""
+    """Unsharded CPU state dict (collective: call on every rank). Only rank 0 keeps it (the others get {}), and
+    each sharded tensor is gathered one at a time, so no other rank ever holds the whole model."""
     inner = unwrap(model)
     from glmstack.train.expert_parallel import gather_expert_state
 
@@ -164,36 +225,24 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     for name, t in inner.state_dict().items():
         if _is_dtensor(t):
             t = t.full_tensor()
-        state[name] = t.detach().cpu()
-    return gather_expert_state(inner, state)
+        if rank() == 0:
+            state[name] = t.detach().cpu()
+    state = gather_expert_state(inner, state)
+    return state if rank() == 0 else {}
 
 
 def load_full_state_dict(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Copy an unsharded state dict into `model`, keeping each rank's shard (FSDP2 / expert parallel)."""
-    from glmstack.train.expert_parallel import local_expert_state
-
-    inner = unwrap(model)
-    state = local_expert_state(inner, state)
-    own = inner.state_dict()
-    missing = set(own) - set(state)
-    assert not missing, f"checkpoint lacks {sorted(missing)[:5]}"
-    with torch.no_grad():
-        for name, t in own.items():
-            src = state[name]
-            if _is_dtensor(t):
-                from torch.distributed.tensor import distribute_tensor
-
-                src = distribute_tensor(src.to(t.dtype), t.device_mesh, t.placements, src_data_rank=None).to_local()
-                t = t.to_local()
-            t.copy_(src)
+    load_full_tensors(model, state.items())
 
 
 def plain_copy(model: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
-    """An unwrapped single-device copy of a GLM holding `state` (for save_hf of a sharded model)."""
+    """An unwrapped single-device GLM holding `state`'s tensors themselves (no copy; for save_hf of a sharded
+    model on rank 0)."""
     if not is_dist():
         return model
     from glmstack.model import GLM
 
-    copy = GLM(model.cfg).materialize("cpu")
-    copy.load_state_dict(state)
+    copy = GLM(model.cfg)
+    copy.load_state_dict(state, assign=True)
     return copy

@@ -114,22 +114,13 @@ def apply_expert_parallel(model: nn.Module) -> None:
 
 
 def gather_expert_state(model: nn.Module, state: dict) -> dict:
-    """Replace this rank's expert slices in `state` by the full banks (all-gather; collective)."""
+    """Put the full banks into rank 0's `state` in place of this rank's expert slices (collective: every rank
+    calls it; the others keep nothing)."""
     for name, m in _ep_modules(model):
         for p_name in ("gate_up_proj", "down_proj"):
             local = getattr(m, p_name).detach().cpu().contiguous()
-            parts = [torch.empty_like(local) for _ in range(m.world)]
-            dist.all_gather(parts, local)
-            state[f"{name}.{p_name}"] = torch.cat(parts)
-    return state
-
-
-def local_expert_state(model: nn.Module, state: dict) -> dict:
-    """Slice full banks in `state` down to this rank's experts."""
-    state = dict(state)
-    for name, m in _ep_modules(model):
-        for p_name in ("gate_up_proj", "down_proj"):
-            key = f"{name}.{p_name}"
-            if state[key].shape[0] == m.n_experts:
-                state[key] = state[key][m.e0 : m.e0 + m.n_local]
+            parts = [torch.empty_like(local) for _ in range(m.world)] if dist.get_rank() == 0 else None
+            dist.gather(local, parts, dst=0)
+            if dist.get_rank() == 0:
+                state[f"{name}.{p_name}"] = torch.cat(parts)
     return state

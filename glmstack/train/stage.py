@@ -65,27 +65,37 @@ def resolve_checkpoint(ref: str, out_dir: str) -> Path:
 
 
 def build_model(cfg: TrainConfig, device: torch.device):
-    """A fresh GLM from the preset (seeded init) or the previous stage's checkpoint; stage RoPE base applied."""
-    from glmstack.model import GLM, ModelConfig, load_hf
-    from glmstack.model.dsa import apply_dsa_stage
+    """The stage's model, parallelised and filled: a fresh GLM from the preset (seeded init) or the previous stage's
+    checkpoint, stage RoPE base applied. It is built on meta, parallelised there (dist.parallelize: expert
+    parallel, DDP or FSDP2), then materialised on `device` from a stream of full tensors of which each rank keeps
+    its part (dist.materialize), so no rank ever holds the whole model: what lets a GLM-4.5-Air recipe start."""
+    model, tensors = _meta_model(cfg, device)
+    fill = lambda m: dist.materialize(m, device, tensors)
+    return dist.parallelize(model, cfg.dist.dp, cfg.dist.expert_parallel, fill=fill)
+
+
+def _meta_model(cfg: TrainConfig, device: torch.device):
+    """-> (the stage's GLM on meta, its initial tensors: the seeded init or the checkpoint's, streamed)."""
+    from glmstack.model import GLM, ModelConfig
+    from glmstack.model.hf import checkpoint_tensors
 
     overrides = dict(cfg.model_overrides)
     if cfg.rope_theta:
         overrides["rope_theta"] = cfg.rope_theta
-    if cfg.init_from:
-        model = load_hf(resolve_checkpoint(cfg.init_from, cfg.out_dir), dtype=torch.float32)
-        if overrides:  # e.g. mid-training's RoPE base change: same weights, new config fields
-            new_cfg = dataclasses.replace(model.cfg, **overrides)
-            changed = [f for f in diff_fields(model.cfg, new_cfg) if f not in STAGE_MAY_CHANGE]
-            if changed:
-                raise ConfigError(
-                    f"init_from={cfg.init_from!r}: the checkpoint's weights fix {', '.join(changed)}; "
-                    f"a stage may change only {', '.join(STAGE_MAY_CHANGE)}"
-                )
-            model.cfg = new_cfg
-            apply_dsa_stage(model)  # GLM-5 DSA stages (dsa_stage override): indexer mode, what trains
-        return model.to(device)
-    return GLM(ModelConfig.preset(cfg.model, **overrides)).init_weights(seed=cfg.seed, device=device)
+    if not cfg.init_from:
+        model = GLM(ModelConfig.preset(cfg.model, **overrides))
+        return model, model.initial_tensors(seed=cfg.seed, device=device)
+    folder = resolve_checkpoint(cfg.init_from, cfg.out_dir)
+    saved = ModelConfig.from_hf(folder)
+    new_cfg = dataclasses.replace(saved, **overrides)  # e.g. mid-training's RoPE base change: same weights
+    changed = [f for f in diff_fields(saved, new_cfg) if f not in STAGE_MAY_CHANGE]
+    if changed:
+        raise ConfigError(
+            f"init_from={cfg.init_from!r}: the checkpoint's weights fix {', '.join(changed)}; "
+            f"a stage may change only {', '.join(STAGE_MAY_CHANGE)}"
+        )
+    model = GLM(new_cfg, dtype=torch.float32)  # applies GLM-5's DSA stage (which indexer mode, what trains)
+    return model, checkpoint_tensors(model, folder)
 
 
 def build_data(cfg: TrainConfig, vocab_size: int, split: str = "train"):
@@ -116,7 +126,6 @@ def run(cfg: TrainConfig, *, loss_fn=pretrain_loss, stop_at: int | None = None) 
     seed_everything(cfg.seed)
     # ------------------------------------------------------------------ model, parallelism, optimiser
     model = build_model(cfg, device)
-    model = dist.parallelize(model, cfg.dist.dp, cfg.dist.expert_parallel)
     optimizer, _ = build_optimizer(dist.unwrap(model), cfg.optim)
     # ------------------------------------------------------------------ data
     vocab = dist.unwrap(model).cfg.vocab_size
