@@ -87,7 +87,8 @@ def test_row_streams_are_per_row():
 def test_row_streams_are_uniform_and_uncorrelated():
     """20k rows with consecutive seeds x 16 steps: bins of u flat, neighbours in a row and across rows unrelated."""
     stats = pytest.importorskip("scipy.stats")
-    u = torch.stack([RowStreams(range(20000), lanes=2).uniform(t) for t in range(16)], 1).double()  # (R, S, L)
+    streams = RowStreams(range(20000), lanes=2)
+    u = torch.stack([streams.uniform(t) for t in range(16)], 1).double()  # (rows, steps, lanes)
     counts = torch.histc(u.flatten(), bins=64, min=0, max=1)
     assert stats.chisquare(counts.numpy()).pvalue > 1e-3
     for a, b in ((u[:, :-1], u[:, 1:]), (u[..., 0], u[..., 1]), (u[:-1], u[1:])):  # steps, lanes, seeds
