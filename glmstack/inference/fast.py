@@ -44,6 +44,9 @@ HIT_LOOP_MAX_TOKENS = 2  # measured on CPU (bench/decode.py): the hit-expert loo
 DENSE_MAX_TOKENS = 0
 EXPERT_COPY_MAX_BYTES = 256 * 2**20
 LINEAR_COPY_MAX_BYTES = 256 * 2**20  # per fused (D, N) projection copy (see _Linear)
+# outputs at least this wide run through oneDNN at 2+ rows (_Linear); measured on CPU (bench/decode.py): a win for
+# N = 4096 (the LM head) and 1536 (gate/up), a loss cold for N <= 384 (q/k/v, o, experts)
+ONEDNN_MIN_N = 1024
 
 
 def supported(model) -> bool:
@@ -233,28 +236,45 @@ class _Linear:
 
     On CPU (copies up to LINEAR_COPY_MAX_BYTES) the weights are one contiguous (D, N) copy, x @ W_DN: MKL's small-row
     GEMMs read that layout faster than nn.Linear's (N, D), most of all when the weights come from DRAM as they do
-    in a decode step (the LM head at 8 rows 447 -> 372 us, at 1 row 308 -> 162 us; bench/decode.py). The copy is
-    kept in `cache` across calls and remade when a weight changes (_cached). Elsewhere: the layers' own weights,
-    one F.linear each (no copy)."""
+    in a decode step (the LM head at 8 rows 447 -> 372 us, at 1 row 308 -> 162 us; bench/decode.py). Wide outputs
+    (N >= ONEDNN_MIN_N: the LM head, a dense MLP's gate/up) on 2+ rows go to oneDNN on a weight prepacked for it
+    (AVX-512 brgemm where MKL takes its AVX2 path on AMD: the head at 8 rows 284 -> 96 us hot, 510 -> 294 cold).
+    The copies are kept in `cache` across calls and remade when a weight changes (_cached). Elsewhere: the layers'
+    own weights, one F.linear each (no copy)."""
 
     def __init__(self, cache: dict, *layers):
         ws, bs = [m.weight for m in layers], [m.bias for m in layers]
-        self.parts = list(zip(ws, bs))
+        self.parts, self.packed = list(zip(ws, bs)), None
         nbytes = sum(w.numel() for w in ws) * ws[0].element_size()
         same_bias = all((b is None) == (bs[0] is None) for b in bs)
         if ws[0].device.type != "cpu" or nbytes > LINEAR_COPY_MAX_BYTES or not same_bias:
             return
-        tensors = ws + [b for b in bs if b is not None]
-        self.w_DN, self.b_N = _cached(cache, ("linear", *map(id, ws)), tensors, lambda: _fuse(ws, bs))
+        tensors, ids = ws + [b for b in bs if b is not None], tuple(map(id, ws))
+        self.w_DN, self.b_N = _cached(cache, ("linear", *ids), tensors, lambda: _fuse(ws, bs))
         self.parts = None
+        if self.w_DN.shape[1] >= ONEDNN_MIN_N and _onednn_ok(self.w_DN):
+            pack = torch.ops.mkldnn._reorder_linear_weight
+            self.packed = _cached(cache, ("onednn", *ids), tensors, lambda: pack(self.w_DN.t().contiguous(), 8))
 
     def __call__(self, x):
         if self.parts is not None:
             ys = [F.linear(x, w, b) for w, b in self.parts]
             return ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
+        if self.packed is not None and x.numel() > x.shape[-1]:  # 2+ rows
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.b_N, "none", [], "")
         if self.b_N is None:
             return torch.matmul(x, self.w_DN)
         return torch.addmm(self.b_N, x.reshape(-1, x.shape[-1]), self.w_DN).view(*x.shape[:-1], -1)
+
+
+def _onednn_ok(w) -> bool:
+    """oneDNN's prepacked linear (the ops inductor's CPU freezing uses) exists in this build, for this dtype."""
+    return (
+        w.dtype == torch.float32
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    )
 
 
 def _fuse(ws, bs):

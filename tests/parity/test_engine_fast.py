@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+import glmstack.inference.fast as fastpath
 from glmstack.inference import Engine, KVCache
 from glmstack.inference.fast import FastForward, ReferenceForward, experts_dense, experts_grouped_t, experts_hit
 from glmstack.model import GLM, ModelConfig
@@ -28,8 +29,11 @@ def test_experts_hit_equals_loop_reference():
 
 
 @torch.inference_mode()
-@pytest.mark.parametrize("dense_max_tokens", [0, 64])  # sorted experts; all experts dense (experts_dense)
-def test_forward_and_mtp_step_match_reference(model, dense_max_tokens):
+# sorted experts; all experts dense (experts_dense); every projection through oneDNN at 2+ rows
+@pytest.mark.parametrize("dense_max_tokens, onednn_min_n", [(0, None), (64, None), (0, 0)])
+def test_forward_and_mtp_step_match_reference(model, dense_max_tokens, onednn_min_n, monkeypatch):
+    if onednn_min_n is not None:
+        monkeypatch.setattr(fastpath, "ONEDNN_MIN_N", onednn_min_n)
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(1, 500, (2, 9), generator=g)
     start = torch.tensor([0, 3])  # row 1 left-padded
@@ -59,6 +63,15 @@ def test_engine_tokens_equal_with_fast_on_and_off(model):
     dense.dense_max_tokens = 64  # every decode step and verify block through experts_dense
     assert dense.generate(prompts, 16, stop_ids=[]).tokens == off
     assert dense.generate(prompts, 16, stop_ids=[], speculative="mtp", draft_k=3).tokens == off
+
+
+def test_engine_tokens_equal_with_onednn_projections(model, monkeypatch):
+    prompts = [[5, 17, 300, 2, 9, 41, 7], [11], [400, 3, 3, 8]]
+    off = Engine(model, fast=False).generate(prompts, 16, stop_ids=[]).tokens
+    monkeypatch.setattr(fastpath, "ONEDNN_MIN_N", 0)  # every projection (and the head) through oneDNN at 2+ rows
+    engine = Engine(model, fast=True)
+    assert engine.generate(prompts, 16, stop_ids=[]).tokens == off
+    assert engine.generate(prompts, 16, stop_ids=[], speculative="mtp", draft_k=3).tokens == off
 
 
 def test_router_and_one_token_experts_match_reference(model):
@@ -99,9 +112,12 @@ def test_engine_sees_in_place_weight_updates():
     assert engine.generate(two, 8, stop_ids=[]).tokens == Engine(model, fast=False).generate(two, 8, stop_ids=[]).tokens
 
 
-def test_engine_sees_in_place_updates_of_fused_projections():
+@pytest.mark.parametrize("onednn_min_n", [None, 0])  # (D, N) copies; also oneDNN-packed copies of every projection
+def test_engine_sees_in_place_updates_of_fused_projections(onednn_min_n, monkeypatch):
     """The fast path's (D, N) copies of q/k/v, o, the dense and shared-expert gate/up/down and the LM head (and the
     stacked q/k-norm weights) must follow in-place updates and replaced weights too."""
+    if onednn_min_n is not None:
+        monkeypatch.setattr(fastpath, "ONEDNN_MIN_N", onednn_min_n)
     model = GLM(ModelConfig.preset("tiny")).init_weights(seed=3).eval()
     engine, prompts = Engine(model), [[3, 9, 27, 81], [5, 6]]
     before = engine.generate(prompts, 6, stop_ids=[]).tokens
