@@ -7,8 +7,9 @@ N = 5, μ = 0.95 (Nesterov), decoupled weight decay 0.1 and scales the update to
 
 Why our own class rather than `torch.optim.Muon`: torch's rejects 3-D parameters, and expert banks (E, out, in)
 must be orthogonalised per expert as a batch; GLM-5's Muon Split orthogonalises each head's slice of a matrix
-(the `split` option of a parameter group); and FSDP2 shards parameters, so the NS step must gather the full
-matrix first. On plain 2-D parameters this class runs the exact op sequence of torch 2.13's Muon and
+(the `split` option of a parameter group); and FSDP2 shards parameters, so the NS step must see the full
+matrix: one owner rank per matrix gathers it, runs NS and scatters the rows back (muon_sharded.py), while banks
+sharded over whole experts run NS where they are. On plain 2-D parameters this class runs the exact op sequence of torch 2.13's Muon and
 `tests/unit/test_optim_muon.py` checks they agree bit for bit.
 
 Shapes: A, B = rows, cols of one matrix (for nn.Linear: out, in); a bank is (E, A, B); a split matrix
@@ -22,6 +23,8 @@ import math
 import torch
 from torch import Tensor
 from torch.optim import Optimizer
+
+from glmstack.optim.muon_sharded import is_sharded, local_ok, orthogonalize_sharded
 
 # Keller Jordan's quintic coefficients (also torch.optim.Muon's defaults): maximise the slope at 0.
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
@@ -69,7 +72,7 @@ def lr_scale(shape: tuple[int, int], adjust_lr_fn: str | None) -> float:
     raise ValueError(f"adjust_lr_fn must be 'original' or 'match_rms_adamw', got {adjust_lr_fn!r}")
 
 
-def _orthogonalize(update: Tensor, group: dict) -> tuple[Tensor, float]:
+def _orthogonalize(update: Tensor, group: dict) -> Tensor:
     """NS of a 2-D matrix, a (E, A, B) bank, or a matrix split into `group['split']` row blocks (Muon Split)."""
     split = group.get("split")
     shape = update.shape
@@ -79,22 +82,13 @@ def _orthogonalize(update: Tensor, group: dict) -> tuple[Tensor, float]:
     out = zeropower_via_newtonschulz(
         update, group["ns_steps"], group["ns_coefficients"], group["eps"], group.get("ns_dtype", torch.bfloat16)
     )
-    scale = lr_scale(tuple(out.shape[-2:]), group["adjust_lr_fn"])
-    return out.reshape(shape), scale
+    return out.reshape(shape)
 
 
-def _full(t: Tensor) -> Tensor:
-    """The whole matrix of a (possibly FSDP2-sharded) DTensor; NS needs every row (Moonlight Alg. 1 step 3)."""
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
-def _local_like(full: Tensor, like: Tensor) -> Tensor:
-    """`full` sharded like `like` (every rank computed the same NS, so slicing needs no communication)."""
-    if not hasattr(like, "full_tensor"):
-        return full
-    from torch.distributed.tensor import distribute_tensor
-
-    return distribute_tensor(full, like.device_mesh, like.placements, src_data_rank=None)
+def _scale(shape: tuple, group: dict) -> float:
+    """lr_scale of the (A, B) matrices NS sees in a parameter of this (full) shape."""
+    A, B = shape[-2:]
+    return lr_scale((A // group["split"] if group.get("split") else A, B), group["adjust_lr_fn"])
 
 
 class Muon(Optimizer):
@@ -145,21 +139,36 @@ class Muon(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        sharded = []  # FSDP2 rows of matrices: NS needs the whole matrix, computed once by an owner rank
         for group in self.param_groups:
             for p in group["params"]:
-                if p.grad is not None:
-                    self._update(p, group)
+                if p.grad is None:
+                    continue
+                update = self._momentum(p, group)
+                if is_sharded(update) and not local_ok(update, group):
+                    sharded.append((p, update, group))
+                else:  # a plain tensor, or a bank sharded over whole experts: NS on what this rank holds
+                    local = update.to_local() if is_sharded(update) else update
+                    self._apply(p, _orthogonalize(local, group), group)
+        outs = orthogonalize_sharded([(u, g) for _, u, g in sharded], _orthogonalize)
+        for (p, _, group), out in zip(sharded, outs):
+            self._apply(p, out, group)
         return loss
 
-    def _update(self, p: Tensor, group: dict) -> None:
-        lr, momentum = group["lr"], group["momentum"]
+    def _momentum(self, p: Tensor, group: dict) -> Tensor:
+        """Update the momentum buffer; -> the (Nesterov) update to orthogonalise, sharded like p."""
+        momentum = group["momentum"]
         state = self.state[p]
         if "momentum_buffer" not in state:
             state["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
         buf = state["momentum_buffer"]
         buf.lerp_(p.grad, 1 - momentum)  # μ·buf + (1-μ)·g
-        update = p.grad.lerp(buf, momentum) if group["nesterov"] else buf
-        full, scale = _orthogonalize(_full(update), group)
-        update = _local_like(full, update)
-        p.mul_(1 - lr * group["weight_decay"])  # decoupled decay with the un-adjusted lr (as torch)
-        p.add_(update, alpha=-lr * scale)
+        return p.grad.lerp(buf, momentum) if group["nesterov"] else buf
+
+    @staticmethod
+    def _apply(p: Tensor, ortho: Tensor, group: dict) -> None:
+        """p <- p·(1 - lr·wd) - lr·scale·ortho, on this rank's part of p (ortho is that part)."""
+        lr = group["lr"]
+        local = p.to_local() if is_sharded(p) else p
+        local.mul_(1 - lr * group["weight_decay"])  # decoupled decay with the un-adjusted lr (as torch)
+        local.add_(ortho, alpha=-lr * _scale(p.shape, group))
