@@ -13,7 +13,8 @@ on CPU `torch._grouped_mm` walks every expert even when 4 of 16 got tokens. Here
   - routed experts: at one token the K chosen ones from a host list; at 2 tokens a loop over the hit experts
     (a host sync: free on CPU, cheap next to a forward on GPU); above that the grouped GEMM, on CPU over
     contiguous (E, D, 2F) / (E, F, D) copies of the banks kept across calls (see _expert_weights);
-    experts_dense (all experts, 3 kernels per layer) behind `dense_max_tokens`, off: slower on CPU;
+    from 3 to 64 tokens, on CPU with oneDNN, experts_dense instead: all experts in 3 kernels per layer (4x the
+    FLOPs, but oneDNN's AVX-512 GEMMs on prepacked banks beat MKL's per-expert few-row ones; `dense_max_tokens`);
   - no aux loss, no expert-load counts; the LM head runs only on the positions the caller needs;
   - the speculative catch-up (mtp_step(last_B=)) computes K/V at every fed position but the query side, the
     MoE and the LM head only at the one position each row drafts from.
@@ -38,10 +39,11 @@ from glmstack.model.moe import MoE, _grouped_mm_ok
 from glmstack.model.rope import rope_cos_sin
 
 HIT_LOOP_MAX_TOKENS = 2  # measured on CPU (bench/decode.py): the hit-expert loop wins for 1-2 tokens
-# experts_dense up to this many tokens: 0 = off. On CPU it lost at every size tried (2..40 tokens, 1.3-1.9x slower
-# per step, docs/inference.md): these small GEMMs are FLOP-bound, and dense does E/K = 4x the expert FLOPs.
-# Unmeasured on GPU, where 3 kernel launches per layer instead of ~3E should win for decode / verify blocks.
-DENSE_MAX_TOKENS = 0
+# experts_dense for HIT_LOOP_MAX_TOKENS < T <= this many tokens where oneDNN runs it (CPU; else off). On MKL it lost
+# at every size tried (2..40 tokens, 1.3-1.9x slower per step, docs/inference.md): it does E/K = 4x the expert FLOPs
+# and MKL's few-row GEMMs are slow here; oneDNN's on prepacked banks win from ~4 to 40+ tokens and lose at 256
+# (a prefill) to the grouped GEMM. Unmeasured on GPU.
+DENSE_MAX_TOKENS = 64
 EXPERT_COPY_MAX_BYTES = 256 * 2**20
 LINEAR_COPY_MAX_BYTES = 256 * 2**20  # per fused (D, N) projection copy (see _Linear)
 # outputs at least this wide run through oneDNN at 2+ rows (_Linear); measured on CPU (bench/decode.py): a win for
@@ -58,7 +60,8 @@ class FastForward:
     def __init__(self, model, max_len: int, expert_cache: dict | None = None, dense_max_tokens: int | None = None):
         """expert_cache: a dict kept by the caller across calls for the CPU weight copies (expert banks, fused
         projections);
-        dense_max_tokens: run all experts densely (experts_dense) up to this many tokens (None: DENSE_MAX_TOKENS)."""
+        dense_max_tokens: run all experts densely (experts_dense) from HIT_LOOP_MAX_TOKENS + 1 up to this many tokens
+        (None: DENSE_MAX_TOKENS where oneDNN runs it, else 0)."""
         self.model, cfg = model, model.cfg
         dtype, device = model.embed_tokens.weight.dtype, model.embed_tokens.weight.device
         pos = torch.arange(max_len, device=device)[None]
@@ -77,7 +80,9 @@ class FastForward:
         # attribute walks (those were ~10% of a batch-1 step). They hold the parameters themselves, not copies
         # (except the CPU expert banks, see _expert_weights), so weights updated in place are seen.
         cache = {} if expert_cache is None else expert_cache
-        dense = DENSE_MAX_TOKENS if dense_max_tokens is None else dense_max_tokens
+        dense = dense_max_tokens
+        if dense is None:
+            dense = DENSE_MAX_TOKENS if _onednn_ok(model.embed_tokens.weight) else 0
         self.blocks = [_BlockPlan(b, cache, dense) for b in model.layers]
         self.mtp = [
             (
@@ -149,7 +154,8 @@ class _BlockPlan:
         if self.moe is not None:
             self.w1, self.w2 = _expert_weights(mlp.experts, cache)
             self.dense_max = dense_max_tokens
-            self.dense = _dense_weights(mlp.experts, cache) if dense_max_tokens > 1 else None
+            dense_ok = dense_max_tokens > HIT_LOOP_MAX_TOKENS and _bank_bytes(mlp.experts) <= EXPERT_COPY_MAX_BYTES
+            self.dense = _dense_weights(mlp.experts, cache) if dense_ok else None
 
     def __call__(self, x_BTD, rope, cache):
         x_BTD = x_BTD + self.attention(self.ln1(x_BTD), rope, cache)
@@ -270,7 +276,8 @@ class _Linear:
 def _onednn_ok(w) -> bool:
     """oneDNN's prepacked linear (the ops inductor's CPU freezing uses) exists in this build, for this dtype."""
     return (
-        w.dtype == torch.float32
+        w.device.type == "cpu"
+        and w.dtype == torch.float32
         and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
         and hasattr(torch.ops.mkldnn, "_linear_pointwise")
@@ -304,28 +311,50 @@ def _expert_weights(experts, cache: dict):
     (_cached). Elsewhere the views, which cost nothing."""
     p1, p2 = experts.gate_up_proj, experts.down_proj
     w1_EDF, w2_EFD = p1.transpose(1, 2), p2.transpose(1, 2)
-    if w1_EDF.device.type != "cpu" or (p1.numel() + p2.numel()) * p1.element_size() > EXPERT_COPY_MAX_BYTES:
+    if w1_EDF.device.type != "cpu" or _bank_bytes(experts) > EXPERT_COPY_MAX_BYTES:
         return w1_EDF, w2_EFD
     return _cached(cache, id(experts), (p1, p2), lambda: (w1_EDF.contiguous(), w2_EFD.contiguous()))
 
 
+def _bank_bytes(experts) -> int:
+    p1, p2 = experts.gate_up_proj, experts.down_proj
+    return (p1.numel() + p2.numel()) * p1.element_size()
+
+
 def _dense_weights(experts, cache: dict):
-    """For experts_dense: the gate_up bank itself (E, 2F, D) and down as (D, E*F), a copy kept in `cache`."""
+    """For experts_dense: gate_up as (E * 2F, D) and down as (D, E * F) F.linear weights, kept in `cache` (_cached);
+    where oneDNN runs, both prepacked for it."""
     p1, p2 = experts.gate_up_proj, experts.down_proj
     E, D, F_ = p2.shape
-    return p1, _cached(cache, ("dense", id(experts)), (p2,), lambda: p2.permute(1, 0, 2).reshape(D, E * F_))
+
+    def build():
+        w1_ND, w2_DN = p1.reshape(-1, D), p2.permute(1, 0, 2).reshape(D, E * F_)
+        if not _onednn_ok(p1):
+            return w1_ND, w2_DN
+        pack = torch.ops.mkldnn._reorder_linear_weight
+        return pack(w1_ND, 8), pack(w2_DN.contiguous(), 8)
+
+    return _cached(cache, ("dense", id(experts)), (p1, p2), build)
 
 
-def experts_dense(x_TD, idx_TK, w_TK, w1_EGD, w2_DN):
-    """ALL experts on all tokens (w1 the bank (E, 2F, D), w2 (D, E*F)): one GEMM for gate+up, the SwiGLU
-    weighted by the routing weights (0 where a token did not choose the expert), one GEMM for down — the sum
-    over experts of w_e * down_e(h_e) is one (T, E*F) @ (E*F, D) product. 3 kernels per layer instead of ~3E and
-    no sort; the same weight bytes when most experts are hit, but E/K times the expert FLOPs."""
-    T, (E, G, D) = x_TD.shape[0], w1_EGD.shape
-    gu_TE2F = F.linear(x_TD, w1_EGD.view(E * G, D)).view(T, E, 2, G // 2)
+def experts_dense(x_TD, idx_TK, w_TK, w1_ND, w2_DN, n_experts: int):
+    """ALL experts on all tokens (w1 gate_up as (E * 2F, D), w2 down as (D, E * F): F.linear weights, or prepacked
+    for oneDNN): one GEMM for gate+up, the SwiGLU weighted by the routing weights (0 where a token did not choose
+    the expert), one GEMM for down — the sum over experts of w_e * down_e(h_e) is one (T, E*F) @ (E*F, D) product.
+    3 kernels per layer instead of ~3E and no sort; the same weight bytes when most experts are hit, but E/K times
+    the expert FLOPs."""
+    T, E = x_TD.shape[0], n_experts
+    gu_TE2F = _linear(x_TD, w1_ND).view(T, E, 2, -1)
     wd_TE = torch.zeros(T, E, dtype=x_TD.dtype, device=x_TD.device).scatter_(1, idx_TK, w_TK.to(x_TD.dtype))
     h_TEF = F.silu(gu_TE2F[:, :, 0]) * gu_TE2F[:, :, 1] * wd_TE[:, :, None]
-    return F.linear(h_TEF.reshape(T, -1), w2_DN)
+    return _linear(h_TEF.reshape(T, -1), w2_DN)
+
+
+def _linear(x, w):
+    """F.linear, or oneDNN's linear when w is prepacked for it (_reorder_linear_weight)."""
+    if w.is_mkldnn:
+        return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+    return F.linear(x, w)
 
 
 def _rope(x_BTHK, cos_BT1K, sin_BT1K, rot_KK):
@@ -335,16 +364,18 @@ def _rope(x_BTHK, cos_BT1K, sin_BT1K, rot_KK):
 
 def moe_routed(router, x_BTD, w1, w2, dense=None, dense_max: int = 0):
     """The routed experts (w1 (E, D, 2F), w2 (E, F, D): the x @ w[e] layout); the caller adds the shared one.
-    dense: (gate_up bank, down (D, E*F)) for experts_dense, used for 2..dense_max tokens."""
+    dense: (gate_up (E * 2F, D), down (D, E * F)) for experts_dense, used above HIT_LOOP_MAX_TOKENS up to dense_max
+    tokens."""
     B, T, D = x_BTD.shape
     x_TD = x_BTD.reshape(B * T, D)
     idx_TK, w_TK = route(router, x_TD)
-    if dense is not None and 1 < x_TD.shape[0] <= dense_max:
-        y_TD = experts_dense(x_TD, idx_TK, w_TK, *dense)
-    elif x_TD.shape[0] == 1:
+    N = x_TD.shape[0]
+    if N == 1:
         y_TD = experts_one_token(x_TD, idx_TK, w_TK, w1, w2)
-    elif x_TD.shape[0] <= HIT_LOOP_MAX_TOKENS or not _grouped_mm_ok(x_TD):
+    elif N <= HIT_LOOP_MAX_TOKENS or not _grouped_mm_ok(x_TD):
         y_TD = experts_hit(x_TD, idx_TK, w_TK, w1, w2)
+    elif dense is not None and N <= dense_max:
+        y_TD = experts_dense(x_TD, idx_TK, w_TK, *dense, n_experts=w1.shape[0])
     else:  # many tokens hit most experts: one C++ grouped GEMM beats a Python loop over them
         y_TD = experts_grouped_t(x_TD, idx_TK, w_TK, w1, w2)
     return y_TD.view(B, T, D)

@@ -24,8 +24,12 @@ def test_experts_hit_equals_loop_reference():
     w1_t, w2_t = w1.transpose(1, 2), w2.transpose(1, 2)  # the fast path's x @ w[e] layout
     torch.testing.assert_close(experts_hit(x, idx, w, w1_t, w2_t), ref)
     torch.testing.assert_close(experts_grouped_t(x, idx, w, w1_t.contiguous(), w2_t.contiguous()), ref)
-    w2_dense = w2.permute(1, 0, 2).reshape(16, 8 * 8)  # (D, E*F): experts_dense's down layout
-    torch.testing.assert_close(experts_dense(x, idx, w, w1, w2_dense), ref)
+    w1_dense, w2_dense = w1.reshape(-1, 16), w2.permute(1, 0, 2).reshape(16, 8 * 8)  # experts_dense's layouts
+    torch.testing.assert_close(experts_dense(x, idx, w, w1_dense, w2_dense, n_experts=8), ref)
+    if torch.backends.mkldnn.is_available():  # the same banks prepacked for oneDNN
+        pack = torch.ops.mkldnn._reorder_linear_weight
+        packed = pack(w1_dense, 8), pack(w2_dense.contiguous(), 8)
+        torch.testing.assert_close(experts_dense(x, idx, w, *packed, n_experts=8), ref)
 
 
 @torch.inference_mode()
