@@ -1,5 +1,8 @@
 """ModelConfig: the GLM-4.5 family's architecture, with Hugging Face `glm4_moe` field names, and its presets.
 
+Three HF model types share it: `glm4_moe` (GLM-4.5/4.6/4.7, GQA), `glm4_moe_lite` (GLM-4.7-Flash: the same MoE
+with DeepSeek-V2 MLA attention, no indexer) and `glm_moe_dsa` (GLM-5: MLA + the DSA indexer).
+
 Field names are exactly those of `config.json` (`transformers.Glm4MoeConfig`), so `from_hf` / `to_hf` are a flat
 map; RoPE is kept flat here (`rope_theta`, `partial_rotary_factor`) and folded into transformers 5's
 `rope_parameters` on the way out. A few glmstack-only training fields (`mtp_loss_weight`, ...) follow the HF
@@ -35,14 +38,16 @@ HF_FIXED_KEYS = {
     "moe_router_dtype": "float32", "rope_scaling": None, "moe_layer_freq": 1, "ep_size": 1, "pretraining_tp": 1,
 }
 HF_ALIASES = {"num_mtp_layers": "num_nextn_predict_layers", "num_local_experts": "n_routed_experts"}
-MODEL_TYPES = ("glm4_moe", "glm_moe_dsa")  # GLM-4.5 GQA / GLM-5 MLA + DSA (mla.py, dsa.py)
+MODEL_TYPES = ("glm4_moe", "glm4_moe_lite", "glm_moe_dsa")  # GQA / MLA (mla.py) / MLA + DSA (mla.py, dsa.py)
+MLA_TYPES = ("glm4_moe_lite", "glm_moe_dsa")
 TRAINING_FIELDS = ("mtp_loss_weight", "aux_loss_weight", "use_grouped_mm", "num_mtp_depths", "dsa_stage",
                    "dsa_loss_weight", "fused_lm_loss")
-# fields only one model type writes to config.json
-MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "rope_interleave",
-              "indexer_rope_interleave", "index_topk", "index_head_dim", "index_n_heads", "indexer_types")
+# fields only some model types write to config.json
+MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "rope_interleave")
+DSA_FIELDS = ("indexer_rope_interleave", "index_topk", "index_head_dim", "index_n_heads", "indexer_types")
 GQA_FIELDS = ("use_qk_norm",)
-ARCHITECTURES = {"glm4_moe": "Glm4MoeForCausalLM", "glm_moe_dsa": "GlmMoeDsaForCausalLM"}
+ARCHITECTURES = {"glm4_moe": "Glm4MoeForCausalLM", "glm4_moe_lite": "Glm4MoeLiteForCausalLM",
+                 "glm_moe_dsa": "GlmMoeDsaForCausalLM"}
 
 
 @dataclass(kw_only=True)
@@ -73,8 +78,8 @@ class ModelConfig:
     tie_word_embeddings: bool = False  # LM head shares the embedding matrix
     max_position_embeddings: int = 131072  # longest context the checkpoint was trained for (metadata for RoPE)
     initializer_range: float = 0.02  # std of the normal init of every matrix
-    # --- GLM-5 (model_type glm_moe_dsa): MLA (DeepSeek-V2 §2.1) + DSA indexer (DeepSeek-V3.2); defaults = GLM-5 ---
-    q_lora_rank: int = 2048  # MLA query latent width (q_a_proj -> RMSNorm -> q_b_proj)
+    # --- MLA (DeepSeek-V2 §2.1; glm4_moe_lite, glm_moe_dsa) + DSA indexer (DeepSeek-V3.2; glm_moe_dsa) = GLM-5 ---
+    q_lora_rank: int | None = 2048  # MLA query latent width (q_a_proj -> RMSNorm -> q_b_proj); None: one q_proj
     kv_lora_rank: int = 512  # MLA key/value latent width: what the KV cache stores per token (+ the rope key)
     qk_nope_head_dim: int = 192  # per-head q/k dims without RoPE (decompressed from the latent)
     qk_rope_head_dim: int = 64  # per-head q dims with RoPE; the one shared decoupled rope key has this width
@@ -115,6 +120,8 @@ class ModelConfig:
             p.append(f"model_type {self.model_type!r} is not supported (supported: {', '.join(MODEL_TYPES)})")
         if self.is_mla:
             p += self._mla_problems()
+        if self.has_dsa:
+            p += self._dsa_problems()
         if self.num_attention_heads % self.num_key_value_heads:
             p.append(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                      f"num_key_value_heads ({self.num_key_value_heads})")
@@ -150,7 +157,12 @@ class ModelConfig:
 
     @property
     def is_mla(self) -> bool:
-        """GLM-5 style attention (glmstack.model.mla) instead of GQA."""
+        """MLA attention (glmstack.model.mla: GLM-4.7-Flash, GLM-5) instead of GQA."""
+        return self.model_type in MLA_TYPES
+
+    @property
+    def has_dsa(self) -> bool:
+        """MLA with the DSA indexer (GLM-5)."""
         return self.model_type == "glm_moe_dsa"
 
     @property
@@ -158,17 +170,29 @@ class ModelConfig:
         return self.num_mtp_depths or self.num_nextn_predict_layers
 
     def _mla_problems(self) -> list[str]:
-        p = [f"{k} must be > 0" for k in MLA_FIELDS[:5] + MLA_FIELDS[7:10] if getattr(self, k) <= 0]
-        if self.qk_rope_head_dim % 2 or self.index_head_dim < self.qk_rope_head_dim:
-            p.append("qk_rope_head_dim must be even and <= index_head_dim")
+        p = [f"{k} must be > 0" for k in MLA_FIELDS[:5] if (getattr(self, k) or 0) <= 0
+             and not (k == "q_lora_rank" and self.q_lora_rank is None)]
+        if self.qk_rope_head_dim % 2:
+            p.append("qk_rope_head_dim must be even")
+        if self.num_key_value_heads != self.num_attention_heads:  # HF's MLA would repeat the decompressed heads
+            p.append(f"num_key_value_heads ({self.num_key_value_heads}) must equal num_attention_heads "
+                     f"({self.num_attention_heads}) in MLA (each head decompresses its own key and value)")
+        if self.num_mtp_depths and not self.num_nextn_predict_layers:
+            p.append("num_mtp_depths needs num_nextn_predict_layers >= 1")
+        return p
+
+    def _dsa_problems(self) -> list[str]:
+        p = [f"{k} must be > 0" for k in DSA_FIELDS[1:4] if getattr(self, k) <= 0]
+        if self.q_lora_rank is None:
+            p.append("q_lora_rank must be set with the DSA indexer (it reads the query latent)")
+        if self.index_head_dim < self.qk_rope_head_dim:
+            p.append("qk_rope_head_dim must be <= index_head_dim")
         types = self.indexer_types
         if types is not None and (len(types) != self.num_hidden_layers or set(types) - {"full", "shared"}
                                   or types[0] != "full"):
             p.append(f"indexer_types must list 'full'/'shared' per layer, starting with 'full'; got {types}")
         if self.dsa_stage not in ("dense", "warmup", "sparse", "select", "frozen"):
             p.append(f"dsa_stage {self.dsa_stage!r} is not one of dense, warmup, sparse, select, frozen")
-        if self.num_mtp_depths and not self.num_nextn_predict_layers:
-            p.append("num_mtp_depths needs num_nextn_predict_layers >= 1")
         return p
 
     @property
@@ -193,13 +217,18 @@ class ModelConfig:
     def to_hf(self) -> dict:
         """The `config.json` dict as transformers 5 writes it (RoPE inside `rope_parameters`)."""
         drop = TRAINING_FIELDS + ("hf_metadata",) + (GQA_FIELDS if self.is_mla else MLA_FIELDS)
+        drop += () if self.has_dsa else DSA_FIELDS
         d = {k: v for k, v in dataclasses.asdict(self).items() if k not in drop}
         rope = {"rope_theta": d.pop("rope_theta"), "partial_rotary_factor": d.pop("partial_rotary_factor"),
                 "rope_type": "default"}
         if self.is_mla:  # HF derives head_dim = qk_rope_head_dim and rotates all of it
             del rope["partial_rotary_factor"]
             d["head_dim"] = self.qk_rope_head_dim
+        if self.has_dsa:
             d["indexer_types"] = self.indexer_types or ["full"] * self.num_hidden_layers
+        if self.model_type == "glm4_moe_lite":  # Glm4MoeLiteConfig reads only this, never first_k_dense_replace
+            k, n = self.first_k_dense_replace, self.num_hidden_layers
+            d["mlp_layer_types"] = ["dense"] * k + ["sparse"] * (n - k)
         out = {"architectures": [ARCHITECTURES[self.model_type]], **d, "rope_parameters": rope, "hidden_act": "silu",
                "attention_dropout": 0.0}
         out.update({k: v for k, v in self.hf_metadata.items() if k not in out})
@@ -216,7 +245,9 @@ class ModelConfig:
 def _split_hf_dict(d: dict) -> tuple[dict, dict]:
     """Split an HF config dict into ModelConfig fields and metadata; a wrong fixed value is an error."""
     meta = {k: d.pop(k) for k in list(d) if k in HF_METADATA_KEYS}
-    bad = _split_mla_keys(d) if d.get("model_type") == "glm_moe_dsa" else []
+    model_type = d.get("model_type")
+    split_keys = {"glm_moe_dsa": _split_mla_keys, "glm4_moe_lite": _split_lite_keys}.get(model_type)
+    bad = split_keys(d) if split_keys else []
     for key, want in HF_FIXED_KEYS.items():
         if key in d:
             got = d.pop(key)
@@ -237,6 +268,8 @@ def _split_hf_dict(d: dict) -> tuple[dict, dict]:
                 bad.append(f"{k}={d[k]!r} contradicts rope_parameters.{k}={rope[k]!r}")
             if k in rope:
                 d[k] = rope[k]
+    if model_type == "glm4_moe_lite" and d.pop("partial_rotary_factor", 1.0) != 1.0:
+        bad.append("partial_rotary_factor must be 1.0 in a glm4_moe_lite config (RoPE covers qk_rope_head_dim)")
     if bad:
         raise ConfigError("unsupported HF config: " + "; ".join(bad))
     return d, meta
@@ -261,6 +294,28 @@ def _split_mla_keys(d: dict) -> list[str]:
         d["indexer_types"] = indexer_types_from_pattern(
             n, schedule.get("index_topk_freq", 1), schedule.get("index_skip_topk_offset", 2),
             schedule.get("index_topk_pattern"))
+    return bad
+
+
+def _split_lite_keys(d: dict) -> list[str]:
+    """glm4_moe_lite keys HF derives from others: check and drop them; `mlp_layer_types` <-> first_k_dense_replace.
+
+    transformers builds the dense/MoE pattern from `mlp_layer_types` alone (default: layer 0 dense), while the
+    release's config.json also carries `first_k_dense_replace` (what vLLM reads): both must agree."""
+    bad, n = [], d.get("num_hidden_layers", 47)
+    rope_dim = d.get("qk_rope_head_dim", 64)
+    derived = {"qk_head_dim": d.get("qk_nope_head_dim", 192) + rope_dim, "head_dim": rope_dim}
+    for key, want in derived.items():
+        if key in d and d.pop(key) != want:
+            bad.append(f"{key} must be {want!r} (derived) in a glm4_moe_lite config")
+    d["head_dim"] = rope_dim
+    types = d.pop("mlp_layer_types", None)
+    if types is not None:
+        k = types.count("dense")
+        if types != ["dense"] * k + ["sparse"] * (n - k):
+            bad.append(f"mlp_layer_types must be {n} entries, 'dense' then 'sparse'; got {types}")
+        elif d.setdefault("first_k_dense_replace", k) != k:
+            bad.append(f"first_k_dense_replace={d['first_k_dense_replace']!r} contradicts mlp_layer_types ({k} dense)")
     return bad
 
 
@@ -302,6 +357,23 @@ _TINY_GLM5 = {**{k: v for k, v in _GLM5.items() if k not in ("eos_token_id", "pa
               "rope_theta": 10000, "n_routed_experts": 8, "num_experts_per_tok": 2, "first_k_dense_replace": 1,
               "max_position_embeddings": 4096, "q_lora_rank": 32, "kv_lora_rank": 16, "qk_nope_head_dim": 16,
               "qk_rope_head_dim": 8, "v_head_dim": 16, "index_topk": 8, "index_head_dim": 16, "index_n_heads": 4}
+# GLM-4.7-Flash: /work/shared/reference/configs/glm-4.7-flash.json (zai-org/GLM-4.7-Flash config.json); "30B-A3B"
+_GLM47_FLASH = dict(
+    model_type="glm4_moe_lite", vocab_size=154880, hidden_size=2048, intermediate_size=10240,
+    moe_intermediate_size=1536, num_hidden_layers=47, num_attention_heads=20, num_key_value_heads=20,
+    rope_theta=1000000, partial_rotary_factor=1.0, rms_norm_eps=1e-5, attention_bias=False, n_routed_experts=64,
+    n_shared_experts=1, num_experts_per_tok=4, n_group=1, topk_group=1, norm_topk_prob=True, routed_scaling_factor=1.8,
+    first_k_dense_replace=1, num_nextn_predict_layers=1, tie_word_embeddings=False, max_position_embeddings=202752,
+    initializer_range=0.02, q_lora_rank=768, kv_lora_rank=512, qk_nope_head_dim=192, qk_rope_head_dim=64,
+    v_head_dim=256, rope_interleave=True, torch_dtype="bfloat16", eos_token_id=[154820, 154827, 154829],
+    pad_token_id=154820,
+)
+_TINY_GLM47_FLASH = {**{k: v for k, v in _GLM47_FLASH.items() if k not in ("eos_token_id", "pad_token_id")},
+                     "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32,
+                     "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 4, "rope_theta": 10000,
+                     "n_routed_experts": 8, "num_experts_per_tok": 2, "max_position_embeddings": 4096,
+                     "q_lora_rank": 32, "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+                     "v_head_dim": 16}
 PRESETS: dict[str, dict] = {
     "glm-4.5": _GLM45,
     "glm-4.5-air": {**_GLM45, "hidden_size": 4096, "num_hidden_layers": 46, "first_k_dense_replace": 1,
@@ -312,6 +384,8 @@ PRESETS: dict[str, dict] = {
     "tiny": _TINY,
     "glm-5": _GLM5,
     "tiny-glm5": _TINY_GLM5,
+    "glm-4.7-flash": _GLM47_FLASH,
+    "tiny-glm47-flash": _TINY_GLM47_FLASH,
     # the benchmark model (bench/model_throughput.py): wide enough that matmuls, not overheads, dominate
     "tiny-moe": {**_TINY, "vocab_size": 4096, "hidden_size": 256, "intermediate_size": 768,
                  "moe_intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 8,

@@ -1,4 +1,5 @@
-"""Hugging Face checkpoints in and out: `config.json` + safetensors in the layout zai-org releases (`glm4_moe`).
+"""Hugging Face checkpoints in and out: `config.json` + safetensors in the layout zai-org releases (`glm4_moe`; the
+MLA models `glm4_moe_lite` and `glm_moe_dsa` use the same map, their attention names being transformers' too).
 
 The map is flat (/work/shared/research/glm-formats.md §7): `model.` + our name for the trunk, per-expert tensors
 `mlp.experts.{e}.{gate,up,down}_proj.weight` <-> slices of our 3-D banks, and MTP layer d stored as decoder layer

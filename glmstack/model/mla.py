@@ -13,12 +13,15 @@ Why two paths (DeepSeek-V2 §2.1, V3.2 App. A; arch-math.md §2.2):
   `MLAttention.absorb` / `sparse_gather` / `sdpa` switch the fast paths off; tests/unit/test_mla.py proves each
   equals its reference (forward and backward).
 
-GLM-5 adds DSA sparse attention: an optional `glmstack.model.dsa.Indexer` picks, per query, the top-k keys the
-attention may look at (see dsa.py for the indexer, its training stages and IndexShare).
+GLM-4.7-Flash (`glm4_moe_lite`) is this MLA alone. GLM-5 adds DSA sparse attention: an optional
+`glmstack.model.dsa.Indexer` picks, per query, the top-k keys the attention may look at (see dsa.py for the
+indexer, its training stages and IndexShare). Without a query latent (`q_lora_rank` None, which HF's
+`Glm4MoeLiteAttention` allows) the query is one `q_proj`, as in DeepSeek-V2-Lite.
 
-Names are Hugging Face's (`GlmMoeDsaAttention`), so the checkpoint adapter is a flat map; RoPE is interleaved
-(pairs (2i, 2i+1)) as in GLM-5, with the HF output layout [rotated evens | rotated odds] (a permutation applied to
-both q and k, so every dot product is that of the textbook interleaved RoPE).
+Names are Hugging Face's (`Glm4MoeLiteAttention`, `GlmMoeDsaAttention`), so the checkpoint adapter is a flat
+map; RoPE is interleaved (pairs (2i, 2i+1)) as in GLM-4.7-Flash and GLM-5, with the HF output layout
+[rotated evens | rotated odds] (a permutation applied to both q and k, so every dot product is that of the textbook
+interleaved RoPE).
 
 Shape legend: B batch, T new tokens (queries), S all keys (cached + new), H heads, D hidden, Q q_lora_rank,
 C kv_lora_rank (latent), N qk_nope_head_dim, R qk_rope_head_dim, V v_head_dim, K top-k.
@@ -69,8 +72,9 @@ class MLAttention(nn.Module):
     cos/sin: (B, T, R) as `glmstack.model.rope.rope_cos_sin(position_ids, qk_rope_head_dim, theta, dtype)` gives
     them (both halves equal; the first half holds one angle per rotated pair).
 
-    cfg: any object with the HF `glm_moe_dsa` field names (ModelConfig, or transformers' GlmMoeDsaConfig).
-    `use_indexer` adds DSA (default: when cfg has `index_topk`); `indexer_types` decides IndexShare (dsa.py).
+    cfg: any object with the HF `glm_moe_dsa` / `glm4_moe_lite` field names (ModelConfig, or transformers' configs).
+    `use_indexer` adds DSA (default: ModelConfig.has_dsa, else when cfg has `index_topk`); `indexer_types` decides
+    IndexShare (dsa.py).
     """
 
     def __init__(self, cfg, layer_idx: int, use_indexer: bool | None = None):
@@ -87,15 +91,20 @@ class MLAttention(nn.Module):
         self.sdpa = True  # plain path without a cache uses F.scaled_dot_product_attention; False: eager reference
         bias = bool(getattr(cfg, "attention_bias", False))
         D, H = cfg.hidden_size, self.n_heads
-        self.q_a_proj = nn.Linear(D, self.q_lora_rank, bias=bias)
-        self.q_a_layernorm = RMSNorm(self.q_lora_rank, 1e-6)  # eps 1e-6, not rms_norm_eps (as HF)
-        self.q_b_proj = nn.Linear(self.q_lora_rank, H * self.qk_dim, bias=False)
+        if self.q_lora_rank is None:  # no query latent: one full-rank projection, never biased (as HF)
+            self.q_proj = nn.Linear(D, H * self.qk_dim, bias=False)
+        else:
+            self.q_a_proj = nn.Linear(D, self.q_lora_rank, bias=bias)
+            self.q_a_layernorm = RMSNorm(self.q_lora_rank, 1e-6)  # eps 1e-6, not rms_norm_eps (as HF)
+            self.q_b_proj = nn.Linear(self.q_lora_rank, H * self.qk_dim, bias=False)
         self.kv_a_proj_with_mqa = nn.Linear(D, self.kv_lora_rank + self.rope_dim, bias=bias)
         self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, 1e-6)
         self.kv_b_proj = nn.Linear(self.kv_lora_rank, H * (self.nope_dim + self.v_dim), bias=False)
         self.o_proj = nn.Linear(H * self.v_dim, D, bias=bias)
         if use_indexer is None:
-            use_indexer = getattr(cfg, "index_topk", None) is not None
+            use_indexer = getattr(cfg, "has_dsa", getattr(cfg, "index_topk", None) is not None)
+        if use_indexer and self.q_lora_rank is None:
+            raise ValueError("the DSA indexer reads the query latent: it needs q_lora_rank")
         self.dsa = use_indexer
         full = is_full_indexer_layer(cfg, layer_idx)
         self.indexer = Indexer(cfg) if use_indexer and full else None
@@ -104,11 +113,16 @@ class MLAttention(nn.Module):
     # ------------------------------------------------------------------ projections
 
     def project(self, x_BTD, cos_BTR, sin_BTR):
-        """Queries (nope, rope) per head, the new latent c_kv and rope key, and q_resid for the indexer."""
+        """Queries (nope, rope) per head, the new latent c_kv and rope key, and q_resid for the indexer (None
+        without a query latent)."""
         B, T, _ = x_BTD.shape
         cos_BTr, sin_BTr = cos_BTR[..., : self.rope_dim // 2], sin_BTR[..., : self.rope_dim // 2]
-        q_resid_BTQ = self.q_a_layernorm(self.q_a_proj(x_BTD))
-        q_BHTd = self.q_b_proj(q_resid_BTQ).view(B, T, self.n_heads, self.qk_dim).transpose(1, 2)
+        if self.q_lora_rank is None:
+            q_resid_BTQ, q_BTX = None, self.q_proj(x_BTD)
+        else:
+            q_resid_BTQ = self.q_a_layernorm(self.q_a_proj(x_BTD))
+            q_BTX = self.q_b_proj(q_resid_BTQ)
+        q_BHTd = q_BTX.view(B, T, self.n_heads, self.qk_dim).transpose(1, 2)
         q_nope_BHTN, q_rope_BHTR = q_BHTd.split([self.nope_dim, self.rope_dim], dim=-1)
         q_rope_BHTR = apply_rope(q_rope_BHTR, cos_BTr[:, None], sin_BTr[:, None], self.interleave)
         ckv_BTc, k_rope_BTR = self.kv_a_proj_with_mqa(x_BTD).split([self.kv_lora_rank, self.rope_dim], dim=-1)
@@ -242,7 +256,8 @@ class MLAttention(nn.Module):
         """GLM-5 Muon Split (arXiv 2602.15763 §2.1): Muon orthogonalises each head's rows of the up-projections
         W_UQ (q_b_proj) and [W_UK ; W_UV] (kv_b_proj) as separate matrices, so heads update at their own scale.
         Read by glmstack.optim.groups (param-name suffix -> heads); OptimConfig.muon_split overrides (0 = off)."""
-        return {"q_b_proj.weight": self.n_heads, "kv_b_proj.weight": self.n_heads}
+        q_up = "q_proj.weight" if self.q_lora_rank is None else "q_b_proj.weight"
+        return {q_up: self.n_heads, "kv_b_proj.weight": self.n_heads}
 
     def cache_dims(self) -> tuple[int, int]:
         """(k, v) widths this layer stores through `cache.update` with H_kv = 1: latent, [rope key ; indexer key]."""

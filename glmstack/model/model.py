@@ -9,13 +9,14 @@ and the accounting methods (`num_params`, `flops_per_token`, `kv_cache_bytes_per
     out = model(input_ids, labels=labels)       # labels already shifted: labels[:, t] is the target of t
     out.loss.backward()
 
-The attention of layer i comes from `make_attention(cfg, i)`, keyed on `cfg.model_type`, so GLM-5's MLA/DSA
-plug in without touching the blocks.
+The attention of layer i comes from `make_attention(cfg, i)`, keyed on `cfg.model_type`, so GLM-4.7-Flash's MLA
+and GLM-5's MLA/DSA plug in without touching the blocks.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable
 
 import torch
@@ -32,7 +33,11 @@ from glmstack.model.mtp import MTPLayer, mtp_targets
 from glmstack.model.rope import rope_cos_sin
 
 # model_type -> attention class (cfg, layer_idx) -> module with forward(x, cos, sin, mask, cache)
-ATTENTION: dict[str, Callable[[ModelConfig, int], nn.Module]] = {"glm4_moe": Attention, "glm_moe_dsa": MLAttention}
+ATTENTION: dict[str, Callable[[ModelConfig, int], nn.Module]] = {
+    "glm4_moe": Attention,  # GLM-4.5/4.6/4.7: GQA
+    "glm4_moe_lite": partial(MLAttention, use_indexer=False),  # GLM-4.7-Flash: MLA, dense
+    "glm_moe_dsa": MLAttention,  # GLM-5: MLA + DSA indexer
+}
 
 
 def make_attention(cfg: ModelConfig, layer_idx: int) -> nn.Module:
