@@ -92,7 +92,7 @@ def experts_grouped_mm(x_TD, topk_idx_TK, topk_w_TK, w_gate_up_EFD, w_down_EDF):
     T, K = topk_idx_TK.shape
     flat_N = topk_idx_TK.reshape(-1)
     order_N = flat_N.argsort(stable=True)
-    offs_E = torch.bincount(flat_N, minlength=w_gate_up_EFD.shape[0]).cumsum(0).to(torch.int32)
+    offs_E = expert_counts(flat_N, w_gate_up_EFD.shape[0]).cumsum(0).to(torch.int32)
     x_ND = x_TD[order_N // K]
     gate_NF, up_NF = torch._grouped_mm(x_ND, w_gate_up_EFD.transpose(-2, -1), offs=offs_E).chunk(2, dim=-1)
     y_ND = torch._grouped_mm(F.silu(gate_NF) * up_NF, w_down_EDF.transpose(-2, -1), offs=offs_E)
@@ -100,6 +100,7 @@ def experts_grouped_mm(x_TD, topk_idx_TK, topk_w_TK, w_gate_up_EFD, w_down_EDF):
     return torch.bmm(topk_w_TK.to(y_TKD.dtype).unsqueeze(1), y_TKD).squeeze(1)  # (T, D)
 
 
+@torch.compiler.disable  # host-side counts: compiled, every new count pattern would be a recompile
 def experts_sorted(x_TD, topk_idx_TK, topk_w_TK, w_gate_up_EFD, w_down_EDF):
     """Same sort as experts_grouped_mm, then one matmul per expert on contiguous row blocks, the gate weights applied
     in sorted order and the K outputs summed by one index_add, with a hand-written backward (no zero-filled slice
@@ -173,6 +174,13 @@ def _swiglu(h_NF2: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def expert_counts(expert_N: torch.Tensor, n_experts: int) -> torch.Tensor:
+    """(E,) pairs per expert. Not torch.bincount: its output size depends on the data, which breaks a compiled
+    graph (torch.compile) at every MoE layer; this one's is always E."""
+    return expert_N.new_zeros(n_experts).scatter_add_(0, expert_N, torch.ones_like(expert_N))
+
+
+@torch.compiler.disable  # data-dependent loop over experts: the reference, not a compile target
 def experts_loop(x_TD, topk_idx_TK, topk_w_TK, w_gate_up_EFD, w_down_EDF):
     """The plain reference: for each expert, its tokens through its SwiGLU, weighted, added back."""
     out_TD = torch.zeros_like(x_TD)
@@ -204,7 +212,7 @@ class MoE(nn.Module):
         y_TD = self.experts(x_TD, idx_TK, w_TK)
         if self.shared_experts is not None:
             y_TD = y_TD + self.shared_experts(x_TD)
-        load_E = torch.bincount(idx_TK.reshape(-1), minlength=scores_TE.shape[1]).float()
+        load_E = expert_counts(idx_TK.reshape(-1), scores_TE.shape[1]).float()
         aux = sequence_balance_loss(scores_TE.view(B, T, -1), idx_TK.view(B, T, -1))
         return y_TD.view(B, T, D), aux, load_E
 

@@ -103,6 +103,7 @@ class TrainConfig:
     seed: int = 0  # init, data order and every RNG
     device: str = "auto"  # auto = cuda if available, else cpu
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # autocast dtype: auto = bf16 on GPU, fp32 on CPU
+    compile: Literal["auto", "on", "off"] = "auto"  # torch.compile each block's forward: auto = on GPU only
     optim: OptimConfig = field(default_factory=OptimConfig)  # optimiser
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)  # per-step tables
     data: DataConfig = field(default_factory=DataConfig)  # what to train on
@@ -113,7 +114,7 @@ class TrainConfig:
 
 
 # Fields that may differ between the config a checkpoint was written with and the one resuming from it.
-RESUME_MAY_CHANGE = ("steps", "ckpt.", "log.", "guard.", "device", "dist.", "data.path", "data.val_path")
+RESUME_MAY_CHANGE = ("steps", "ckpt.", "log.", "guard.", "device", "compile", "dist.", "data.path", "data.val_path")
 
 
 def resume_conflicts(old: dict, new: dict) -> list[str]:

@@ -93,7 +93,7 @@ def parallelize(model: nn.Module, dp: str, expert_parallel: bool = False, fill=N
         from torch.distributed.fsdp import fully_shard
 
         experts = {p for p in model.parameters() if _is_ep(p)}  # already split by expert parallel: not re-sharded
-        for block in _blocks(model):
+        for block in blocks(model):
             fully_shard(block, ignored_params=experts)
         fully_shard(model, ignored_params=experts)
     fill(model)
@@ -106,7 +106,7 @@ def parallelize(model: nn.Module, dp: str, expert_parallel: bool = False, fill=N
     return model
 
 
-def _blocks(model: nn.Module) -> list[nn.Module]:
+def blocks(model: nn.Module) -> list[nn.Module]:
     """The repeated blocks FSDP shards one by one: every child of a ModuleList (`layers`, `mtp`)."""
     return [b for m in model.modules() if isinstance(m, nn.ModuleList) for b in m]
 
