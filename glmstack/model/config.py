@@ -170,8 +170,10 @@ class ModelConfig:
         return self.num_mtp_depths or self.num_nextn_predict_layers
 
     def _mla_problems(self) -> list[str]:
-        p = [f"{k} must be > 0" for k in MLA_FIELDS[:5] if (getattr(self, k) or 0) <= 0
-             and not (k == "q_lora_rank" and self.q_lora_rank is None)]
+        sizes = {k: getattr(self, k) for k in MLA_FIELDS[:5]}
+        if self.q_lora_rank is None:  # no query latent: one q_proj
+            del sizes["q_lora_rank"]
+        p = [f"{k} must be > 0" for k, v in sizes.items() if v <= 0]
         if self.qk_rope_head_dim % 2:
             p.append("qk_rope_head_dim must be even")
         if self.num_key_value_heads != self.num_attention_heads:  # HF's MLA would repeat the decompressed heads

@@ -196,7 +196,7 @@ class GLM(nn.Module):
         out.expert_load = self._stack_loads(loads, x_BTD.device)
         if labels is not None:
             out.loss = self._total_loss(out, mtp_weight, aux_loss_weight)
-        if self.cfg.is_mla:  # the KL's gradient already flows through the attention outputs (dsa.attach_loss)
+        if self.cfg.has_dsa:  # the KL's gradient already flows through the attention outputs (dsa.attach_loss)
             out.indexer_loss = indexer_loss(self)
         return out
 

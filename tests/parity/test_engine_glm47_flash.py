@@ -11,7 +11,8 @@ PROMPTS = [[5, 17, 300, 2, 9, 41, 7], [11], [400, 3, 3, 8]]
 N_NEW = 12
 
 
-@pytest.fixture(scope="module", params=[{}, {"q_lora_rank": None, "first_k_dense_replace": 0}], ids=["base", "no_q_lora"])
+@pytest.fixture(scope="module", params=[{}, {"q_lora_rank": None, "first_k_dense_replace": 0}],
+                ids=["base", "no_q_lora"])
 def model(request):
     return GLM(ModelConfig.preset("tiny-glm47-flash", **request.param)).init_weights(seed=0).eval()
 

@@ -91,3 +91,17 @@ def test_sizes_on_meta():
     assert model.num_params(active=True, include_mtp=False, include_embeddings=False) == 3_262_374_656
     assert model.num_params(active=True, include_mtp=False) == 3_896_763_136
     assert model.kv_cache_bytes_per_token(include_mtp=False) == 47 * (512 + 64) * 2  # 54,144 B, bf16
+
+
+def test_training_loss_reaches_every_parameter():
+    """LM + MTP + balance loss through MLA and the MoE: every parameter gets a finite, non-zero gradient."""
+    import torch
+
+    model = GLM(ModelConfig.preset("tiny-glm47-flash")).init_weights(seed=0)
+    ids = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(0))
+    labels = torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], -100)], dim=1)
+    out = model(ids, labels=labels)
+    assert len(out.mtp_loss) == 1 and out.indexer_loss is None and out.expert_load.shape == (3, 8)
+    out.loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
