@@ -3,6 +3,7 @@
 import os
 import subprocess
 import tempfile
+import time
 
 import pytest
 
@@ -109,7 +110,18 @@ def test_timed_out_run_leaves_no_process_and_no_work_dir(mode, reachable_python)
         assert uids.uid_pids(r.uid) == []
     assert not [p for p in os.listdir("/proc") if p.isdigit() and _parent(p) == os.getpid()]
     assert r.work_dir is None or not os.path.exists(r.work_dir)
-    assert {d for d in set(os.listdir(tempfile.gettempdir())) - before if d.startswith("glmstack-sandbox")} == set()
+    assert _new_sandbox_dirs(before, f"glmstack-sandbox-{r.uid if r.uid is not None else 'u'}-") == set()
+
+
+def _new_sandbox_dirs(before: set, prefix: str, settle_s: float = 5.0) -> set:
+    """Work dirs with this prefix created since `before` that stay: under pytest-xdist another worker's sandbox
+    runs come and go in the same /tmp, so a dir counts as leaked only if it is still there after `settle_s`."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        new = {d for d in set(os.listdir(tempfile.gettempdir())) - before if d.startswith(prefix)}
+        if not new or time.monotonic() > deadline:
+            return new
+        time.sleep(0.2)
 
 
 def _parent(pid: str) -> int | None:
