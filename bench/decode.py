@@ -109,7 +109,15 @@ def engine_vs_hf(ours, hf, n: int, repeats: int, batches=(1, 8)) -> list[dict]:
     return rows
 
 
-GEMM_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::mv", "aten::addmv", "aten::_grouped_mm"}
+GEMM_OPS = {
+    "aten::mm",
+    "aten::addmm",
+    "aten::bmm",
+    "aten::mv",
+    "aten::addmv",
+    "aten::_grouped_mm",
+    "mkldnn::_linear_pointwise",
+}
 
 
 def gemm_ms_per_step(engine, prompts, n: int) -> float:

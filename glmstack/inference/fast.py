@@ -155,7 +155,8 @@ class _BlockPlan:
             self.w1, self.w2 = _expert_weights(mlp.experts, cache)
             self.dense_max = dense_max_tokens
             dense_ok = dense_max_tokens > HIT_LOOP_MAX_TOKENS and _bank_bytes(mlp.experts) <= EXPERT_COPY_MAX_BYTES
-            self.dense = _dense_weights(mlp.experts, cache) if dense_ok else None
+            self.dense = _dense_weights(mlp.experts, dense, cache) if dense_ok else None
+            self.shared_F = dense.down_proj.weight.shape[1] if dense else 0
 
     def __call__(self, x_BTD, rope, cache):
         x_BTD = x_BTD + self.attention(self.ln1(x_BTD), rope, cache)
@@ -179,10 +180,15 @@ class _BlockPlan:
         return x_B1D + self.ffn(self.ln2(x_B1D))
 
     def ffn(self, h_BTD):
-        y_BTD = _swiglu(h_BTD, *self.mlp) if self.mlp is not None else 0
-        if self.moe is not None:
-            y_BTD = moe_routed(self.moe.gate, h_BTD, self.w1, self.w2, self.dense, self.dense_max) + y_BTD
-        return y_BTD
+        if self.moe is None:
+            return _swiglu(h_BTD, *self.mlp)
+        B, T, D = h_BTD.shape
+        if self.dense is not None and HIT_LOOP_MAX_TOKENS < B * T <= self.dense_max:  # shared expert folded in
+            x_TD = h_BTD.reshape(B * T, D)
+            idx_TK, w_TK = route(self.moe.gate, x_TD)
+            return experts_dense(x_TD, idx_TK, w_TK, *self.dense, self.w1.shape[0], self.shared_F).view(B, T, D)
+        y_BTD = moe_routed(self.moe.gate, h_BTD, self.w1, self.w2)
+        return y_BTD + _swiglu(h_BTD, *self.mlp) if self.mlp is not None else y_BTD
 
     def attention(self, x_BTD, rope, cache):
         q_BTHK, k_BTGK, v_BTGK = self.project(x_BTD, rope)
@@ -321,33 +327,42 @@ def _bank_bytes(experts) -> int:
     return (p1.numel() + p2.numel()) * p1.element_size()
 
 
-def _dense_weights(experts, cache: dict):
-    """For experts_dense: gate_up as (E * 2F, D) and down as (D, E * F) F.linear weights, kept in `cache` (_cached);
-    where oneDNN runs, both prepacked for it."""
+def _dense_weights(experts, shared, cache: dict):
+    """For experts_dense: gate_up as (E * 2F + 2Fs, D) and down as (D, E * F + Fs) F.linear weights, the shared
+    expert's (gate, up; down) appended when there is one (`shared`: its MLP), kept in `cache` (_cached); where oneDNN
+    runs, both prepacked for it."""
     p1, p2 = experts.gate_up_proj, experts.down_proj
     E, D, F_ = p2.shape
+    extra = (shared.gate_proj.weight, shared.up_proj.weight, shared.down_proj.weight) if shared else ()
 
     def build():
-        w1_ND, w2_DN = p1.reshape(-1, D), p2.permute(1, 0, 2).reshape(D, E * F_)
+        w1_ND = torch.cat([p1.reshape(-1, D), *extra[:2]])
+        w2_DN = torch.cat([p2.permute(1, 0, 2).reshape(D, E * F_), *extra[2:]], dim=1)
         if not _onednn_ok(p1):
             return w1_ND, w2_DN
         pack = torch.ops.mkldnn._reorder_linear_weight
-        return pack(w1_ND, 8), pack(w2_DN.contiguous(), 8)
+        return pack(w1_ND, 8), pack(w2_DN, 8)
 
-    return _cached(cache, ("dense", id(experts)), (p1, p2), build)
+    return _cached(cache, ("dense", id(experts)), (p1, p2, *extra), build)
 
 
-def experts_dense(x_TD, idx_TK, w_TK, w1_ND, w2_DN, n_experts: int):
+def experts_dense(x_TD, idx_TK, w_TK, w1_ND, w2_DN, n_experts: int, shared_F: int = 0):
     """ALL experts on all tokens (w1 gate_up as (E * 2F, D), w2 down as (D, E * F): F.linear weights, or prepacked
     for oneDNN): one GEMM for gate+up, the SwiGLU weighted by the routing weights (0 where a token did not choose
     the expert), one GEMM for down — the sum over experts of w_e * down_e(h_e) is one (T, E*F) @ (E*F, D) product.
     3 kernels per layer instead of ~3E and no sort; the same weight bytes when most experts are hit, but E/K times
-    the expert FLOPs."""
+    the expert FLOPs. shared_F > 0: a shared expert of that width is appended to both (its gate and up rows after
+    the experts' in w1, its down columns in w2) and rides in the same two GEMMs with weight 1."""
     T, E = x_TD.shape[0], n_experts
-    gu_TE2F = _linear(x_TD, w1_ND).view(T, E, 2, -1)
+    gu_TN = _linear(x_TD, w1_ND)
+    n = gu_TN.shape[1] - 2 * shared_F
+    gu_TE2F = gu_TN[:, :n].view(T, E, 2, -1)
     wd_TE = torch.zeros(T, E, dtype=x_TD.dtype, device=x_TD.device).scatter_(1, idx_TK, w_TK.to(x_TD.dtype))
-    h_TEF = F.silu(gu_TE2F[:, :, 0]) * gu_TE2F[:, :, 1] * wd_TE[:, :, None]
-    return _linear(h_TEF.reshape(T, -1), w2_DN)
+    h_TN = (F.silu(gu_TE2F[:, :, 0]) * gu_TE2F[:, :, 1] * wd_TE[:, :, None]).view(T, -1)
+    if shared_F:
+        gate_TF, up_TF = gu_TN[:, n:].chunk(2, dim=-1)
+        h_TN = torch.cat([h_TN, F.silu(gate_TF) * up_TF], dim=-1)
+    return _linear(h_TN, w2_DN)
 
 
 def _linear(x, w):
@@ -362,10 +377,9 @@ def _rope(x_BTHK, cos_BT1K, sin_BT1K, rot_KK):
     return x_BTHK * cos_BT1K + torch.matmul(x_BTHK, rot_KK) * sin_BT1K
 
 
-def moe_routed(router, x_BTD, w1, w2, dense=None, dense_max: int = 0):
+def moe_routed(router, x_BTD, w1, w2):
     """The routed experts (w1 (E, D, 2F), w2 (E, F, D): the x @ w[e] layout); the caller adds the shared one.
-    dense: (gate_up (E * 2F, D), down (D, E * F)) for experts_dense, used above HIT_LOOP_MAX_TOKENS up to dense_max
-    tokens."""
+    (_BlockPlan.ffn takes experts_dense itself for HIT_LOOP_MAX_TOKENS < T <= dense_max.)"""
     B, T, D = x_BTD.shape
     x_TD = x_BTD.reshape(B * T, D)
     idx_TK, w_TK = route(router, x_TD)
@@ -374,8 +388,6 @@ def moe_routed(router, x_BTD, w1, w2, dense=None, dense_max: int = 0):
         y_TD = experts_one_token(x_TD, idx_TK, w_TK, w1, w2)
     elif N <= HIT_LOOP_MAX_TOKENS or not _grouped_mm_ok(x_TD):
         y_TD = experts_hit(x_TD, idx_TK, w_TK, w1, w2)
-    elif dense is not None and N <= dense_max:
-        y_TD = experts_dense(x_TD, idx_TK, w_TK, *dense, n_experts=w1.shape[0])
     else:  # many tokens hit most experts: one C++ grouped GEMM beats a Python loop over them
         y_TD = experts_grouped_t(x_TD, idx_TK, w_TK, w1, w2)
     return y_TD.view(B, T, D)

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import glmstack.inference.fast as fastpath
 from glmstack.inference import Engine, KVCache
@@ -30,6 +31,11 @@ def test_experts_hit_equals_loop_reference():
         pack = torch.ops.mkldnn._reorder_linear_weight
         packed = pack(w1_dense, 8), pack(w2_dense.contiguous(), 8)
         torch.testing.assert_close(experts_dense(x, idx, w, *packed, n_experts=8), ref)
+    # a shared expert (width 12) appended to both banks rides in the same GEMMs with weight 1
+    sg, su, sd = torch.randn(12, 16, generator=g), torch.randn(12, 16, generator=g), torch.randn(16, 12, generator=g)
+    shared = F.linear(F.silu(F.linear(x, sg)) * F.linear(x, su), sd)
+    w1_s, w2_s = torch.cat([w1_dense, sg, su]), torch.cat([w2_dense, sd], dim=1)
+    torch.testing.assert_close(experts_dense(x, idx, w, w1_s, w2_s, n_experts=8, shared_F=12), ref + shared)
 
 
 @torch.inference_mode()
