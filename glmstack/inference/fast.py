@@ -13,8 +13,11 @@ on CPU `torch._grouped_mm` walks every expert even when 4 of 16 got tokens. Here
   - routed experts: at one token the K chosen ones from a host list; at 2 tokens a loop over the hit experts
     (a host sync: free on CPU, cheap next to a forward on GPU); above that the grouped GEMM, on CPU over
     contiguous (E, D, 2F) / (E, F, D) copies of the banks kept across calls (see _expert_weights);
-    from 3 to 64 tokens, on CPU with oneDNN, experts_dense instead: all experts in 3 kernels per layer (4x the
-    FLOPs, but oneDNN's AVX-512 GEMMs on prepacked banks beat MKL's per-expert few-row ones; `dense_max_tokens`);
+    on CPU with oneDNN, from 3 to 64 tokens experts_dense instead: all experts (and the shared one) in 2 GEMMs
+    per layer (4x the FLOPs, but oneDNN's AVX-512 GEMMs on prepacked banks beat MKL's per-expert few-row ones;
+    `dense_max_tokens`), above that one oneDNN GEMM pair per hit expert (experts_packed);
+  - on CPU with oneDNN, the LM head and dense gate/up at 2+ rows and every projection at 16+ rows run on oneDNN
+    over prepacked copies (_Linear): ~2-3x MKL's AVX2 path on this AMD CPU at those sizes;
   - no aux loss, no expert-load counts; the LM head runs only on the positions the caller needs;
   - the speculative catch-up (mtp_step(last_B=)) computes K/V at every fed position but the query side, the
     MoE and the LM head only at the one position each row drafts from.
@@ -49,6 +52,7 @@ LINEAR_COPY_MAX_BYTES = 256 * 2**20  # per fused (D, N) projection copy (see _Li
 # outputs at least this wide run through oneDNN at 2+ rows (_Linear); measured on CPU (bench/decode.py): a win for
 # N = 4096 (the LM head) and 1536 (gate/up), a loss cold for N <= 384 (q/k/v, o, experts)
 ONEDNN_MIN_N = 1024
+ONEDNN_MIN_ROWS = 16  # and every projection from this many rows (prefills, big verify blocks): ~2x MKL there
 
 
 def supported(model) -> bool:
@@ -157,6 +161,8 @@ class _BlockPlan:
             dense_ok = dense_max_tokens > HIT_LOOP_MAX_TOKENS and _bank_bytes(mlp.experts) <= EXPERT_COPY_MAX_BYTES
             self.dense = _dense_weights(mlp.experts, dense, cache) if dense_ok else None
             self.shared_F = dense.down_proj.weight.shape[1] if dense else 0
+            packed_ok = _onednn_ok(mlp.experts.gate_up_proj) and _bank_bytes(mlp.experts) <= EXPERT_COPY_MAX_BYTES
+            self.packed = _packed_experts(mlp.experts, cache) if packed_ok else None
 
     def __call__(self, x_BTD, rope, cache):
         x_BTD = x_BTD + self.attention(self.ln1(x_BTD), rope, cache)
@@ -187,7 +193,7 @@ class _BlockPlan:
             x_TD = h_BTD.reshape(B * T, D)
             idx_TK, w_TK = route(self.moe.gate, x_TD)
             return experts_dense(x_TD, idx_TK, w_TK, *self.dense, self.w1.shape[0], self.shared_F).view(B, T, D)
-        y_BTD = moe_routed(self.moe.gate, h_BTD, self.w1, self.w2)
+        y_BTD = moe_routed(self.moe.gate, h_BTD, self.w1, self.w2, self.packed)
         return y_BTD + _swiglu(h_BTD, *self.mlp) if self.mlp is not None else y_BTD
 
     def attention(self, x_BTD, rope, cache):
@@ -264,15 +270,16 @@ class _Linear:
         tensors, ids = ws + [b for b in bs if b is not None], tuple(map(id, ws))
         self.w_DN, self.b_N = _cached(cache, ("linear", *ids), tensors, lambda: _fuse(ws, bs))
         self.parts = None
-        if self.w_DN.shape[1] >= ONEDNN_MIN_N and _onednn_ok(self.w_DN):
+        if _onednn_ok(self.w_DN):
             pack = torch.ops.mkldnn._reorder_linear_weight
             self.packed = _cached(cache, ("onednn", *ids), tensors, lambda: pack(self.w_DN.t().contiguous(), 8))
+            self.min_rows = 2 if self.w_DN.shape[1] >= ONEDNN_MIN_N else ONEDNN_MIN_ROWS
 
     def __call__(self, x):
         if self.parts is not None:
             ys = [F.linear(x, w, b) for w, b in self.parts]
             return ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
-        if self.packed is not None and x.numel() > x.shape[-1]:  # 2+ rows
+        if self.packed is not None and x.numel() >= self.min_rows * x.shape[-1]:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.b_N, "none", [], "")
         if self.b_N is None:
             return torch.matmul(x, self.w_DN)
@@ -320,6 +327,17 @@ def _expert_weights(experts, cache: dict):
     if w1_EDF.device.type != "cpu" or _bank_bytes(experts) > EXPERT_COPY_MAX_BYTES:
         return w1_EDF, w2_EFD
     return _cached(cache, id(experts), (p1, p2), lambda: (w1_EDF.contiguous(), w2_EFD.contiguous()))
+
+
+def _packed_experts(experts, cache: dict):
+    """Each expert's gate_up (2F, D) and down (D, F) prepacked for oneDNN (experts_packed), kept in `cache`."""
+    p1, p2 = experts.gate_up_proj, experts.down_proj
+    pack = torch.ops.mkldnn._reorder_linear_weight
+
+    def build():
+        return [pack(w, 64) for w in p1.unbind()], [pack(w, 64) for w in p2.unbind()]
+
+    return _cached(cache, ("packed", id(experts)), (p1, p2), build)
 
 
 def _bank_bytes(experts) -> int:
@@ -377,9 +395,10 @@ def _rope(x_BTHK, cos_BT1K, sin_BT1K, rot_KK):
     return x_BTHK * cos_BT1K + torch.matmul(x_BTHK, rot_KK) * sin_BT1K
 
 
-def moe_routed(router, x_BTD, w1, w2):
+def moe_routed(router, x_BTD, w1, w2, packed=None):
     """The routed experts (w1 (E, D, 2F), w2 (E, F, D): the x @ w[e] layout); the caller adds the shared one.
-    (_BlockPlan.ffn takes experts_dense itself for HIT_LOOP_MAX_TOKENS < T <= dense_max.)"""
+    (_BlockPlan.ffn takes experts_dense itself for HIT_LOOP_MAX_TOKENS < T <= dense_max.) packed: per-expert
+    oneDNN weights (_packed_experts), used from ONEDNN_MIN_ROWS tokens instead of the grouped GEMM."""
     B, T, D = x_BTD.shape
     x_TD = x_BTD.reshape(B * T, D)
     idx_TK, w_TK = route(router, x_TD)
@@ -388,6 +407,8 @@ def moe_routed(router, x_BTD, w1, w2):
         y_TD = experts_one_token(x_TD, idx_TK, w_TK, w1, w2)
     elif N <= HIT_LOOP_MAX_TOKENS or not _grouped_mm_ok(x_TD):
         y_TD = experts_hit(x_TD, idx_TK, w_TK, w1, w2)
+    elif packed is not None and N >= ONEDNN_MIN_ROWS:
+        y_TD = experts_packed(x_TD, idx_TK, w_TK, *packed)
     else:  # many tokens hit most experts: one C++ grouped GEMM beats a Python loop over them
         y_TD = experts_grouped_t(x_TD, idx_TK, w_TK, w1, w2)
     return y_TD.view(B, T, D)
@@ -427,6 +448,23 @@ def experts_grouped_t(x_TD, idx_TK, w_TK, w1_EDF, w2_EFD):
     wk_N1 = w_TK.reshape(-1)[order_N, None].to(x_TD.dtype)
     y_ND = torch._grouped_mm(F.silu(gate_NF) * up_NF * wk_N1, w2_EFD, offs=offs_E)
     return torch.zeros_like(x_TD).index_add_(0, tok_N, y_ND)
+
+
+def experts_packed(x_TD, idx_TK, w_TK, w1_E, w2_E):
+    """moe.experts_sorted with one oneDNN GEMM pair per hit expert on per-expert prepacked weights (w1_E[e] gate_up
+    (2F, D), w2_E[e] down (D, F)): ~2x MKL's grouped GEMM at the 16+ rows per expert of a prefill."""
+    K = idx_TK.shape[1]
+    flat_N, order_N = idx_TK.reshape(-1).sort(stable=True)
+    counts = torch.bincount(flat_N, minlength=len(w1_E)).tolist()  # host sync: free on CPU
+    tok_N = order_N // K
+    x_ND, wk_N1 = x_TD[tok_N], w_TK.reshape(-1)[order_N, None].to(x_TD.dtype)
+    outs, s = [], 0
+    for e, c in enumerate(counts):
+        if c:
+            gate_cF, up_cF = _linear(x_ND[s : s + c], w1_E[e]).chunk(2, dim=-1)
+            outs.append(_linear(F.silu(gate_cF) * up_cF * wk_N1[s : s + c], w2_E[e]))
+        s += c
+    return torch.zeros_like(x_TD).index_add_(0, tok_N, torch.cat(outs))
 
 
 def experts_hit(x_TD, idx_TK, w_TK, w1_EDF, w2_EFD):

@@ -6,7 +6,14 @@ import torch.nn.functional as F
 
 import glmstack.inference.fast as fastpath
 from glmstack.inference import Engine, KVCache
-from glmstack.inference.fast import FastForward, ReferenceForward, experts_dense, experts_grouped_t, experts_hit
+from glmstack.inference.fast import (
+    FastForward,
+    ReferenceForward,
+    experts_dense,
+    experts_grouped_t,
+    experts_hit,
+    experts_packed,
+)
 from glmstack.model import GLM, ModelConfig
 from glmstack.model.moe import experts_loop
 
@@ -31,6 +38,9 @@ def test_experts_hit_equals_loop_reference():
         pack = torch.ops.mkldnn._reorder_linear_weight
         packed = pack(w1_dense, 8), pack(w2_dense.contiguous(), 8)
         torch.testing.assert_close(experts_dense(x, idx, w, *packed, n_experts=8), ref)
+    if torch.backends.mkldnn.is_available():  # per-expert prepacked weights (experts_packed)
+        w1_E, w2_E = [pack(w_e, 8) for w_e in w1.unbind()], [pack(w_e, 8) for w_e in w2.unbind()]
+        torch.testing.assert_close(experts_packed(x, idx, w, w1_E, w2_E), ref)
     # a shared expert (width 12) appended to both banks rides in the same GEMMs with weight 1
     sg, su, sd = torch.randn(12, 16, generator=g), torch.randn(12, 16, generator=g), torch.randn(16, 12, generator=g)
     shared = F.linear(F.silu(F.linear(x, sg)) * F.linear(x, su), sd)
@@ -44,6 +54,7 @@ def test_experts_hit_equals_loop_reference():
 def test_forward_and_mtp_step_match_reference(model, dense_max_tokens, onednn_min_n, monkeypatch):
     if onednn_min_n is not None:
         monkeypatch.setattr(fastpath, "ONEDNN_MIN_N", onednn_min_n)
+        monkeypatch.setattr(fastpath, "ONEDNN_MIN_ROWS", 2)  # and experts_packed when not dense
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(1, 500, (2, 9), generator=g)
     start = torch.tensor([0, 3])  # row 1 left-padded
@@ -79,6 +90,7 @@ def test_engine_tokens_equal_with_onednn_projections(model, monkeypatch):
     prompts = [[5, 17, 300, 2, 9, 41, 7], [11], [400, 3, 3, 8]]
     off = Engine(model, fast=False).generate(prompts, 16, stop_ids=[]).tokens
     monkeypatch.setattr(fastpath, "ONEDNN_MIN_N", 0)  # every projection (and the head) through oneDNN at 2+ rows
+    monkeypatch.setattr(fastpath, "ONEDNN_MIN_ROWS", 2)  # and the routed experts above 2 tokens (experts_packed)
     engine = Engine(model, fast=True)
     assert engine.generate(prompts, 16, stop_ids=[]).tokens == off
     assert engine.generate(prompts, 16, stop_ids=[], speculative="mtp", draft_k=3).tokens == off
@@ -128,6 +140,8 @@ def test_engine_sees_in_place_updates_of_fused_projections(onednn_min_n, monkeyp
     stacked q/k-norm weights) must follow in-place updates and replaced weights too."""
     if onednn_min_n is not None:
         monkeypatch.setattr(fastpath, "ONEDNN_MIN_N", onednn_min_n)
+        monkeypatch.setattr(fastpath, "ONEDNN_MIN_ROWS", 2)  # and the routed experts (experts_packed)
+        monkeypatch.setattr(fastpath, "DENSE_MAX_TOKENS", 0)
     model = GLM(ModelConfig.preset("tiny")).init_weights(seed=3).eval()
     engine, prompts = Engine(model), [[3, 9, 27, 81], [5, 6]]
     before = engine.generate(prompts, 6, stop_ids=[]).tokens
@@ -142,6 +156,8 @@ def test_engine_sees_in_place_updates_of_fused_projections(onednn_min_n, monkeyp
             mlp = block.mlp.shared_experts if hasattr(block.mlp, "shared_experts") else block.mlp
             mlp.gate_proj.weight.mul_(-2.0)
             mlp.down_proj.weight.add_(0.01)
+            if hasattr(block.mlp, "experts"):
+                block.mlp.experts.gate_up_proj.mul_(-3.0)
         model.lm_head.weight.copy_(torch.randn_like(model.lm_head.weight) * 0.05)
     after = engine.generate(prompts, 6, stop_ids=[]).tokens
     assert after == Engine(model, fast=False).generate(prompts, 6, stop_ids=[]).tokens
