@@ -12,16 +12,15 @@ forward (p_j predicts the position of x_j; p_{k+1} the one after x_k):
 Greedy (temperature 0) is the same rule with one-hot p and q: accept while x_j == argmax p_j, then emit
 argmax p at the first mismatch. Shapes: B rows, K drafts, V vocabulary.
 
-Randomness: the K accept tests and the final draw take K + 1 uniforms per row, given by the caller (the engine
-passes each row's own stream, sampling.RowStreams, so a row's output does not depend on its batch) or drawn from
-a torch.Generator.
+Randomness: the K accept tests and the final draw take K + 1 draw keys per row from the caller (the engine passes
+each row's own stream, sampling.RowStreams, so a row's output does not depend on its batch), or a torch.Generator.
 """
 
 from __future__ import annotations
 
 import torch
 
-from glmstack.inference.sampling import Noise, sample_from_probs, uniforms
+from glmstack.inference.sampling import Noise, sample_from_probs, uniform_of
 
 
 def accept_greedy(draft_BK: torch.Tensor, target_logits_BKV: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -41,15 +40,18 @@ def accept_sampled(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (n_accepted (B,), next token (B,)) by the rejection rule; q (B, K, V), p (B, K+1, V) probabilities.
 
-    noise: uniforms (B, K + 1) — the K accept tests, then the draw of the next token — or a generator for them.
+    noise: draw keys (B, K + 1) — the K accept tests, then the draw of the next token — or a generator.
     """
     B, K = draft_BK.shape
     V = p_BKV.shape[-1]
-    u_BK1 = uniforms((B, K + 1), noise, p_BKV.device)
+    if isinstance(noise, torch.Tensor):
+        u_BK, next_noise = uniform_of(noise[:, :K]), noise[:, K]
+    else:
+        u_BK, next_noise = torch.rand(B, K, generator=noise, device=p_BKV.device), noise
     idx_BK1 = draft_BK[..., None]
     p_x_BK = p_BKV[:, :K].gather(-1, idx_BK1).squeeze(-1)
     q_x_BK = q_BKV.gather(-1, idx_BK1).squeeze(-1)
-    accept_BK = u_BK1[:, :K] * q_x_BK < p_x_BK  # u < p/q without dividing by a q that may underflow
+    accept_BK = u_BK * q_x_BK < p_x_BK  # u < p/q without dividing by a q that may underflow
     n_B = accept_BK.long().cumprod(1).sum(1)
     # distribution of the next token: residual at the first rejection, p_{k+1} when all were accepted
     at_BV = n_B[:, None, None].expand(B, 1, V)
@@ -59,5 +61,5 @@ def accept_sampled(
     mass_B1 = residual_BV.sum(-1, keepdim=True)
     # mass 0 only when p == q up to rounding, where a rejection has probability ~0; fall back to p
     residual_BV = torch.where(mass_B1 > 0, residual_BV / mass_B1.clamp_min(1e-30), p_n_BV)
-    next_B = sample_from_probs(residual_BV, u_BK1[:, K])
+    next_B = sample_from_probs(residual_BV, next_noise)
     return n_B, next_B

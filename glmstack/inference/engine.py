@@ -197,7 +197,7 @@ class Engine:
         alive = list(range(ids_BP.shape[0]))  # original row of each batch row (finished rows get dropped)
         steps, t0, pending, compactions = 0, time.perf_counter(), [], 0
         for step in range(rows.budget):  # every row is done after `budget` tokens at the latest
-            tok_B = sample(logits_BV, params, None if streams is None else streams.uniform(step)[:, 0])
+            tok_B = sample(logits_BV, params, None if streams is None else streams.keys(step)[:, 0])
             pending.append(tok_B)
             last = step == rows.budget - 1
             if len(pending) == sync_every or last:

@@ -11,19 +11,24 @@ Order of the transforms follows transformers' generate(): temperature, then top-
 exact match.
 
 Reproducibility per row: RL rollouts and evaluation need row b's sampled output to depend only on its prompt,
-its seed and the sampling parameters, not on the other rows of its batch. So a draw is an inverse-CDF lookup of
-a uniform u, and u comes from `RowStreams`: a counter-based generator (the idea of Philox / JAX's PRNG keys)
-where draw `lane` of step t of a row with seed s is a hash of (s, t, lane) — no state shared between rows, and
-dropping finished rows (Engine.compact) just drops their keys. `row_seeds` is the rule that gives each row its
-seed (docs/inference.md, "Seeds").
+its seed and the sampling parameters, not on the other rows of its batch. So every draw has a key from
+`RowStreams`, a counter-based generator (the idea of Philox / JAX's PRNG keys) where the key of draw `lane` at
+step t of the row with seed s is a hash of (s, t, lane): no state shared between rows, and dropping finished rows
+(Engine.compact) just drops their keys. A token is drawn by the exponential race (Gumbel-max: argmax p_i / E_i,
+the E_i iid exponentials hashed from the key and the token id), not by the inverse CDF of one uniform: there every
+token's interval moves when any token before it in the vocabulary changes probability, so the ~1e-6 float noise
+between a batched and a one-row forward flipped 1 draw in 20k on the bench model (docs/inference.md, Seeds), and
+more with a larger vocabulary; in the race a draw flips only when the top two scores are that close.
+`row_seeds` is the rule that gives each row its seed (docs/inference.md, "Seeds").
 
     from glmstack.inference.sampling import RowStreams, SamplingParams, row_seeds, sample
     streams = RowStreams(row_seeds(seed=0, seeds=None, n=B))
-    next_ids = sample(logits_BV, SamplingParams(temperature=0.7, top_p=0.9), streams.uniform(step)[:, 0])  # (B,)
+    next_ids = sample(logits_BV, SamplingParams(temperature=0.7, top_p=0.9), streams.keys(step)[:, 0])  # (B,)
 """
 
 from __future__ import annotations
 
+import functools
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -80,23 +85,32 @@ def probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return torch.softmax(filter_logits(logits, params), dim=-1)
 
 
-Noise = torch.Tensor | torch.Generator | None  # uniforms in [0, 1), or where to draw them from
+Noise = torch.Tensor | torch.Generator | None  # per-draw keys (RowStreams.keys), or a generator to draw from
 
 
-def uniforms(shape: Sequence[int], noise: Noise, device) -> torch.Tensor:
-    """`noise` itself when it is a tensor of uniforms, else fresh ones from that generator (None: torch's global)."""
+def uniform_of(key: torch.Tensor) -> torch.Tensor:
+    """Keys (32-bit values held in int64) -> uniforms in (0, 1), float32 (the top 24 bits, centred: never 0 or 1)."""
+    return ((key >> 8).float() + 0.5) * 2.0**-24
+
+
+@functools.lru_cache(maxsize=8)
+def _token_salt(V: int, device: str) -> torch.Tensor:
+    """(V,) distinct 32-bit values, one per token id (odd multiplier: a bijection mod 2^32)."""
+    return (torch.arange(V, device=device) * 0x9E3779B1) & M32
+
+
+def exponentials(shape: Sequence[int], noise: Noise, device) -> torch.Tensor:
+    """(..., V) iid standard exponentials: hashed from per-draw keys (...) and the token id, or drawn from a
+    generator (None: torch's global one)."""
     if isinstance(noise, torch.Tensor):
-        return noise
-    return torch.rand(tuple(shape), generator=noise, device=device)
+        return -torch.log(uniform_of(_mix32(_token_salt(shape[-1], str(device)) ^ noise[..., None])))
+    return torch.empty(tuple(shape), device=device).exponential_(generator=noise)
 
 
 def sample_from_probs(p: torch.Tensor, noise: Noise = None) -> torch.Tensor:
-    """One draw per row of (..., V) probabilities -> (...) long, by inverse CDF: the first token whose cumulative
-    mass exceeds u * total. Tokens of probability 0 are never drawn. noise: u shaped (...), or see `uniforms`."""
-    u = uniforms(p.shape[:-1], noise, p.device).float()
-    cdf = p.float().cumsum(-1)  # (..., V), nondecreasing, so a token of mass 0 never has cdf above its left one
-    # for float32 u < 1 (so u <= 1 - 2^-24) the rounded u * total stays below total: the pick is a token with mass
-    return torch.searchsorted(cdf, u[..., None] * cdf[..., -1:], right=True).squeeze(-1)
+    """One draw per row of (..., V) probabilities -> (...) long by the exponential race: argmax p_i / E_i wins with
+    probability p_i / sum(p) (what torch.multinomial does for one sample); tokens of probability 0 never win."""
+    return (p.float() / exponentials(p.shape, noise, p.device)).argmax(-1)
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, noise: Noise = None) -> torch.Tensor:
@@ -142,13 +156,14 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
 
 
 class RowStreams:
-    """One random stream per row: uniform(step) -> (B, lanes) float32 in [0, 1), a pure function of
-    (the row's seed, step, lane).
+    """One random stream per row: keys(step) -> (B, lanes) draw keys (32-bit values in int64), a pure function
+    of (the row's seed, step, lane).
 
-    Counter-based: draw `lane` of `step` for the row with key k is hash(k, step * lanes + lane), three rounds of
-    `_mix32` keyed by the key's two halves (for one key, distinct counters give distinct 32-bit values); its top
-    24 bits are u. A row's draws therefore do not depend on which rows share its batch, on dropped rows or on the
-    order of the calls. Steps are hashed `block` at a time (a few dozen tensor ops per block, none per step).
+    Counter-based: the key of draw `lane` at `step` for the row whose seed hashes to k is hash(k, step * lanes +
+    lane), three rounds of `_mix32` keyed by k's two halves (for one seed, distinct counters give distinct keys).
+    A key becomes a uniform (`uniform_of`) or V exponentials (`exponentials`). A row's draws therefore do not depend
+    on which rows share its batch, on dropped rows or on the order of the calls. Steps are hashed `block` at a time
+    (a few dozen tensor ops per block, none per step).
     """
 
     def __init__(self, seeds: Sequence[int], lanes: int = 1, device=None, block: int = 64):
@@ -156,25 +171,24 @@ class RowStreams:
         self.lo_B1 = torch.tensor([k & M32 for k in keys], dtype=torch.long, device=device)[:, None]
         self.hi_B1 = torch.tensor([k >> 32 for k in keys], dtype=torch.long, device=device)[:, None]
         self.lanes, self.block = lanes, block
-        self._first, self._u_BSL = -1, None  # the hashed block: steps [_first, _first + block)
+        self._first, self._keys_BSL = -1, None  # the hashed block: steps [_first, _first + block)
 
-    def uniform(self, step: int) -> torch.Tensor:
-        """The draws of `step`, (B, lanes)."""
+    def keys(self, step: int) -> torch.Tensor:
+        """The draw keys of `step`, (B, lanes)."""
         first = step - step % self.block
         if first != self._first:
-            self._u_BSL, self._first = self._hash(first), first
-        return self._u_BSL[:, step - first]
+            self._keys_BSL, self._first = self._hash(first), first
+        return self._keys_BSL[:, step - first]
 
     def keep_rows(self, idx: torch.Tensor) -> None:
         """Keep rows idx (in this order), as KVCache.keep_rows; their streams are unchanged."""
         self.lo_B1, self.hi_B1 = self.lo_B1[idx], self.hi_B1[idx]
-        if self._u_BSL is not None:
-            self._u_BSL = self._u_BSL[idx]
+        if self._keys_BSL is not None:
+            self._keys_BSL = self._keys_BSL[idx]
 
     def _hash(self, first: int) -> torch.Tensor:
         L, S, dev = self.lanes, self.block, self.lo_B1.device
         x = torch.arange(first * L, (first + S) * L, device=dev)[None] & M32  # (1, S*L) counters
         for key_B1 in (self.lo_B1, self.hi_B1, self.lo_B1):
             x = _mix32(x ^ key_B1)
-        u = (x >> 8).float() * 2.0**-24  # 24 bits: exact in float32, at most 1 - 2^-24
-        return u.view(-1, S, L)
+        return x.view(-1, S, L)

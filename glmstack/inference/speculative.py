@@ -18,7 +18,7 @@ predicts x_{t+2}. One step:
      drafted positions; the n + 1 confirmed (h, x) pairs are the next step's catch-up input.
 Rows accept different n, so rows run at different lengths: the cache keeps per-row lengths.
 Stats: mean accepted length per verify step (tau = n + 1) and the acceptance rate at each depth (P(n >= j)).
-Randomness (sampling): round 0 (prefill) and each verify round i take the row streams' draws of step i, 2k + 1
+Randomness (sampling): round 0 (prefill) and each verify round i take the row streams' draw keys of step i, 2k + 1
 lanes: lane j < k drafts d_{j+1}, lanes k..2k the k accept tests and the next token (accept.accept_sampled). Rows
 run their rounds in lockstep whatever the batch, so a row's sampled output does not depend on the other rows.
 Shape legend: B rows, K drafts, T positions, D hidden, V vocabulary.
@@ -36,7 +36,7 @@ from glmstack.inference.sampling import probs, sample_from_probs
 
 
 def lanes(k: int) -> int:
-    """Uniforms one row takes per round: k drafts, k accept tests, the next token."""
+    """Draws one row takes per round: k drafts, k accept tests, the next token."""
     return 2 * k + 1
 
 
@@ -64,14 +64,14 @@ class _Draft:
         self.cache.rewind(T - self.keep, layers=[self.cache_idx(layer)])  # drop the ragged padding columns
         return g_BD, logits_BV
 
-    def _pick(self, logits_BV, u_B):
+    def _pick(self, logits_BV, key_B):
         if self.params.greedy:
             return logits_BV.argmax(-1), None
         q_BV = probs(logits_BV, self.params)
-        return sample_from_probs(q_BV, u_B), q_BV
+        return sample_from_probs(q_BV, key_B), q_BV
 
-    def draft(self, u_BL=None):
-        """-> drafts (B, K), draft probabilities (B, K, V) or None when greedy; u_BL: this round's uniforms."""
+    def draft(self, keys_BL=None):
+        """-> drafts (B, K), draft probabilities (B, K, V) or None when greedy; keys_BL: this round's draw keys."""
         fed, spec_writes = set(), {}
         last_pos_B = self.pos.gather(1, (self.count - 1)[:, None]).squeeze(1)
         drafts, qs = [], []
@@ -86,7 +86,7 @@ class _Draft:
                 g_B1D, logits_B1V = self.run.mtp_step(layer, drafts[-1][:, None], g_BD[:, None], pos_B1, self.cache)
                 g_BD, logits_BV = g_B1D[:, 0], logits_B1V[:, 0]
                 spec_writes[layer] = spec_writes.get(layer, 0) + 1
-            d_B, q_BV = self._pick(logits_BV, None if u_BL is None else u_BL[:, j])
+            d_B, q_BV = self._pick(logits_BV, None if keys_BL is None else keys_BL[:, j])
             drafts.append(d_B)
             qs.append(q_BV)
         for layer, n in spec_writes.items():  # drafted positions never stay in the MTP caches
@@ -107,7 +107,7 @@ def mtp_decode(
     B, P = ids_BP.shape
     main_layers = range(cfg.num_hidden_layers)
     drafter = _Draft(run, cfg, cache, params, k)
-    draws = (lambda i: None) if params.greedy else streams.uniform  # round i -> (B, 2k + 1) uniforms
+    draws = (lambda i: None) if params.greedy else streams.keys  # round i -> (B, 2k + 1) draw keys
     dev = ids_BP.device
     # ---- prefill: the main model over the prompt, first token from its last position
     t0 = time.perf_counter()
@@ -127,14 +127,14 @@ def mtp_decode(
     arange_K1 = torch.arange(k + 1, device=dev)
     while not rows.all_done:
         rnd += 1
-        u_BL = draws(rnd)
-        d_BK, q_BKV = drafter.draft(u_BL)
+        keys_BL = draws(rnd)
+        d_BK, q_BKV = drafter.draft(keys_BL)
         pos_BK1 = (cache.lengths(0) - start_B)[:, None] + arange_K1
         logits_BKV, hidden_BKD = run.forward(torch.cat([x_B[:, None], d_BK], 1), pos_BK1, cache)
         if q_BKV is None:
             n_B, x_B = accept_greedy(d_BK, logits_BKV)
         else:
-            n_B, x_B = accept_sampled(d_BK, q_BKV, probs(logits_BKV, params), u_BL[:, k:])
+            n_B, x_B = accept_sampled(d_BK, q_BKV, probs(logits_BKV, params), keys_BL[:, k:])
         # finished rows ride along in the batch until all are done; they keep nothing of a step, so their caches
         # and positions stop growing (a row that finished early could otherwise outgrow the preallocated cache)
         active_B = torch.tensor([rows.active(b) for b in range(B)], device=dev)
@@ -159,5 +159,5 @@ def mtp_decode(
     )
 
 
-def _sample_one(logits_BV, params, u_BL):
-    return logits_BV.argmax(-1) if params.greedy else sample_from_probs(probs(logits_BV, params), u_BL[:, 0])
+def _sample_one(logits_BV, params, keys_BL):
+    return logits_BV.argmax(-1) if params.greedy else sample_from_probs(probs(logits_BV, params), keys_BL[:, 0])

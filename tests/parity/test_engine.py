@@ -25,7 +25,7 @@ def naive(model, prompt, n, params=None, seed=None):
     ids = list(prompt)
     for t in range(n):
         logits = model(torch.tensor([ids])).logits[:, -1]
-        ids.append(int(sample(logits, params, streams and streams.uniform(t)[:, 0])[0]))
+        ids.append(int(sample(logits, params, streams and streams.keys(t)[:, 0])[0]))
     return ids[len(prompt) :]
 
 
