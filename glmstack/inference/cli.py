@@ -33,8 +33,8 @@ def _common(ap: argparse.ArgumentParser, temperature: float, top_p: float, max_n
         "--seed",
         type=int,
         default=None,
-        help="sampling seed: the b-th --prompt samples with SEED + b, so its output depends only on its prompt, its "
-        "seed and the sampling options, not on the other prompts (default: random)",
+        help="sampling seed (default: random); with several --prompt the b-th samples with SEED + b, so each output "
+        "depends only on its prompt, its seed and the sampling options, not on the other prompts",
     )
     ap.add_argument("--speculative", choices=["none", "mtp"], default="none", help="MTP speculative decoding")
     ap.add_argument("--draft", type=int, default=2, help="draft tokens per verify step with --speculative mtp")
