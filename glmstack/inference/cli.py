@@ -71,7 +71,7 @@ def _style(args, engine) -> str:
     template = (getattr(engine.tokenizer, "_config", None) or {}).get("chat_template") or ""
     if template:
         return "glm-4.7" if "clear_thinking" in template else "glm-4.5"
-    return "glm-4.7" if engine.cfg.model_type == "glm_moe_dsa" else "glm-4.5"
+    return "glm-4.7" if engine.cfg.model_type in ("glm_moe_dsa", "glm4_moe_lite") else "glm-4.5"  # GLM-5, 4.7-Flash
 
 
 def _print_stats(stats: dict) -> None:
