@@ -17,7 +17,9 @@ on CPU `torch._grouped_mm` walks every expert even when 4 of 16 got tokens. Here
     per layer (4x the FLOPs, but oneDNN's AVX-512 GEMMs on prepacked banks beat MKL's per-expert few-row ones;
     `dense_max_tokens`), above that one oneDNN GEMM pair per hit expert (experts_packed);
   - on CPU with oneDNN, the LM head and dense gate/up at 2+ rows and every projection at 16+ rows run on oneDNN
-    over prepacked copies (_Linear): ~2-3x MKL's AVX2 path on this AMD CPU at those sizes;
+    over prepacked copies (_Linear): 1.5-3x MKL's AVX2 path on this AMD CPU at those sizes. The price is memory:
+    up to three copies of each expert bank (x @ w[e] layout, dense-packed, per-expert-packed) and two of each
+    projection, each capped at EXPERT_COPY_MAX_BYTES / LINEAR_COPY_MAX_BYTES (above the cap: no copy, slower path);
   - no aux loss, no expert-load counts; the LM head runs only on the positions the caller needs;
   - the speculative catch-up (mtp_step(last_B=)) computes K/V at every fed position but the query side, the
     MoE and the LM head only at the one position each row drafts from.
@@ -45,7 +47,7 @@ HIT_LOOP_MAX_TOKENS = 2  # measured on CPU (bench/decode.py): the hit-expert loo
 # experts_dense for HIT_LOOP_MAX_TOKENS < T <= this many tokens where oneDNN runs it (CPU; else off). On MKL it lost
 # at every size tried (2..40 tokens, 1.3-1.9x slower per step, docs/inference.md): it does E/K = 4x the expert FLOPs
 # and MKL's few-row GEMMs are slow here; oneDNN's on prepacked banks win from ~4 to 40+ tokens and lose at 256
-# (a prefill) to the grouped GEMM. Unmeasured on GPU.
+# (a prefill) to a GEMM pair per hit expert. Unmeasured on GPU.
 DENSE_MAX_TOKENS = 64
 EXPERT_COPY_MAX_BYTES = 256 * 2**20
 LINEAR_COPY_MAX_BYTES = 256 * 2**20  # per fused (D, N) projection copy (see _Linear)
