@@ -33,13 +33,19 @@ import torch
 
 
 def matmul_peak_gflops(n: int = 1024, repeats: int = 10) -> float:
-    """Best fp32 GEMM rate (CPU time) over a few tries: the ceiling any model step can approach here."""
+    """Best fp32 GEMM rate (CPU time) over a few tries, of torch.mm (MKL) and oneDNN (what glmstack's GEMMs use
+    on CPU, glmstack/model/gemm.py; on AMD CPUs it runs AVX-512 where MKL runs AVX2): the ceiling any model step
+    can approach here."""
     a, b = torch.randn(n, n), torch.randn(n, n)
+    kernels = [lambda: a @ b]
+    if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        kernels.append(lambda: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], ""))
     best = float("inf")
-    for _ in range(repeats):
-        t = time.process_time()
-        a @ b
-        best = min(best, (time.process_time() - t) / torch.get_num_threads())
+    for kernel in kernels:
+        for _ in range(repeats):
+            t = time.process_time()
+            kernel()
+            best = min(best, (time.process_time() - t) / torch.get_num_threads())
     return 2 * n**3 / best / 1e9
 
 

@@ -25,7 +25,7 @@ import torch
 from model_throughput import build_models, keep_heap
 from torch.utils._python_dispatch import TorchDispatchMode
 
-GEMMS = ("mm", "addmm", "addmm_", "bmm", "_grouped_mm")
+GEMMS = ("mm", "addmm", "addmm_", "bmm", "_grouped_mm", "_linear_pointwise")  # the last: oneDNN (model/gemm.py)
 
 
 class CpuTimer(TorchDispatchMode):

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from glmstack.model.gemm import Linear
 from glmstack.model.layers import RMSNorm
 from glmstack.model.rope import apply_partial_rope
 
@@ -28,10 +29,10 @@ class Attention(nn.Module):
         self.layer_idx = layer_idx  # index into the KV cache (MTP layers continue after the trunk)
         self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         d, bias = cfg.hidden_size, cfg.attention_bias
-        self.q_proj = nn.Linear(d, self.n_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(d, self.n_kv * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(d, self.n_kv * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.n_heads * self.head_dim, d, bias=False)
+        self.q_proj = Linear(d, self.n_heads * self.head_dim, bias=bias)
+        self.k_proj = Linear(d, self.n_kv * self.head_dim, bias=bias)
+        self.v_proj = Linear(d, self.n_kv * self.head_dim, bias=bias)
+        self.o_proj = Linear(self.n_heads * self.head_dim, d, bias=False)
         if cfg.use_qk_norm:
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from glmstack.model.gemm import Linear
 from glmstack.model.indexer_loss import indexer_kl, topk_recall
 
 MODES = ("dense", "select", "warmup", "sparse")
@@ -106,10 +107,10 @@ class Indexer(nn.Module):
         self.n_heads, self.head_dim = cfg.index_n_heads, cfg.index_head_dim
         self.rope_dim, self.topk = cfg.qk_rope_head_dim, cfg.index_topk
         self.interleave = bool(getattr(cfg, "indexer_rope_interleave", True))
-        self.wq_b = nn.Linear(cfg.q_lora_rank, self.n_heads * self.head_dim, bias=False)
-        self.wk = nn.Linear(D, self.head_dim, bias=False)
+        self.wq_b = Linear(cfg.q_lora_rank, self.n_heads * self.head_dim, bias=False)
+        self.wk = Linear(D, self.head_dim, bias=False)
         self.k_norm = nn.LayerNorm(self.head_dim, eps=1e-6)
-        self.weights_proj = nn.Linear(D, self.n_heads, bias=False)
+        self.weights_proj = Linear(D, self.n_heads, bias=False)
         self.weights_proj.keep_fp32 = True  # HF keeps it fp32 (`_keep_in_fp32_modules`); GLM.cast respects this
         self.scale = self.head_dim**-0.5
         self.mode = "select"

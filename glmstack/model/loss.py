@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from glmstack.model import gemm
+
 CHUNK_ELEMENTS = 2**20  # fp32 logits per chunk (4 MiB: reused from the heap, no page faults; 256 rows at V=4096)
 MIN_CHUNK_ROWS = 256  # but never fewer rows than this: the head's GEMMs stay large at real vocabularies (151k)
 
@@ -63,7 +65,7 @@ def _chunked(h_ND, w_VD, labels_N, grads: bool):
     step = max(MIN_CHUNK_ROWS, CHUNK_ELEMENTS // V)
     for a in range(0, N, step):
         b = min(a + step, N)
-        z_nV = (h_ND[a:b] @ w_VD.t()).float()
+        z_nV = gemm.mm(h_ND[a:b], w_VD.t()).float()
         tgt_n, w_n = target_N[a:b], row_w_N[a:b]
         picked_n = z_nV.gather(1, tgt_n[:, None]).squeeze(1)
         m_n1 = z_nV.amax(1, keepdim=True)
@@ -74,12 +76,8 @@ def _chunked(h_ND, w_VD, labels_N, grads: bool):
             z_nV.mul_(w_n[:, None] / s_n1)
             z_nV.scatter_add_(1, tgt_n[:, None], -w_n[:, None])
             g_nV = z_nV.to(h_ND.dtype)
-            torch.mm(g_nV, w_VD, out=dh_ND[a:b])
-            if dw_VD is None:
-                dw_VD = (g_nV.t() @ h_ND[a:b]).float()  # chunks summed in fp32
-            elif g_nV.dtype == torch.float32:
-                dw_VD.addmm_(g_nV.t(), h_ND[a:b])
-            else:
-                dw_VD += g_nV.t() @ h_ND[a:b]
+            gemm.mm(g_nV, w_VD, out=dh_ND[a:b])
+            dw_nVD = gemm.mm_tn(g_nV, h_ND[a:b]).float()  # chunks summed in fp32
+            dw_VD = dw_nVD if dw_VD is None else dw_VD.add_(dw_nVD)
     loss = total / n_valid
     return loss, dh_ND, (dw_VD.to(w_VD.dtype) if grads else None)

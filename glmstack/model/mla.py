@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from glmstack.model.gemm import Linear
 from glmstack.model.attention import causal_mask
 from glmstack.model.dsa import Indexer, is_full_indexer_layer, sparse_mask
 from glmstack.model.layers import RMSNorm
@@ -92,15 +93,15 @@ class MLAttention(nn.Module):
         bias = bool(getattr(cfg, "attention_bias", False))
         D, H = cfg.hidden_size, self.n_heads
         if self.q_lora_rank is None:  # no query latent: one full-rank projection, never biased (as HF)
-            self.q_proj = nn.Linear(D, H * self.qk_dim, bias=False)
+            self.q_proj = Linear(D, H * self.qk_dim, bias=False)
         else:
-            self.q_a_proj = nn.Linear(D, self.q_lora_rank, bias=bias)
+            self.q_a_proj = Linear(D, self.q_lora_rank, bias=bias)
             self.q_a_layernorm = RMSNorm(self.q_lora_rank, 1e-6)  # eps 1e-6, not rms_norm_eps (as HF)
-            self.q_b_proj = nn.Linear(self.q_lora_rank, H * self.qk_dim, bias=False)
-        self.kv_a_proj_with_mqa = nn.Linear(D, self.kv_lora_rank + self.rope_dim, bias=bias)
+            self.q_b_proj = Linear(self.q_lora_rank, H * self.qk_dim, bias=False)
+        self.kv_a_proj_with_mqa = Linear(D, self.kv_lora_rank + self.rope_dim, bias=bias)
         self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, 1e-6)
-        self.kv_b_proj = nn.Linear(self.kv_lora_rank, H * (self.nope_dim + self.v_dim), bias=False)
-        self.o_proj = nn.Linear(H * self.v_dim, D, bias=bias)
+        self.kv_b_proj = Linear(self.kv_lora_rank, H * (self.nope_dim + self.v_dim), bias=False)
+        self.o_proj = Linear(H * self.v_dim, D, bias=bias)
         if use_indexer is None:
             use_indexer = getattr(cfg, "has_dsa", getattr(cfg, "index_topk", None) is not None)
         if use_indexer and self.q_lora_rank is None:

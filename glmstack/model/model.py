@@ -22,6 +22,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from glmstack.model.gemm import Linear
 from glmstack.model.attention import Attention, segment_mask
 from glmstack.model.config import ModelConfig
 from glmstack.model.dsa import apply_dsa_stage, indexer_loss
@@ -97,7 +98,7 @@ class GLM(nn.Module):
             self.layers = nn.ModuleList(
                 Block(cfg, i, cfg.is_moe_layer(i)) for i in range(cfg.num_hidden_layers))
             self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
             n = cfg.num_hidden_layers
             self.mtp = nn.ModuleList(
                 MTPLayer(cfg, Block(cfg, n + d, moe=True)) for d in range(cfg.num_nextn_predict_layers))

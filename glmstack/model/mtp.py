@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from glmstack.model.gemm import Linear
 from glmstack.model.layers import RMSNorm
 
 
@@ -24,7 +25,7 @@ class MTPLayer(nn.Module):
         d = cfg.hidden_size
         self.enorm = RMSNorm(d, cfg.rms_norm_eps)
         self.hnorm = RMSNorm(d, cfg.rms_norm_eps)
-        self.eh_proj = nn.Linear(2 * d, d, bias=False)
+        self.eh_proj = Linear(2 * d, d, bias=False)
         self.block = block  # a full MoE decoder block (HF: the rest of model.layers.{num_hidden_layers + d})
         self.final_norm = RMSNorm(d, cfg.rms_norm_eps)  # HF: shared_head.norm
 
