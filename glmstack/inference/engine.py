@@ -104,7 +104,8 @@ class Engine:
         self.device = next(model.parameters()).device
         self.fast = fast and supported(model)
         self._expert_cache: dict = {}  # fast path: CPU expert-bank copies, remade when the weights change
-        # fast path: all experts densely on blocks of up to this many tokens (None: fast.DENSE_MAX_TOKENS, off)
+        # fast path: all experts densely on blocks of up to this many tokens (None: fast.DENSE_MAX_TOKENS, 64, where
+        # oneDNN runs it on CPU; 0 elsewhere)
         self.dense_max_tokens: int | None = None
         # generate() reads new tokens back to the host every `sync_every` steps (stop checks); on a GPU that
         # read is a sync that stalls the launch queue, on a CPU it is free. stream() always reads every step.
