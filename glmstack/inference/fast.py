@@ -92,8 +92,7 @@ class FastForward:
         self.blocks = [_BlockPlan(b, cache, dense) for b in model.layers]
         self.mtp = [
             (
-                _norm(m.enorm),
-                _norm(m.hnorm),
+                _in_norms(m.enorm, m.hnorm),
                 _Linear(cache, m.eh_proj),
                 _BlockPlan(m.block, cache, dense),
                 _norm(m.final_norm),
@@ -101,6 +100,9 @@ class FastForward:
             for m in model.mtp_by_depth()
         ]
         self.embed, self.norm, self.head = model.embed_tokens.weight, _norm(model.norm), _Linear(cache, model.lm_head)
+        # The MTP steps' head reads the verify's oneDNN copy of the LM head even at one row: the verify (k + 1 rows,
+        # oneDNN) has just pulled that copy into the cache, where MKL's (D, N) copy has been evicted by then
+        self.mtp_head = _Linear(cache, model.lm_head, min_rows=1)
 
     def rope(self, position_ids_BT):
         """-> (cos, sin, rot): (B, T, 1, Dh) tables for the (B, T, H, Dh) layout, and the rotation matrix."""
@@ -118,18 +120,18 @@ class FastForward:
     def mtp_step(self, layer: int, next_ids_BT, hidden_BTD, position_ids_BT, cache, last_B=None):
         """GLM.mtp_step on the fast blocks: -> (normed hidden (B, T, D), logits (B, T, V)).
 
-        With last_B (B,): -> (hidden (B, D), logits (B, V)) at that position of each row only. Speculative catch-up
-        feeds the k + 1 confirmed positions but drafts from the last one: the other positions need only their
-        K/V in the cache, so the query side, the MoE and the LM head run on one position (_BlockPlan.last_only)."""
-        enorm, hnorm, eh_proj, block, final_norm = self.mtp[layer]
-        emb_BTD = F.embedding(next_ids_BT, self.embed)
-        x_BTD = eh_proj(torch.cat([enorm(emb_BTD), hnorm(hidden_BTD)], dim=-1))
+        With last_B (B,): -> (hidden (B, D), logits (B, V)) at that position of each row only (an int: the same
+        column of every row). Speculative catch-up feeds the confirmed positions but drafts from the last one: the
+        others need only their K/V in the cache, so the query side, the MoE and the LM head run on one position
+        (_BlockPlan.last_only)."""
+        in_norms, eh_proj, block, final_norm = self.mtp[layer]
+        x_BTD = eh_proj(in_norms(F.embedding(next_ids_BT, self.embed), hidden_BTD))
         if last_B is None or x_BTD.shape[1] == 1:  # one position: nothing to skip
             h_BTD = final_norm(block(x_BTD, self.rope(position_ids_BT), cache))
             h_BTD = h_BTD if last_B is None else h_BTD[:, 0]
-            return h_BTD, self.head(h_BTD)
+            return h_BTD, self.mtp_head(h_BTD)
         h_BD = final_norm(block.last_only(x_BTD, last_B, self.rope(position_ids_BT), cache)[:, 0])
-        return h_BD, self.head(h_BD)
+        return h_BD, self.mtp_head(h_BD)
 
 
 def _norm(norm):
@@ -138,6 +140,30 @@ def _norm(norm):
     if w.dtype == torch.float32:
         return lambda x: F.rms_norm(x, w.shape, w, eps) if x.dtype == torch.float32 else norm(x)
     return norm
+
+
+def _in_norms(enorm, hnorm):
+    """(emb, h) -> cat([enorm(emb), hnorm(h)], -1), the MTP layer's input, as one weightless rms_norm over the pair
+    times the (2, D) stack of the weights when that is exact (fp32, one eps: rms_norm(x, w) == rms_norm(x) * w bit
+    for bit, as in _qk_norm); the two norms and a cat otherwise."""
+    we, wh, eps = enorm.weight, hnorm.weight, enorm.eps
+    e, h = _norm(enorm), _norm(hnorm)
+
+    def apart(emb, hid):
+        return torch.cat([e(emb), h(hid)], dim=-1)
+
+    if we.dtype != torch.float32 or hnorm.eps != eps:
+        return apart
+
+    with torch.no_grad():  # rebuilt with the plan (once per generate call): always current
+        w_2D = torch.stack([we, wh])
+
+    def fused(emb, hid):
+        if emb.dtype != torch.float32 or hid.dtype != torch.float32:
+            return apart(emb, hid)
+        return (F.rms_norm(torch.stack([emb, hid], dim=-2), we.shape, None, eps) * w_2D).flatten(-2)
+
+    return fused
 
 
 class _BlockPlan:
@@ -177,6 +203,12 @@ class _BlockPlan:
         B, T, _ = x_BTD.shape
         q_BTHK, k_BTGK, v_BTGK = self.project(self.ln1(x_BTD), rope)
         k_BGSK, v_BGSK = cache.update(self.idx, k_BTGK.transpose(1, 2), v_BTGK.transpose(1, 2))
+        if isinstance(last_B, int) and last_B % T == T - 1:  # every row's last column: the cache's own one-query mask
+            x_B1D, q_B1HK = x_BTD[:, -1:], q_BTHK[:, -1:]
+            x_B1D = x_B1D + self.attend(q_B1HK, k_BGSK, v_BGSK, cache.attention_mask(self.idx, 1))
+            return x_B1D + self.ffn(self.ln2(x_B1D))
+        if isinstance(last_B, int):
+            last_B = torch.full((B,), last_B % T, device=x_BTD.device)
         rows_B = torch.arange(B, device=x_BTD.device)
         x_B1D, q_B1HK = x_BTD[rows_B, last_B][:, None], q_BTHK[rows_B, last_B][:, None]
         # the query at cache index len - T + last_B sees the keys up to itself after the row's padding (a padding
@@ -262,7 +294,8 @@ class _Linear:
     The copies are kept in `cache` across calls and remade when a weight changes (_cached). Elsewhere: the layers'
     own weights, one F.linear each (no copy)."""
 
-    def __init__(self, cache: dict, *layers):
+    def __init__(self, cache: dict, *layers, min_rows: int | None = None):
+        """min_rows: take the oneDNN copy from this many rows (None: 2 for wide outputs, else ONEDNN_MIN_ROWS)."""
         ws, bs = [m.weight for m in layers], [m.bias for m in layers]
         self.parts, self.packed = list(zip(ws, bs)), None
         nbytes = sum(w.numel() for w in ws) * ws[0].element_size()
@@ -276,6 +309,7 @@ class _Linear:
             pack = torch.ops.mkldnn._reorder_linear_weight
             self.packed = _cached(cache, ("onednn", *ids), tensors, lambda: pack(self.w_DN.t().contiguous(), 8))
             self.min_rows = 2 if self.w_DN.shape[1] >= ONEDNN_MIN_N else ONEDNN_MIN_ROWS
+            self.min_rows = self.min_rows if min_rows is None else min_rows
 
     def __call__(self, x):
         if self.parts is not None:

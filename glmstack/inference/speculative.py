@@ -51,17 +51,23 @@ class _Draft:
         self.cache_idx = lambda layer: n + layer
         self.layer_of_depth = [min(j, D - 1) for j in range(k)]  # 0-based depth -> MTP layer
 
-    def set_pending(self, h_BTD, next_ids_BT, pos_BT, count_B, keep_B=None):
-        """Confirmed positions not yet fed to the MTP layers: row b's first count_B[b] columns are valid, and
-        its cache keeps keep_B[b] of them (default all; 0 for finished rows, whose caches must stop growing)."""
-        self.h, self.ids, self.pos, self.count = h_BTD, next_ids_BT, pos_BT, count_B
-        self.keep = count_B if keep_B is None else keep_B
+    def set_pending(self, h_BTD, next_ids_BT, pos_BT, count: list[int], keep: list[int] | None = None):
+        """Confirmed positions not yet fed to the MTP layers: row b's first count[b] columns are valid, and its
+        cache keeps keep[b] of them (default all; 0 for finished rows, whose caches must stop growing). Only the
+        first max(count) columns are fed (at batch 1 exactly the confirmed ones: nothing to rewind)."""
+        T = max(count)
+        keep = count if keep is None else keep
+        self.h, self.ids, self.pos = h_BTD[:, :T], next_ids_BT[:, :T], pos_BT[:, :T]
+        dev = next_ids_BT.device
+        # every row drafts from column T - 1: an int (last_only then uses the cache's own mask)
+        self.last = T - 1 if min(count) == T else torch.tensor(count, device=dev) - 1
+        self.drop = None if min(keep) == T else T - torch.tensor(keep, device=dev)
 
     def _catch_up(self, layer: int):
         """Feed the pending (h, x) pairs to one MTP layer; -> (hidden, logits) at each row's last valid one."""
-        g_BD, logits_BV = self.run.mtp_step(layer, self.ids, self.h, self.pos, self.cache, last_B=self.count - 1)
-        T = self.ids.shape[1]
-        self.cache.rewind(T - self.keep, layers=[self.cache_idx(layer)])  # drop the ragged padding columns
+        g_BD, logits_BV = self.run.mtp_step(layer, self.ids, self.h, self.pos, self.cache, last_B=self.last)
+        if self.drop is not None:  # drop the ragged padding columns
+            self.cache.rewind(self.drop, layers=[self.cache_idx(layer)])
         return g_BD, logits_BV
 
     def _pick(self, logits_BV, key_B):
@@ -73,7 +79,8 @@ class _Draft:
     def draft(self, keys_BL=None):
         """-> drafts (B, K), draft probabilities (B, K, V) or None when greedy; keys_BL: this round's draw keys."""
         fed, spec_writes = set(), {}
-        last_pos_B = self.pos.gather(1, (self.count - 1)[:, None]).squeeze(1)
+        last = self.last if isinstance(self.last, int) else self.last[:, None]
+        last_pos_B1 = self.pos[:, -1:] if isinstance(last, int) else self.pos.gather(1, last)
         drafts, qs = [], []
         for j, layer in enumerate(self.layer_of_depth):
             if layer not in fed:
@@ -82,7 +89,7 @@ class _Draft:
                 if j == 0:
                     g_BD, logits_BV = g_new, logits_new
             if j > 0:  # one position further along, fed its own previous draft
-                pos_B1 = (last_pos_B + j)[:, None]
+                pos_B1 = last_pos_B1 + j
                 g_B1D, logits_B1V = self.run.mtp_step(layer, drafts[-1][:, None], g_BD[:, None], pos_B1, self.cache)
                 g_BD, logits_BV = g_B1D[:, 0], logits_B1V[:, 0]
                 spec_writes[layer] = spec_writes.get(layer, 0) + 1
@@ -116,12 +123,7 @@ def mtp_decode(
     x_B = _sample_one(logits_BPV[:, -1], params, draws(0))
     stats["prefill_s"] = time.perf_counter() - t0
     yield rows.push([[t] for t in x_B.tolist()])
-    drafter.set_pending(
-        hidden_BPD,
-        torch.cat([ids_BP[:, 1:], x_B[:, None]], 1),
-        pos_BP,
-        torch.full((B,), P, dtype=torch.long, device=dev),
-    )
+    drafter.set_pending(hidden_BPD, torch.cat([ids_BP[:, 1:], x_B[:, None]], 1), pos_BP, [P] * B)
     # ---- draft -> verify -> accept -> roll back
     accepted, depth_hits, steps, rnd, t0 = [], [0] * k, 0, 0, time.perf_counter()
     arange_K1 = torch.arange(k + 1, device=dev)
@@ -137,14 +139,20 @@ def mtp_decode(
             n_B, x_B = accept_sampled(d_BK, q_BKV, probs(logits_BKV, params), keys_BL[:, k:])
         # finished rows ride along in the batch until all are done; they keep nothing of a step, so their caches
         # and positions stop growing (a row that finished early could otherwise outgrow the preallocated cache)
-        active_B = torch.tensor([rows.active(b) for b in range(B)], device=dev)
-        n_B = n_B * active_B
-        cache.rewind(torch.where(active_B, k - n_B, k + 1), layers=main_layers)
+        active = [b for b in range(B) if rows.active(b)]
+        n_list = n_B.tolist()  # the round's one host read of the accept result (free on CPU)
+        if len(active) < B:
+            n_list = [n if rows.active(b) else 0 for b, n in enumerate(n_list)]
+            n_B = torch.tensor(n_list, device=dev)
+        drop = [k - n if rows.active(b) else k + 1 for b, n in enumerate(n_list)]
+        cache.rewind(drop[0] if len(set(drop)) == 1 else torch.tensor(drop, device=dev), layers=main_layers)
         # the confirmed positions of this step: inputs [x_last, d_1..d_n] whose next tokens are [d_1..d_n, x_new]
         next_BK1 = torch.cat([d_BK, d_BK[:, :1]], 1).scatter(1, n_B[:, None], x_B[:, None])
-        drafter.set_pending(hidden_BKD, next_BK1, pos_BK1, n_B + 1, (n_B + 1) * active_B)
-        n_list, d_list, x_list = n_B.tolist(), d_BK.tolist(), x_B.tolist()
-        active = [b for b in range(B) if rows.active(b)]
+        count = [n + 1 for n in n_list]
+        drafter.set_pending(
+            hidden_BKD, next_BK1, pos_BK1, count, [c if rows.active(b) else 0 for b, c in enumerate(count)]
+        )
+        d_list, x_list = d_BK.tolist(), x_B.tolist()
         for b in active:
             accepted.append(n_list[b] + 1)
             for j in range(n_list[b]):
