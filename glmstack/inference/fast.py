@@ -341,7 +341,9 @@ def _fuse(ws, bs):
 def _cached(cache: dict, name, tensors, build):
     """build() kept in `cache` under `name` and remade when one of `tensors` changes: in place (its version counter
     moves, as under optimizer.step or load_state_dict) or replaced (another data pointer)."""
-    key = tuple((t.data_ptr(), t._version) for t in tensors)
+    # inference tensors (a model built or loaded under torch.inference_mode) have no version counter: only a
+    # replaced tensor is seen for them
+    key = tuple((t.data_ptr(), -1 if t.is_inference() else t._version) for t in tensors)
     hit = cache.get(name)
     if hit is None or hit[0] != key:
         with torch.no_grad():

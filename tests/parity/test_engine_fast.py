@@ -167,3 +167,13 @@ def test_engine_sees_in_place_updates_of_fused_projections(onednn_min_n, monkeyp
         engine.generate(prompts, 6, stop_ids=[]).tokens
         == Engine(model, fast=False).generate(prompts, 6, stop_ids=[]).tokens
     )
+
+
+def test_model_built_under_inference_mode_decodes():
+    """A model created (or loaded) inside torch.inference_mode has inference tensors, which have no version
+    counter: the fast path's weight-copy cache must still work, and give the reference's tokens."""
+    plain = GLM(ModelConfig.preset("tiny")).init_weights(seed=0).eval()
+    with torch.inference_mode():
+        model = GLM(ModelConfig.preset("tiny")).init_weights(seed=0).eval()
+        out = Engine(model).generate([[1, 2, 3], [4, 5]], 6, stop_ids=[]).tokens
+    assert out == Engine(plain, fast=False).generate([[1, 2, 3], [4, 5]], 6, stop_ids=[]).tokens
