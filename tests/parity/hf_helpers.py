@@ -53,3 +53,16 @@ def randomise_(model: torch.nn.Module, seed: int = 1) -> None:
 def shifted_labels(ids: torch.Tensor) -> torch.Tensor:
     """glmstack's labels are already shifted: labels[:, t] = ids[:, t + 1], last = -100."""
     return torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], -100)], dim=1)
+
+
+def assert_lm_grads_match(ours, hf, ids: torch.Tensor, no_grad=lambda name: False) -> None:
+    """Backward of both LM losses on `ids`; every parameter's gradient equals transformers' (the names map by the
+    `model.` prefix), except those `no_grad(name)` says get none from the LM loss."""
+    hf(ids, labels=ids).loss.backward()
+    ours(ids, labels=shifted_labels(ids)).lm_loss.backward()
+    for name, p in ours.named_parameters():
+        if no_grad(name):
+            assert p.grad is None, name
+            continue
+        hf_name = name if name == "lm_head.weight" else "model." + name
+        torch.testing.assert_close(p.grad, hf.get_parameter(hf_name).grad, atol=1e-5, rtol=1e-4, msg=name)

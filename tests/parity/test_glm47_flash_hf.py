@@ -7,7 +7,7 @@ first_k_dense_replace 0/1/2, norm_topk_prob on/off, interleaved and half-split R
 
 import pytest
 import torch
-from hf_helpers import randomise_, shifted_labels
+from hf_helpers import assert_lm_grads_match, randomise_, shifted_labels
 from safetensors import safe_open
 
 from glmstack.model import GLM, ModelConfig, load_hf, save_hf
@@ -83,12 +83,7 @@ def test_lm_loss_gradients_match_hf(case, tmp_path):
     hf = hf_model(cfg)
     hf.save_pretrained(tmp_path)
     ours = load_hf(tmp_path, dtype=torch.float32)
-    ids = ids_(cfg, seed=2)
-    hf(ids, labels=ids).loss.backward()
-    ours(ids, labels=shifted_labels(ids)).lm_loss.backward()
-    for name, p in ours.named_parameters():
-        hf_name = name if name == "lm_head.weight" else "model." + name
-        torch.testing.assert_close(p.grad, hf.get_parameter(hf_name).grad, atol=1e-5, rtol=1e-4, msg=name)
+    assert_lm_grads_match(ours, hf, ids_(cfg, seed=2))
 
 
 @pytest.mark.parametrize("case", list(CASES))
