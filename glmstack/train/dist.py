@@ -164,7 +164,7 @@ def load_full_tensors(model: nn.Module, tensors) -> None:
     for name, full in tensors:
         if name not in own:
             raise KeyError(f"{name}: not a tensor of this model")
-        t, seen_t = own[name], name
+        t = own[name]
         if name in ep and full.shape[0] == ep[name].n_experts:
             m = ep[name]
             full = full[m.e0 : m.e0 + m.n_local]
@@ -172,7 +172,7 @@ def load_full_tensors(model: nn.Module, tensors) -> None:
             full = distribute_tensor(full.to(t.device, t.dtype), t.device_mesh, t.placements, src_data_rank=None)
             t, full = t.to_local(), full.to_local()
         t.copy_(full)
-        seen.add(seen_t)
+        seen.add(name)
     aliases = {n for n, t in own.items() if any(t is own[s] for s in seen)}
     missing = set(own) - seen - aliases
     if missing:
