@@ -60,7 +60,7 @@ def _chunked(h_ND, w_VD, labels_N, grads: bool):
     # rows of the mean: 1/n_valid each for valid rows, 0 for ignored ones (0/0 guarded; the loss itself is 0/0)
     row_w_N = valid_N.float() / n_valid.clamp_min(1)
     dh_ND = torch.empty_like(h_ND) if grads else None
-    dw_VD = None
+    dw_DV = None  # the head's gradient transposed: h^T g per chunk needs no (V, D) transpose copy per chunk
     total = h_ND.new_zeros((), dtype=torch.float32)
     step = max(MIN_CHUNK_ROWS, CHUNK_ELEMENTS // V)
     for a in range(0, N, step):
@@ -77,7 +77,7 @@ def _chunked(h_ND, w_VD, labels_N, grads: bool):
             z_nV.scatter_add_(1, tgt_n[:, None], -w_n[:, None])
             g_nV = z_nV.to(h_ND.dtype)
             gemm.mm(g_nV, w_VD, out=dh_ND[a:b])
-            dw_nVD = gemm.mm_tn(g_nV, h_ND[a:b]).float()  # chunks summed in fp32
-            dw_VD = dw_nVD if dw_VD is None else dw_VD.add_(dw_nVD)
+            dw_nDV = gemm.mm_tn(h_ND[a:b], g_nV).float()  # chunks summed in fp32
+            dw_DV = dw_nDV if dw_DV is None else dw_DV.add_(dw_nDV)
     loss = total / n_valid
-    return loss, dh_ND, (dw_VD.to(w_VD.dtype) if grads else None)
+    return loss, dh_ND, (dw_DV.t().to(w_VD.dtype).contiguous() if grads else None)
