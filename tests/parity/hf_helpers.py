@@ -26,14 +26,27 @@ def tiny_config(case: str, **extra) -> ModelConfig:
     return ModelConfig.preset("tiny", **{**CASES[case], **extra})
 
 
-def hf_model(cfg: ModelConfig, seed: int = 0):
-    """A transformers Glm4MoeForCausalLM with every tensor random (incl. norms, biases, correction bias)."""
-    from transformers import Glm4MoeConfig, Glm4MoeForCausalLM
+# model_type -> transformers (config class, model class) names
+HF_CLASSES = {
+    "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM"),
+    "glm4_moe_lite": ("Glm4MoeLiteConfig", "Glm4MoeLiteForCausalLM"),
+    "glm_moe_dsa": ("GlmMoeDsaConfig", "GlmMoeDsaForCausalLM"),
+}
 
+
+def hf_model(cfg: ModelConfig, seed: int = 0):
+    """transformers' model for cfg.model_type with every tensor random (incl. norms, biases, correction bias)."""
+    import transformers
+
+    config_cls, model_cls = (getattr(transformers, n) for n in HF_CLASSES[cfg.model_type])
     torch.manual_seed(seed)
-    model = Glm4MoeForCausalLM(Glm4MoeConfig(**cfg.to_hf())).eval()
+    model = model_cls(config_cls(**cfg.to_hf())).eval()
     randomise_(model)
     return model
+
+
+def random_ids(cfg: ModelConfig, B: int = 2, T: int = 20, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, cfg.vocab_size, (B, T), generator=torch.Generator().manual_seed(seed))
 
 
 @torch.no_grad()

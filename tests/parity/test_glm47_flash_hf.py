@@ -7,7 +7,7 @@ first_k_dense_replace 0/1/2, norm_topk_prob on/off, interleaved and half-split R
 
 import pytest
 import torch
-from hf_helpers import assert_lm_grads_match, randomise_, shifted_labels
+from hf_helpers import assert_lm_grads_match, hf_model, random_ids, randomise_, shifted_labels
 from safetensors import safe_open
 
 from glmstack.model import GLM, ModelConfig, load_hf, save_hf
@@ -28,17 +28,6 @@ def tiny(case, **extra):
     return ModelConfig.preset("tiny-glm47-flash", **{**CASES[case], "num_nextn_predict_layers": 0, **extra})
 
 
-def hf_model(cfg, seed=0):
-    torch.manual_seed(seed)
-    model = transformers.Glm4MoeLiteForCausalLM(transformers.Glm4MoeLiteConfig(**cfg.to_hf())).eval()
-    randomise_(model)
-    return model
-
-
-def ids_(cfg, B=2, T=20, seed=0):
-    return torch.randint(0, cfg.vocab_size, (B, T), generator=torch.Generator().manual_seed(seed))
-
-
 def file_keys(folder):
     keys = set()
     for path in folder.glob("*.safetensors"):
@@ -54,7 +43,7 @@ def test_hf_to_glmstack_logits(case, tmp_path):
     hf.save_pretrained(tmp_path)
     ours = load_hf(tmp_path, dtype=torch.float32)
     assert ours.cfg.model_type == "glm4_moe_lite" and ours.cfg.first_k_dense_replace == cfg.first_k_dense_replace
-    ids = ids_(cfg)
+    ids = random_ids(cfg)
     with torch.no_grad():
         ref = hf(ids, labels=ids)
         out = ours(ids, labels=shifted_labels(ids))
@@ -83,7 +72,7 @@ def test_lm_loss_gradients_match_hf(case, tmp_path):
     hf = hf_model(cfg)
     hf.save_pretrained(tmp_path)
     ours = load_hf(tmp_path, dtype=torch.float32)
-    assert_lm_grads_match(ours, hf, ids_(cfg, seed=2))
+    assert_lm_grads_match(ours, hf, random_ids(cfg, seed=2))
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -94,7 +83,7 @@ def test_glmstack_to_hf_logits(case, tmp_path):
     randomise_(ours, seed=4)
     save_hf(ours, tmp_path)
     hf = transformers.Glm4MoeLiteForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
-    ids = ids_(cfg, seed=1)
+    ids = random_ids(cfg, seed=1)
     with torch.no_grad():
         a, b = ours(ids).logits, hf(ids).logits
     torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
@@ -113,7 +102,7 @@ def test_mtp_layer_round_trip(tmp_path):
                    "self_attn.kv_b_proj.weight", "mlp.gate.e_score_correction_bias", "mlp.experts.7.down_proj.weight"):
         assert f"model.layers.{n}.{suffix}" in names, suffix
     back = load_hf(tmp_path, dtype=torch.float32)
-    ids = ids_(cfg)
+    ids = random_ids(cfg)
     out_a, out_b = ours(ids, labels=shifted_labels(ids)), back(ids, labels=shifted_labels(ids))
     assert len(out_a.mtp_loss) == 1
     torch.testing.assert_close(out_a.loss, out_b.loss, atol=0, rtol=0)

@@ -6,7 +6,7 @@ sequence length (real DSA sparsity), above it (DSA == dense MLA), IndexShare ("s
 
 import pytest
 import torch
-from hf_helpers import assert_lm_grads_match, randomise_, shifted_labels
+from hf_helpers import assert_lm_grads_match, hf_model, random_ids, randomise_, shifted_labels
 
 from glmstack.model import GLM, ModelConfig, load_hf, save_hf
 
@@ -26,17 +26,6 @@ def tiny(case, **extra):
                                               **extra})
 
 
-def hf_model(cfg, seed=0):
-    torch.manual_seed(seed)
-    model = transformers.GlmMoeDsaForCausalLM(transformers.GlmMoeDsaConfig(**cfg.to_hf())).eval()
-    randomise_(model)
-    return model
-
-
-def ids_(cfg, B=2, T=20, seed=0):
-    return torch.randint(0, cfg.vocab_size, (B, T), generator=torch.Generator().manual_seed(seed))
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_hf_to_glmstack_logits(case, tmp_path):
     cfg = tiny(case)
@@ -44,7 +33,7 @@ def test_hf_to_glmstack_logits(case, tmp_path):
     hf.save_pretrained(tmp_path)
     ours = load_hf(tmp_path, dtype=torch.float32)
     assert ours.cfg.indexer_types == hf.config.indexer_types
-    ids = ids_(cfg)
+    ids = random_ids(cfg)
     with torch.no_grad():
         ref = hf(ids, labels=ids)
         out = ours(ids, labels=shifted_labels(ids))
@@ -59,7 +48,7 @@ def test_lm_loss_gradients_match_hf(case, tmp_path):
     hf = hf_model(cfg)
     hf.save_pretrained(tmp_path)
     ours = load_hf(tmp_path, dtype=torch.float32)
-    assert_lm_grads_match(ours, hf, ids_(cfg, seed=2), no_grad=lambda name: ".indexer." in name)
+    assert_lm_grads_match(ours, hf, random_ids(cfg, seed=2), no_grad=lambda name: ".indexer." in name)
 
 
 @pytest.mark.parametrize("case", ["topk_below_T", "index_share"])
@@ -69,7 +58,7 @@ def test_glmstack_to_hf_logits(case, tmp_path):
     randomise_(ours, seed=4)
     save_hf(ours, tmp_path)
     hf = transformers.GlmMoeDsaForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
-    ids = ids_(cfg, seed=1)
+    ids = random_ids(cfg, seed=1)
     with torch.no_grad():
         a, b = ours(ids).logits, hf(ids).logits
     torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
@@ -82,7 +71,7 @@ def test_round_trip_with_shared_mtp(tmp_path):
     ours = GLM(cfg).init_weights(seed=0)
     save_hf(ours, tmp_path)
     back = load_hf(tmp_path, dtype=torch.float32, num_mtp_depths=3)
-    ids = ids_(cfg)
+    ids = random_ids(cfg)
     out_a, out_b = ours(ids, labels=shifted_labels(ids)), back(ids, labels=shifted_labels(ids))
     assert len(out_a.mtp_loss) == 3
     torch.testing.assert_close(out_a.loss, out_b.loss, atol=0, rtol=0)
