@@ -155,7 +155,8 @@ def _element(value, kind: str, lang: str) -> str:
 def _pick_args(args: dict) -> dict:
     picked = {}
     for key, options in args.items():
-        value = next((v for v in options if v != ""), "")
+        # None only where omitting is not allowed: GLM's text format writes null for a string parameter as "null"
+        value = next((v for v in options if v != "" and v is not None), "" if "" in options else None)
         if value != "":
             picked[key] = _pick_value(value)
     return picked
