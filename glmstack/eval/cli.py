@@ -43,6 +43,7 @@ def parse_args(argv):
     ap.add_argument("--limit", type=int, default=None, help="items per task (per set/category/source)")
     ap.add_argument("--out", default="runs/eval", help="results.jsonl (resumable), results.json, report.md, plots")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-tokens", type=int, default=None, help="new tokens per reply (default: per task, 32-512)")
     ap.add_argument("--format", choices=["auto", "base", "chat"], default="auto", help="prompt style")
     ap.add_argument("--concurrency", type=int, default=8, help="requests in flight against an endpoint")
     ap.add_argument("--batch-size", type=int, default=8, help="prompts per engine batch with --model")
@@ -73,7 +74,10 @@ def build_tasks(args, names: list[str]) -> dict:
         "bfcl": lambda: BFCLTask(args.bfcl_categories.split(",") if args.bfcl_categories else CATEGORIES),
         "math": lambda: MathTask(style=fmt),
     }
-    return {name: build[name]() for name in names if name != "ppl"}
+    tasks = {name: build[name]() for name in names if name != "ppl"}
+    for task in tasks.values():
+        task.max_tokens = args.max_tokens or task.max_tokens
+    return tasks
 
 
 def make_client(args):
@@ -102,8 +106,16 @@ def run_ppl(args, client) -> dict:
     nll = loss_by_position(model, seqs)
     starts, means = position_buckets(nll, 8)
     loss = float(nll.mean())
-    return {"data": str(data), "seq_len": seq_len, "sequences": len(seqs), "loss": loss, "ppl": math.exp(loss),
-            "bucket_starts": starts, "bucket_loss": means, "loss_by_position": [round(float(x), 5) for x in nll]}
+    return {
+        "data": str(data),
+        "seq_len": seq_len,
+        "sequences": len(seqs),
+        "loss": loss,
+        "ppl": math.exp(loss),
+        "bucket_starts": starts,
+        "bucket_loss": means,
+        "loss_by_position": [round(float(x), 5) for x in nll],
+    }
 
 
 def _default_ppl_data(model: str) -> Path:

@@ -121,7 +121,7 @@ class EndpointClient:
     def _first_model(self) -> str:
         try:
             return self.api.models.list().data[0].id
-        except Exception as e:  # noqa: BLE001 - any failure means: tell the user to name the model
+        except Exception as e:
             raise GenerationError(f"could not list the endpoint's models ({e}); pass --api-model NAME") from e
 
     def generate(self, requests: list[dict], *, temperature: float, max_tokens: int, seeds: list[int]) -> list[dict]:
