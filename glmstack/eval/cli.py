@@ -48,6 +48,8 @@ def parse_args(argv):
     ap.add_argument("--concurrency", type=int, default=8, help="requests in flight against an endpoint")
     ap.add_argument("--batch-size", type=int, default=8, help="prompts per engine batch with --model")
     ap.add_argument("--device", default=None, help="--model device (default cuda when available)")
+    ap.add_argument("--thinking", choices=["off", "on", "unset"], default="off",
+                    help="chat reasoning; endpoints get chat_template_kwargs.enable_thinking unless 'unset'")
     ap.add_argument("--style", choices=["auto", "glm-4.5", "glm-4.7"], default="auto", help="GLM chat format")
     ap.add_argument("--bfcl-categories", default=None, help="comma list (default: all single-turn categories)")
     ap.add_argument("--fim-mode", choices=["psm", "spm_v2", "spm_glm"], default="psm")
@@ -84,14 +86,16 @@ def make_client(args):
     from glmstack.eval.client import EndpointClient, LocalClient
 
     if args.endpoint:
+        thinking = {"off": False, "on": True, "unset": None}[args.thinking]
         return EndpointClient(args.endpoint, args.api_model, args.concurrency, args.api_key,
-                              style="glm-4.5" if args.style == "auto" else args.style)  # fmt: skip
+                              style="glm-4.5" if args.style == "auto" else args.style, enable_thinking=thinking)  # fmt: skip
     if not (Path(args.model) / "config.json").exists():
         raise EvalError(f"--model {args.model}: no config.json there (expected a checkpoint folder)")
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    return LocalClient.from_checkpoint(args.model, device=device, style=args.style, batch_size=args.batch_size)
+    return LocalClient.from_checkpoint(args.model, device=device, style=args.style, batch_size=args.batch_size,
+                                       enable_thinking=args.thinking == "on")  # fmt: skip
 
 
 def run_ppl(args, client) -> dict:
