@@ -57,7 +57,10 @@ ONEDNN_MIN_ROWS = 16  # and every projection from this many rows (prefills, big 
 
 
 def supported(model) -> bool:
-    """GQA models (all fast) and MLA models (GLM-4.7-Flash, GLM-5: their attention module as it is, the rest fast)."""
+    """GQA models (all fast) and MLA models (GLM-4.7-Flash, GLM-5: their attention module as it is, the rest fast);
+    not quantized ones (inference/quant.py: the fast path's fp weight copies would undo the quantization)."""
+    if getattr(model, "quant_scheme", None) is not None:
+        return False
     kinds = {type(b.self_attn) for b in list(model.layers) + [m.block for m in model.mtp]}
     return kinds in ({Attention}, {MLAttention})
 
