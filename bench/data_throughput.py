@@ -78,13 +78,13 @@ def main(argv=None) -> int:
     docs = timed("read (build corpus)", docs, lambda _: list(corpus_docs(cfg, "all")), rows)
     tok = timed("tokenizer: train", docs, lambda ds: Tokenizer.train((d.text for d in ds), args.vocab_size), rows)
     stages(docs, tok, rows, args.minilm)
-    from glmstack.data.pipeline import DataConfig, build_dataset
+    from glmstack.data.pipeline import PipelineConfig, build_dataset
 
     with tempfile.TemporaryDirectory() as out:
         timed(
             "build_dataset (all stages)",
             docs,
-            lambda _: build_dataset(DataConfig(corpus=cfg, progress=False), tok, out),
+            lambda _: build_dataset(PipelineConfig(corpus=cfg, progress=False), tok, out),
             rows,
         )
         from glmstack.data.loader import PackedLoader, PretrainLoader

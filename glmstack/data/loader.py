@@ -142,7 +142,7 @@ def build_loader(
     if mixture:
         raise ValueError(
             "data.mixture: source weights are applied when the shards are built "
-            "(glmstack.data.DataConfig.mixture / corpus.shares), not by the loader"
+            "(glmstack.data.PipelineConfig.mixture / corpus.shares), not by the loader"
         )
     loaders = {"concat": PretrainLoader, "best_fit": PackedLoader}
     if packing not in loaders:

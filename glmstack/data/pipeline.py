@@ -1,6 +1,6 @@
 """The data build: sources -> filters -> dedup -> SemDeDup -> quality buckets -> tokens (+FIM) -> shards.
 
-    summary = build_dataset(DataConfig(), tokenizer, "runs/data")   # Python API (the speedrun calls this)
+    summary = build_dataset(PipelineConfig(), tokenizer, "runs/data")   # Python API (the speedrun calls this)
     glmstack data default --out runs/data                            # the same from the command line
 
 Stages (research spec §2; GLM-4.5 §2.1-2.3):
@@ -49,7 +49,7 @@ from glmstack.data.stages import StageContext, filter_unit, read_docs, save_npy,
 
 
 @dataclass(kw_only=True)
-class DataConfig:
+class PipelineConfig:
     sources: list[SourceConfig] = field(default_factory=lambda: [SourceConfig(name="corpus", kind="corpus")])
     # ^ what to read; kind "corpus" is the built-in offline corpus configured by `corpus`
     corpus: CorpusConfig = field(default_factory=CorpusConfig)  # the default corpus (size knob, seed, eval split)
@@ -71,21 +71,21 @@ class DataConfig:
     keep_work: bool = False  # keep the per-unit work files after a successful build
 
 
-def with_seed(cfg: DataConfig, seed: int) -> DataConfig:
+def with_seed(cfg: PipelineConfig, seed: int) -> PipelineConfig:
     """A copy with every component seed set to `seed` (corpus, quality, SemDeDup, mixture, FIM)."""
     from glmstack.config import from_dict
 
     d = to_dict(cfg)
     for part in ("corpus", "quality", "semdedup", "mixture", "fim"):
         d[part]["seed"] = seed
-    return from_dict(DataConfig, d)
+    return from_dict(PipelineConfig, d)
 
 
 # fields that change how a build runs but never its bytes: a rerun with other values resumes the same build
 EXECUTION_FIELDS = ("executor", "workers", "executor_options", "progress", "keep_work")
 
 
-def fingerprint(cfg: DataConfig, tokenizer) -> str:
+def fingerprint(cfg: PipelineConfig, tokenizer) -> str:
     """Hash of the config (minus execution fields) and the tokenizer; a rerun with the same value resumes."""
     data = {k: v for k, v in to_dict(cfg).items() if k not in EXECUTION_FIELDS}
     h = hashlib.sha256(json.dumps(data, sort_keys=True).encode())
@@ -97,7 +97,7 @@ def fingerprint(cfg: DataConfig, tokenizer) -> str:
 
 
 def build_dataset(
-    cfg: DataConfig, tokenizer, out_dir: str | Path, extra_sources: dict[str, Iterable[dict]] | None = None
+    cfg: PipelineConfig, tokenizer, out_dir: str | Path, extra_sources: dict[str, Iterable[dict]] | None = None
 ) -> dict:
     """Build train/ and eval/ token shards under `out_dir`; returns the summary dict (also summary.json).
 
@@ -156,7 +156,7 @@ def _prepare(out: Path, fp: str) -> Path:
     return work
 
 
-def _iter_sources(cfg: DataConfig, extra: dict[str, Iterable[dict]], stats: dict[str, SourceStats]):
+def _iter_sources(cfg: PipelineConfig, extra: dict[str, Iterable[dict]], stats: dict[str, SourceStats]):
     for src in cfg.sources:
         stats[src.name] = st = SourceStats()
         for doc in read_source(src, st, cfg.corpus):
@@ -171,11 +171,11 @@ def _iter_sources(cfg: DataConfig, extra: dict[str, Iterable[dict]], stats: dict
             yield doc
 
 
-def _split(doc_id: str, cfg: DataConfig) -> str:
+def _split(doc_id: str, cfg: PipelineConfig) -> str:
     return "eval" if unit_hash(cfg.mixture.seed, "split", doc_id) < cfg.eval_fraction else "train"
 
 
-def _read_stage(cfg: DataConfig, work: Path, summary: Summary, extra) -> int:
+def _read_stage(cfg: PipelineConfig, work: Path, summary: Summary, extra) -> int:
     """Stage 0: write raw units, sample quality positives, train the quality model. Resumes from read.json."""
     done = work / "read.json"
     if done.exists():
@@ -211,7 +211,7 @@ def _error_hint(sources: dict) -> str:
     return ("; first errors: " + "; ".join(errs)) if errs else ""
 
 
-def _sample_positive(doc: Doc, heap: list, cfg: DataConfig) -> None:
+def _sample_positive(doc: Doc, heap: list, cfg: PipelineConfig) -> None:
     if doc.kind != "text" or doc.meta["split"] != "train" or not cfg.quality.enabled:
         return
     key = unit_hash(cfg.quality.seed, "positive", doc.id)
@@ -221,7 +221,7 @@ def _sample_positive(doc: Doc, heap: list, cfg: DataConfig) -> None:
         heapq.heapreplace(heap, (-key, doc.text))
 
 
-def _train_quality(cfg: DataConfig, work: Path, positives: list[str], summary: Summary) -> None:
+def _train_quality(cfg: PipelineConfig, work: Path, positives: list[str], summary: Summary) -> None:
     if not cfg.quality.enabled or len(positives) < 10:
         summary.quality = {"trained": False, "positives": len(positives)}
         return
@@ -290,7 +290,7 @@ def _semdedup(ctx: StageContext, units: list[int], rows: list[dict], summary: Su
             summary.count_drop("semdedup", rows[i])
 
 
-def _mixture(cfg: DataConfig, rows: list[dict], summary: Summary) -> None:
+def _mixture(cfg: PipelineConfig, rows: list[dict], summary: Summary) -> None:
     """Levels from per-source percentiles of the surviving train documents, then copies by seeded hash."""
     live = [r for r in rows if r["drop"] is None and r["split"] == "train"]
     levels = assign_levels([r["source"] for r in live], [r["quality"] for r in live], cfg.mixture)
@@ -336,7 +336,7 @@ def _map_tokens(path: Path) -> np.ndarray:
     return np.memmap(path, dtype=np.uint32, mode="r") if path.stat().st_size else np.zeros(0, np.uint32)
 
 
-def _finish(cfg: DataConfig, tokenizer, out: Path, work: Path, fp: str, summary: Summary) -> dict:
+def _finish(cfg: PipelineConfig, tokenizer, out: Path, work: Path, fp: str, summary: Summary) -> dict:
     if hasattr(tokenizer, "save"):
         tokenizer.save(out / "tokenizer")
     data = summary.to_dict(cfg.mixture)

@@ -55,7 +55,7 @@ def save_npy(path: Path, arr: np.ndarray) -> None:
 class StageContext:
     """Everything a unit function needs; pickled once per worker process."""
 
-    cfg: object  # DataConfig
+    cfg: object  # PipelineConfig
     work: Path
     tokenizer: object = None
     fingerprint: str = ""  # of config + tokenizer; keys the per-process caches

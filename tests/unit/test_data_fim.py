@@ -85,7 +85,7 @@ def test_deterministic_and_identity_when_not_selected():
 
 
 def test_sentinels_only_in_code():
-    from glmstack.data.pipeline import DataConfig
+    from glmstack.data.pipeline import PipelineConfig
     from glmstack.data.sources import Doc
     from glmstack.data.stages import encode_doc
 
@@ -98,7 +98,7 @@ def test_sentinels_only_in_code():
         def token_id(self, name):
             return specials[name]
 
-    cfg = DataConfig(fim=FIMConfig(rate=1.0))
+    cfg = PipelineConfig(fim=FIMConfig(rate=1.0))
     text = Doc(id="t", text="plain prose here", source="s", kind="text", meta={"split": "train"})
     code = Doc(id="c", text="x = 1\ny = 2\n", source="s", kind="code", meta={"split": "train"})
     assert not {1000, 1001, 1002} & set(encode_doc(text, T(), cfg, 1003))
