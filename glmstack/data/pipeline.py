@@ -11,8 +11,9 @@ Stages (research spec §2; GLM-4.5 §2.1-2.3):
   2. dedup    exact, then MinHash LSH, eval documents first so a train copy of an eval page is the one removed;
               then SemDeDup on prose (driver)
   3. mixture  per-source percentile buckets -> levels -> epoch multipliers -> copies per document (driver)
-  4. tokenize per unit: ids + <|endoftext|>, FIM on code (parallel)
-  5. shards   copies in a seeded shuffle order into uint32 shards for train/, one copy each for eval/
+  4. tokenize per unit: ids + <|endoftext|> (parallel)
+  5. shards   copies in a seeded shuffle order into uint32 shards for train/, one copy each for eval/, with
+              (document key, copy, kind) per document; FIM is applied by the loader at sampling time (fim.py)
 Parallel stages go through executor.run_units (in-process, process pool, Slurm or Ray), write per-unit files
 and markers, so the output is byte-identical for any number of workers and a rerun resumes where it stopped.
 """
@@ -38,7 +39,7 @@ from glmstack.data.corpus import CorpusConfig
 from glmstack.data.dedup import MinHashConfig, dedup_decisions
 from glmstack.data.executor import run_units
 from glmstack.data.filters import FilterConfig
-from glmstack.data.fim import FIMConfig
+from glmstack.data.fim import FIMConfig, doc_key
 from glmstack.data.mixture import MixtureConfig, assign_levels, epochs_for, n_copies, unit_hash
 from glmstack.data.quality import QualityConfig, QualityModel
 from glmstack.data.report import Summary
@@ -50,6 +51,8 @@ from glmstack.data.stages import StageContext, filter_unit, read_docs, save_npy,
 
 @dataclass(kw_only=True)
 class PipelineConfig:
+    """How `glmstack data` builds token shards (glmstack.train.config.DataConfig says what a stage trains on)."""
+
     sources: list[SourceConfig] = field(default_factory=lambda: [SourceConfig(name="corpus", kind="corpus")])
     # ^ what to read; kind "corpus" is the built-in offline corpus configured by `corpus`
     corpus: CorpusConfig = field(default_factory=CorpusConfig)  # the default corpus (size knob, seed, eval split)
@@ -59,8 +62,8 @@ class PipelineConfig:
     semdedup: SemDedupConfig = field(default_factory=SemDedupConfig)  # embedding dedup of prose
     quality: QualityConfig = field(default_factory=QualityConfig)  # prose classifier
     mixture: MixtureConfig = field(default_factory=MixtureConfig)  # buckets -> epochs -> copies, shuffle seed
-    fim: FIMConfig = field(default_factory=FIMConfig)  # fill-in-the-middle on code
-    fim_enabled: bool = True  # apply FIM to code documents of the train split
+    fim: FIMConfig = field(default_factory=FIMConfig)  # fill-in-the-middle on code, applied by the loader
+    fim_enabled: bool = True  # the train split asks its loader for sampling-time FIM on code documents
     eval_fraction: float = 0.01  # held-out share of non-corpus sources (the corpus has its own)
     unit_docs: int = 256  # documents per work unit (the grain of parallelism and resumption)
     shard_tokens: int = 1 << 24  # tokens per shard file
@@ -85,10 +88,15 @@ def with_seed(cfg: PipelineConfig, seed: int) -> PipelineConfig:
 EXECUTION_FIELDS = ("executor", "workers", "executor_options", "progress", "keep_work")
 
 
+# bumped when the bytes a config produces change: 2 = FIM moved from the shards to the loader
+FORMAT = 2
+
+
 def fingerprint(cfg: PipelineConfig, tokenizer) -> str:
-    """Hash of the config (minus execution fields) and the tokenizer; a rerun with the same value resumes."""
+    """Hash of the config (minus execution fields), the format and the tokenizer; a rerun with the same value
+    resumes."""
     data = {k: v for k, v in to_dict(cfg).items() if k not in EXECUTION_FIELDS}
-    h = hashlib.sha256(json.dumps(data, sort_keys=True).encode())
+    h = hashlib.sha256(json.dumps({"format": FORMAT, **data}, sort_keys=True).encode())
     h.update(str(tokenizer.vocab_size).encode())
     backend = getattr(tokenizer, "backend", None)
     if backend is not None and hasattr(backend, "to_str"):
@@ -320,15 +328,18 @@ def _assemble(ctx: StageContext, units: list[int], rows: list[dict], out: Path, 
             summary.count_tokens(r, ntok)
             for k in range(r["copies"]):
                 key = unit_hash(ctx.cfg.mixture.seed, "shuffle", r["id"], k) if r["split"] == "train" else 0.0
-                entries[r["split"]].append((key, r["unit"], j))
+                entries[r["split"]].append((key, r["unit"], j, (doc_key(r["id"]), k, r["kind"])))
     eos, vocab = ctx.tokenizer.token_id("<|endoftext|>"), ctx.tokenizer.vocab_size
+    # FIM happens in the loader (fim.ContextFIM), on code of the train split, with this config
+    fim = {"train": to_dict(ctx.cfg.fim) if ctx.cfg.fim_enabled else None, "eval": None}
     for split, ents in entries.items():
         if split == "train":
             ents.sort()
         writer = ShardWriter(out / split, ctx.cfg.shard_tokens, eos, vocab)
-        for _, u, j in tqdm(ents, desc=f"shards/{split}", unit="doc", disable=not ctx.cfg.progress, dynamic_ncols=True):
-            writer.add(tok[u][off[u][j] : off[u][j + 1]])
-        summary.splits[split] = writer.close(split=split)
+        bar = tqdm(ents, desc=f"shards/{split}", unit="doc", disable=not ctx.cfg.progress, dynamic_ncols=True)
+        for _, u, j, doc in bar:
+            writer.add(tok[u][off[u][j] : off[u][j + 1]], doc)
+        summary.splits[split] = writer.close(split=split, fim=fim[split])
 
 
 def _map_tokens(path: Path) -> np.ndarray:
