@@ -110,6 +110,7 @@ def _run_datatrove(fn, units, executor: str, workers: int, logging_dir: Path, op
         slurm.run()
         _wait_slurm(slurm, units, done, bar, logging_dir)
         return
+    error = None
     if executor == "ray":
         from datatrove.executor import RayPipelineExecutor
 
@@ -119,11 +120,11 @@ def _run_datatrove(fn, units, executor: str, workers: int, logging_dir: Path, op
 
         try:
             LocalPipelineExecutor(workers=tasks, start_method="fork", **common).run()
-        except Exception:  # it re-raises a failed rank's error; the log names which and where
-            pass
+        except Exception as e:  # noqa: BLE001 - a task's own error, of any type: reported below with its log
+            error = e
     failed = [r for r in range(tasks) if not (logging_dir / "completions" / f"{r:05d}").exists()]
     if failed:
-        raise DataTaskError(_failure_message(logging_dir, failed))
+        raise DataTaskError(_failure_message(logging_dir, failed)) from error
     bar.update(len(units))
 
 
@@ -173,6 +174,7 @@ def _sacct(job_id) -> str:
             capture_output=True,
             text=True,
             timeout=30,
+            check=False,
         )
     except (OSError, subprocess.TimeoutExpired):
         return ""  # no accounting here: the markers (and the time limit) are all we have

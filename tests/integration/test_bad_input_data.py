@@ -35,7 +35,12 @@ def _recipe(tmp_path: Path, text: str) -> Path:
 def _cli(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
-        [sys.executable, "-m", "glmstack.cli", "data", *args], capture_output=True, text=True, env=env, timeout=120
+        [sys.executable, "-m", "glmstack.cli", "data", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
     )
 
 

@@ -7,17 +7,13 @@ from glmstack.data.executor import DataTaskError, run_units, slurm_failed_tasks
 
 
 def test_sacct_states_of_failed_array_tasks():
-    out = "\n".join(
-        [
-            "777_0|COMPLETED",
-            "777_1|FAILED",
-            "777_2|RUNNING",
-            "777_3|CANCELLED by 1000",
-            "777_4|OUT_OF_MEMORY",
-            "777_[5-9]|PENDING",
-            "777_10|TIMEOUT",
-        ]
-    )
+    out = """777_0|COMPLETED
+777_1|FAILED
+777_2|RUNNING
+777_3|CANCELLED by 1000
+777_4|OUT_OF_MEMORY
+777_[5-9]|PENDING
+777_10|TIMEOUT"""
     assert slurm_failed_tasks(out) == {1: "FAILED", 3: "CANCELLED", 4: "OUT_OF_MEMORY", 10: "TIMEOUT"}
     assert slurm_failed_tasks("") == {}
 
