@@ -205,15 +205,22 @@ def stage_tokenizer(run: Run) -> dict:
     return {"vocab_size": tok.vocab_size}
 
 
+def data():
+    """The data build the speedrun starts from (`glmstack data speedrun`): ~2 MB, SemDeDup with the cheap embedder."""
+    from glmstack.data.corpus import CorpusConfig
+    from glmstack.data.pipeline import PipelineConfig
+
+    return PipelineConfig(corpus=CorpusConfig(size_mb=2.0), unit_docs=128)
+
+
 def stage_data(run: Run) -> dict:
     """The data pipeline, twice: the pre-training mixture, and a code-heavy one (repo-level documents, FIM) for
     mid-training. Filters, dedup (exact, MinHash, SemDeDup), quality buckets, token shards."""
-    from glmstack.data.cli import recipe_speedrun
     from glmstack.data.pipeline import build_dataset, with_seed
 
     out, tok = {}, _tokenizer(run)
     for stage, shares in (("pretrain", None), ("midtrain", MIDTRAIN_SHARES)):
-        cfg = with_seed(dataclasses.replace(recipe_speedrun(), corpus=_corpus_cfg(run, shares)), run.seed)
+        cfg = with_seed(dataclasses.replace(data(), corpus=_corpus_cfg(run, shares)), run.seed)
         print(f"-- {stage} data", flush=True)
         summary = build_dataset(cfg, tok, run.stage_dir("data") / stage)
         out[stage] = {"train_tokens": _split_tokens(summary, "train"), "eval_tokens": _split_tokens(summary, "eval"),

@@ -4,12 +4,15 @@ to 10%, MTP weight 0.3 then 0.1, balancing rate 1e-3 then 0, mid-training at twi
 1e4 -> 1e6 and best-fit packing.
 
     glmstack pretrain tiny && glmstack midtrain tiny
+    glmstack data tiny --out runs/data-tiny          # the tiny data build (~0.2 MB corpus)
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from glmstack.data.corpus import CorpusConfig
+from glmstack.data.pipeline import PipelineConfig
 from glmstack.train.config import TrainConfig
 
 PRETRAIN_STEPS = 200
@@ -57,3 +60,8 @@ def midtrain() -> TrainConfig:
     )
     cfg.ckpt.every, cfg.log.val_every = 25, 25
     return cfg
+
+
+def data() -> PipelineConfig:
+    """A ~0.2 MB corpus for tests and smoke runs (`glmstack data tiny`); the train stages above use synthetic data."""
+    return PipelineConfig(corpus=CorpusConfig(size_mb=0.2), unit_docs=64)

@@ -49,6 +49,8 @@ class ScheduleConfig:
 
 @dataclass(kw_only=True)
 class DataConfig:
+    """What a training stage reads (shards are built by `glmstack data`, configured by data.PipelineConfig)."""
+
     kind: Literal["synthetic", "shards"] = "synthetic"  # synthetic = glmstack/train/synthetic.py
     path: str = ""  # token shard folder (kind=shards)
     mixture: dict[str, float] = field(default_factory=dict)  # source -> weight (kind=shards)
