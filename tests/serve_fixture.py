@@ -2,7 +2,8 @@
 
 A random model never writes `<think>` or `<tool_call>`, so to see reasoning and tool calls come back through the
 server the tests over-fit a tiny model on two conversations in GLM's chat format (glmstack.chat.encode's loss
-mask): "hello" -> reasoning + an answer; a weather question with tools -> reasoning + two tool calls. Greedy
+mask): "hello" -> reasoning + an answer; a weather question with tools -> reasoning + two tool calls; "Rome?" ->
+a call without reasoning (the shape a forced tool_choice pre-fills). Greedy
 decoding then reproduces them. The tokenizer is trained on the same texts.
 """
 
@@ -28,7 +29,10 @@ WEATHER_Q = {"role": "user", "content": "Weather in Paris and Lyon?"}
 WEATHER = [WEATHER_Q, {"role": "assistant", "reasoning_content": "I need the tool.", "content": "", "tool_calls": [
     {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}},
     {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Lyon", "days": 3}}}]}]  # fmt: skip
-CONVERSATIONS = [(HELLO, None), (WEATHER, TOOLS)]
+ROME_Q = {"role": "user", "content": "Rome?"}  # answered without reasoning: what a forced tool_choice prompt ends in
+ROME = [ROME_Q, {"role": "assistant", "content": "", "tool_calls": [
+    {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Rome"}}}]}]  # fmt: skip
+CONVERSATIONS = [(HELLO, None), (WEATHER, TOOLS), (ROME, TOOLS)]
 
 
 def build_checkpoint(folder, steps: int = 150, layers: int = 2) -> str:
