@@ -16,19 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
+from glmstack.atomic import write_atomic
+
 DTYPE = np.uint32
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
-def _save_npy(path: Path, arr: np.ndarray) -> None:
-    tmp = path.with_name(path.name + ".tmp.npy")
-    np.save(tmp, arr)
-    os.replace(tmp, path)
 
 
 class ShardWriter:
@@ -54,17 +44,15 @@ class ShardWriter:
         name = f"shard_{len(self.meta['shards']):05d}"
         offsets = np.zeros(len(self._buf) + 1, dtype=np.int64)
         np.cumsum([len(b) for b in self._buf], out=offsets[1:])
-        _atomic_write_bytes(self.folder / f"{name}.bin", np.concatenate(self._buf).tobytes())
-        _save_npy(self.folder / f"{name}.idx.npy", offsets)
+        write_atomic(self.folder / f"{name}.bin", np.concatenate(self._buf).tobytes())
+        write_atomic(self.folder / f"{name}.idx.npy", lambda tmp: np.save(tmp, offsets))
         self.meta["shards"].append({"name": name, "tokens": int(offsets[-1]), "docs": len(self._buf)})
         self._buf, self._n = [], 0
 
     def close(self, **extra) -> dict:
         self._flush()
         self.meta.update(extra)
-        tmp = self.folder / "index.json.tmp"
-        tmp.write_text(json.dumps(self.meta, indent=1) + "\n")
-        os.replace(tmp, self.folder / "index.json")
+        write_atomic(self.folder / "index.json", json.dumps(self.meta, indent=1) + "\n")
         return self.meta
 
 

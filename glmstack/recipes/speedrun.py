@@ -32,6 +32,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from glmstack.atomic import write_atomic
+
 STOP_ENV = "GLMSTACK_SPEEDRUN_STOP_AFTER"
 STOPPED_EXIT = 75  # EX_TEMPFAIL: stopped on purpose, re-run to continue
 
@@ -111,9 +113,7 @@ def run_stages(run: Run, stages) -> dict[str, dict]:
             t0 = time.perf_counter()
             result = dict(fn(run) or {})
             result["seconds"] = round(time.perf_counter() - t0, 2)
-            tmp = done.with_suffix(".tmp")
-            tmp.write_text(json.dumps(result, indent=2) + "\n")
-            os.replace(tmp, done)  # the marker appears only once the stage's outputs are all written
+            write_atomic(done, json.dumps(result, indent=2) + "\n")  # the marker appears only once the stage's outputs are all written
             results[name] = result
         if name == stop_after:
             raise StopRequested(name)
@@ -346,13 +346,14 @@ def accepted_histogram(acceptance_per_depth: list[float]) -> dict[int, float]:
 
 
 def _val_losses(run: Run, stage: str) -> list[float]:
-    from glmstack.report import read_metrics
+    from glmstack.train.metrics import read_metrics
 
     return [r["val_loss"] for r in read_metrics(run.stage_dir(stage) / "metrics.jsonl") if "val_loss" in r]
 
 
 def _last_imbalance(run: Run, stage: str) -> float:
-    from glmstack.report import imbalance, read_metrics
+    from glmstack.report import imbalance
+    from glmstack.train.metrics import read_metrics
 
     values = [imbalance(r) for r in read_metrics(run.stage_dir(stage) / "metrics.jsonl")]
     values = [v for v in values if v is not None][-10:]
