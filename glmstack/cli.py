@@ -15,7 +15,7 @@ import sys
 
 # name -> (target "module:function", one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "speedrun": ("glmstack.recipes.speedrun:main", "the whole recipe at tiny scale on the embedded corpus, with a report"),
+    "speedrun": ("glmstack.speedrun:main", "the whole recipe at tiny scale on the embedded corpus, with a report"),
     "data": ("glmstack.data.cli:main", "run the data pipeline into token shards"),
     "tokenizer": ("glmstack.tokenizer:main", "train or inspect a byte-level BPE tokenizer"),
     "pretrain": ("glmstack.train.pretrain:main", "pre-train a GLM MoE with MTP (Muon, loss-free balancing)"),
