@@ -18,6 +18,7 @@ assistant's own tokens (reasoning, `</think>`, content, tool calls) and the toke
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -167,13 +168,18 @@ def read_conversations(paths, *, log=print) -> tuple[list[dict], ReadReport]:
                 kept_here += 1
             except MalformedRecord as e:
                 report.skipped.append(f"{path}:{line}: {e}")
-                report.reasons[str(e).split(":")[0] if str(e).startswith("message") else str(e)[:60]] += 1
+                report.reasons[_kind(str(e))] += 1
                 if log is not None:
                     log(f"skipped {path}:{line}: {e}")
         if kept_here == 0:
             raise ConfigError(f"{path}: no valid conversation in the file ({len(report.skipped)} skipped so far)")
         report.kept += kept_here
     return records, report
+
+
+def _kind(reason: str) -> str:
+    """A reason without its positions and details, for the summary's counts."""
+    return re.sub(r"^(message|conversations\[)\s*\d+\]?: ", "", reason).split(" (")[0].split(": ")[0][:60]
 
 
 def encode_record(tokenizer, record: dict, style: str) -> tuple[list[int], list[int]]:

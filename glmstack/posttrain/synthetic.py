@@ -42,6 +42,9 @@ ASSISTANT_NAMES = ["Glim", "Orla", "Pax", "Quill", "Rune", "Sol", "Tova", "Vega"
 WORDS = ["python", "banana", "keyboard", "sandbox", "rocket", "garden", "window", "thunder", "planet", "silver"]
 
 
+_PY_OUTPUTS: dict[str, str] = {}  # code -> what the sandbox printed (deterministic programs: run each once)
+
+
 def split_of(prompt: str) -> str:
     return "test" if zlib.crc32(prompt.encode()) % TEST_EVERY == 0 else "train"
 
@@ -164,7 +167,6 @@ def generate(set_name: str, n: int, seed: int = 0, split: str = "train") -> list
     if set_name not in SETS:
         raise ValueError(f"unknown synthetic set {set_name!r} (expected one of {', '.join(SETS)})")
     rng = random.Random(f"{set_name}:{seed}")
-    outputs: dict[str, str] = {}
     out, tries = [], 0
     while len(out) < n and tries < 50 * n + 1000:
         tries += 1
@@ -172,7 +174,7 @@ def generate(set_name: str, n: int, seed: int = 0, split: str = "train") -> list
         if set_name == "arithmetic":
             rec = arithmetic_record(rng, thinking)
         elif set_name == "tools":
-            rec = tool_record(rng, thinking, outputs)
+            rec = tool_record(rng, thinking, _PY_OUTPUTS)
         else:
             rec = chat_record(rng, thinking)
         if rec["meta"]["split"] == split:
