@@ -48,8 +48,12 @@ def parse_args(argv):
     ap.add_argument("--concurrency", type=int, default=8, help="requests in flight against an endpoint")
     ap.add_argument("--batch-size", type=int, default=8, help="prompts per engine batch with --model")
     ap.add_argument("--device", default=None, help="--model device (default cuda when available)")
-    ap.add_argument("--thinking", choices=["off", "on", "unset"], default="off",
-                    help="chat reasoning; endpoints get chat_template_kwargs.enable_thinking unless 'unset'")
+    ap.add_argument(
+        "--thinking",
+        choices=["off", "on", "unset"],
+        default="off",
+        help="chat reasoning; endpoints get chat_template_kwargs.enable_thinking unless 'unset'",
+    )
     ap.add_argument("--style", choices=["auto", "glm-4.5", "glm-4.7"], default="auto", help="GLM chat format")
     ap.add_argument("--bfcl-categories", default=None, help="comma list (default: all single-turn categories)")
     ap.add_argument("--fim-mode", choices=["psm", "spm_v2", "spm_glm"], default="psm")

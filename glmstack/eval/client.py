@@ -81,13 +81,26 @@ class LocalClient:
         )  # fmt: skip
 
     def generate(self, requests: list[dict], *, temperature: float, max_tokens: int, seeds: list[int]) -> list[dict]:
-        outs = []
-        for start in range(0, len(requests), self.batch_size):
-            batch, bseeds = requests[start : start + self.batch_size], seeds[start : start + self.batch_size]
+        """Batches of `batch_size`; a prompt that leaves no room in the context gets an empty reply (finish_reason
+        "prompt_too_long", scored as a failure), and one that leaves less than `max_tokens` runs alone, because the
+        engine's budget is per batch and a server's is per request (the two must agree at temperature 0)."""
+        ctx = self.engine.cfg.max_position_embeddings
+        prompts = [self.engine.tokenizer.encode(self.prompt_text(r)) for r in requests]
+        outs: list[dict | None] = [None] * len(requests)
+        batched, alone = [], []
+        for i, ids in enumerate(prompts):
+            if len(ids) >= ctx:
+                outs[i] = output("", finish_reason="prompt_too_long")
+            else:
+                (batched if len(ids) + max_tokens <= ctx else alone).append(i)
+        groups = [batched[s : s + self.batch_size] for s in range(0, len(batched), self.batch_size)]
+        for group in groups + [[i] for i in alone]:
             res = self.engine.generate(
-                [self.prompt_text(r) for r in batch], max_new_tokens=max_tokens, temperature=temperature, seeds=bseeds
-            )
-            outs += [self._output(r, t, f) for r, t, f in zip(batch, res.text, res.finish_reason)]
+                [prompts[i] for i in group], max_new_tokens=max_tokens, temperature=temperature,
+                seeds=[seeds[i] for i in group],
+            )  # fmt: skip
+            for i, text, finish in zip(group, res.text, res.finish_reason):
+                outs[i] = self._output(requests[i], text, finish)
         return outs
 
     def _output(self, request: dict, text: str, finish: str) -> dict:

@@ -28,6 +28,9 @@ def markdown(card: dict) -> str:
             for group, st in [("all", s["overall"]), *s["groups"].items()]:
                 cells = [f"{100 * st[k]:.1f}" if k in st else "" for k in ks]
                 lines.append(f"| {name} | {group} | {st['items']} | {st['samples']} | " + " | ".join(cells) + " |")
+            if s["overall"].get("prompt_too_long"):
+                lines.append(f"\n{name}: {s['overall']['prompt_too_long']} prompts longer than the model's context "
+                             "(scored as failures)\n")  # fmt: skip
             if "errors" in s:
                 lines.append(f"\n{name}: {s['errors']['count']} requests failed (rerun to retry them): "
                              f"{s['errors']['first'][0]}\n")  # fmt: skip
