@@ -25,7 +25,7 @@ CHAT_ASK = (
     "Complete the following Python function. Reply with the complete function, including the signature, "
     "in a single ```python code block.\n\n```python\n{prompt}```"
 )
-_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)(?:```|$)", re.DOTALL)
+_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
 
 
 def extract_code(text: str) -> str:

@@ -81,7 +81,7 @@ def test_prompts_longer_than_the_context_fail_without_stopping_the_run(checkpoin
     assert min(lengths) < 152 and max(lengths) >= 160  # some fit, some do not
     summary = run_task(task, client, ResultStore(tmp_path / "r.jsonl"), limit=6, progress=False)
     assert summary["overall"]["items"] == 6
-    assert summary["overall"]["prompt_too_long"] == sum(n >= 160 for n in lengths)
+    assert summary["overall"]["not_generated"] == sum(n >= 160 for n in lengths)
     from glmstack.eval.bfcl import BFCLTask
 
     irrelevance = run_task(BFCLTask(["irrelevance"]), client, ResultStore(tmp_path / "b.jsonl"), limit=2,
