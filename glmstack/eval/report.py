@@ -30,10 +30,10 @@ def markdown(card: dict) -> str:
                 cells = [f"{100 * st[k]:.1f}" if k in st else "" for k in ks]
                 lines.append(f"| {name} | {group} | {st['items']} | {st['samples']} | " + " | ".join(cells) + " |")
             if s["overall"].get("not_generated"):
-                notes.append(f"{name}: {s['overall']['not_generated']} prompts were longer than the model's context "
+                notes.append(f"- {name}: {s['overall']['not_generated']} prompts were longer than the model's context "
                              "or rejected by the endpoint (scored as failures).")  # fmt: skip
             if "errors" in s:
-                notes.append(f"{name}: {s['errors']['count']} requests failed (rerun to retry them): "
+                notes.append(f"- {name}: {s['errors']['count']} requests failed (rerun to retry them): "
                              f"{s['errors']['first'][0]}")  # fmt: skip
         lines += ["", *notes]
         lines.append("")
