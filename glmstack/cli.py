@@ -22,7 +22,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "midtrain": ("glmstack.train.midtrain:main", "mid-train: longer context, repo-level code, best-fit packing"),
     "generate": ("glmstack.inference.cli:generate_main", "generate text from a checkpoint (MTP speculative decoding)"),
     "chat": ("glmstack.inference.cli:chat_main", "chat with a checkpoint in the terminal (GLM chat format)"),
+    "serve": ("glmstack.serve.cli:main", "an OpenAI-compatible server with tools, reasoning, streaming and a chat page"),
     "convert": ("glmstack.model.convert:main", "re-shard a checkpoint and change its dtype"),
+    "eval": ("glmstack.eval.cli:main", "score a checkpoint or an endpoint: ppl, HumanEval, FIM, BFCL, math"),
     "sandbox": ("glmstack.sandbox.cli:main", "run a code snippet in the sandbox"),
     "bench": ("glmstack.bench_cli:main", "list or run the benchmarks in bench/ (a source checkout only: a wheel has no bench/)"),
 }

@@ -93,7 +93,8 @@ def row_arrays(row: list[tuple[int, int, int]], tokens_of, seq_len: int, pad_id:
     seg = np.zeros(seq_len, dtype=np.int64)
     t = 0
     for k, (doc, start, n) in enumerate(row, 1):
-        toks = tokens_of(doc, start, n)
+        toks = tokens_of(doc, start, n)  # at most n tokens (sampling-time FIM may return fewer)
+        n = len(toks)
         ids[t : t + n] = toks
         labels[t : t + n - 1] = toks[1:]
         pos[t : t + n] = np.arange(n)

@@ -159,6 +159,13 @@ def load_hf(folder: str | os.PathLike, dtype: torch.dtype | None = None, device=
     if dtype is None:
         dtype = DTYPES.get(cfg.hf_metadata.get("dtype") or cfg.hf_metadata.get("torch_dtype"), torch.float32)
     model = GLM(cfg, dtype=dtype)
+    if cfg.hf_metadata.get("quantization_config"):  # a released-style FP8 folder: keep the weights as stored
+        from glmstack.inference.quant import QuantError, fp8_skeleton_
+
+        try:
+            fp8_skeleton_(model)
+        except QuantError as e:
+            raise CheckpointError(f"{folder / 'config.json'}: {e}") from None
     tensors = checkpoint_tensors(model, folder)  # checked here, before anything is allocated
     model.materialize(device)
     state = model.state_dict()
@@ -268,6 +275,8 @@ def save_hf(model: GLM, folder: str | os.PathLike, dtype: torch.dtype | None = N
             max_shard_bytes: int = 5 * 2**30) -> Path:
     """Write config.json + safetensors (sharded above max_shard_bytes) atomically; returns the folder."""
     folder = Path(folder)
+    if getattr(model, "quant_scheme", None) == "int4":
+        raise CheckpointError("save_hf: int4 weights have no checkpoint format here (fp8 has: the released one)")
     dtype = dtype or model.embed_tokens.weight.dtype
     state = model.state_dict()
     entries = hf_entries(model)
@@ -293,8 +302,15 @@ def save_hf(model: GLM, folder: str | os.PathLike, dtype: torch.dtype | None = N
 
 def _hf_tensor(state, ours: str, idx: tuple, dtype) -> torch.Tensor:
     t = state[ours][idx]
+    if _keep_as_is(t, ours):
+        return t.to("cpu").contiguous()
     keep_fp32 = _keep_fp32(ours)
     return t.to("cpu", torch.float32 if keep_fp32 else dtype).contiguous()
+
+
+def _keep_as_is(t: torch.Tensor, ours: str) -> bool:
+    """FP8 weights and their block scales (inference/quant.py) are written in their own dtypes."""
+    return t.dtype == torch.float8_e4m3fn or ours.endswith("weight_scale_inv")
 
 
 def _keep_fp32(ours: str) -> bool:
@@ -304,8 +320,11 @@ def _keep_fp32(ours: str) -> bool:
 
 
 def _nbytes(state, ours: str, idx: tuple, dtype) -> int:
+    t = state[ours][idx]
+    if _keep_as_is(t, ours):
+        return t.numel() * t.element_size()
     keep_fp32 = _keep_fp32(ours)
-    return state[ours][idx].numel() * (4 if keep_fp32 else torch.empty((), dtype=dtype).element_size())
+    return t.numel() * (4 if keep_fp32 else torch.empty((), dtype=dtype).element_size())
 
 
 def _plan_shards(entries, state, dtype, max_bytes: int) -> list[list[str]]:

@@ -98,3 +98,11 @@ def midtrain(minutes: float = 15, out: str = "runs/speedrun", seed: int = 0, voc
     cfg.log.every = max(1, size.midtrain_steps // 50)
     cfg.log.val_every = _val_every(size.midtrain_steps, cfg.log.every, 8)
     return cfg
+
+
+def data():
+    """The data build the speedrun starts from (`glmstack data speedrun`): ~2 MB, SemDeDup with the cheap embedder."""
+    from glmstack.data.corpus import CorpusConfig
+    from glmstack.data.pipeline import PipelineConfig
+
+    return PipelineConfig(corpus=CorpusConfig(size_mb=2.0), unit_docs=128)

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from glmstack.recipes.speedrun import data as data_recipe
 from glmstack.recipes.speedrun import midtrain, pretrain, size_for
 from glmstack.speedrun.evaluate import stage_evaluate
 from glmstack.speedrun.run import STOP_ENV, Run, StopRequested, check_same_run, run_stages
@@ -55,12 +56,11 @@ def stage_tokenizer(run: Run) -> dict:
 def stage_data(run: Run) -> dict:
     """The data pipeline, twice: the pre-training mixture, and a code-heavy one (repo-level documents, FIM) for
     mid-training. Filters, dedup (exact, MinHash, SemDeDup), quality buckets, token shards."""
-    from glmstack.data.cli import recipe_speedrun
     from glmstack.data.pipeline import build_dataset, with_seed
 
     out, tok = {}, run.tokenizer()
     for stage, shares in (("pretrain", None), ("midtrain", MIDTRAIN_SHARES)):
-        cfg = with_seed(dataclasses.replace(recipe_speedrun(), corpus=_corpus_cfg(run, shares)), run.seed)
+        cfg = with_seed(dataclasses.replace(data_recipe(), corpus=_corpus_cfg(run, shares)), run.seed)
         print(f"-- {stage} data", flush=True)
         summary = build_dataset(cfg, tok, run.stage_dir("data") / stage)
         out[stage] = {"train_tokens": _split_tokens(summary, "train"), "eval_tokens": _split_tokens(summary, "eval"),

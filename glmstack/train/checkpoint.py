@@ -23,9 +23,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+<<<<<<< HEAD
+from glmstack.config import ConfigError, write_json
+=======
 from glmstack.atomic import write_atomic
 from glmstack.config import write_json
 from glmstack.errors import CheckpointError
+>>>>>>> harden
 from glmstack.train import dist
 
 LATEST = "latest"
@@ -47,6 +51,16 @@ def latest(stage_dir: str | Path) -> Path | None:
     return folder
 
 
+<<<<<<< HEAD
+def resolve(ref: str, out_dir: str) -> Path:
+    """A previous stage's checkpoint (`init_from`): an HF folder, a stage folder (its `latest`), or 'run/stage'."""
+    for cand in (Path(ref), Path(out_dir) / ref):
+        if (cand / "config.json").exists() and any(cand.glob("*.safetensors")):
+            return cand
+        if (cand / LATEST).exists():
+            return latest(cand)
+    raise ConfigError(f"init_from={ref!r}: no HF checkpoint folder, stage folder or run/stage under {out_dir}")
+=======
 def check_resumable(folder: str | Path) -> Path:
     """`folder` if it is a checkpoint a run can resume from (trainer_state/ beside the model), else CheckpointError."""
     folder = Path(folder)
@@ -64,6 +78,7 @@ def clean_partial(stage_dir: str | Path) -> list[Path]:
     for path in leftovers:
         shutil.rmtree(path, ignore_errors=True)
     return leftovers
+>>>>>>> harden
 
 
 def rng_state() -> dict:
@@ -180,20 +195,35 @@ def load(folder: str | Path, *, model, optimizer, data) -> dict:
     folder = Path(folder)
     ts = folder / "trainer_state"
     load_model(model, folder)
-    saved_world = len(list(ts.glob("rank_*.pt")))
-    if dist.optimizer_is_sharded(model) != (ts / "optimizer_00000.pt").exists() or (
-        dist.optimizer_is_sharded(model) and saved_world != dist.world()
-    ):
-        raise ValueError(
-            f"{folder} was written by {saved_world} rank(s) with "
-            f"{'sharded' if (ts / 'optimizer_00000.pt').exists() else 'replicated'} optimizer state; resume it "
-            f"with the same dist.dp / dist.expert_parallel layout and number of ranks"
-        )
-    opt_path = ts / (f"optimizer_{dist.rank():05d}.pt" if dist.optimizer_is_sharded(model) else "optimizer.pt")
-    optimizer.load_state_dict(torch.load(opt_path, weights_only=False))
+    problem = load_optimizer(folder, model, optimizer)
+    if problem:
+        raise ValueError(f"{folder}: {problem}")
     rank_file = ts / f"rank_{dist.rank():05d}.pt"
     rank_state = torch.load(rank_file if rank_file.exists() else ts / "rank_00000.pt", weights_only=False)
     set_rng_state(rank_state["rng"])
     if rank_state["data"] is not None and hasattr(data, "load_state_dict"):
         data.load_state_dict(rank_state["data"])
     return torch.load(ts / "state.pt", weights_only=False)
+
+
+def load_optimizer(folder: Path, model, optimizer) -> str | None:
+    """Load `folder`'s optimizer state into `optimizer`; None on success, else why it cannot be loaded."""
+    ts = folder / "trainer_state"
+    saved_world = len(list(ts.glob("rank_*.pt")))
+    saved_sharded = (ts / "optimizer_00000.pt").exists()
+    if not saved_sharded and not (ts / "optimizer.pt").exists():
+        return "it has no optimizer state (not a glmstack training checkpoint)"
+    if dist.optimizer_is_sharded(model) != saved_sharded or (saved_sharded and saved_world != dist.world()):
+        return (
+            f"it was written by {saved_world} rank(s) with {'sharded' if saved_sharded else 'replicated'} optimizer "
+            f"state; load it with the same dist.dp / dist.expert_parallel layout and number of ranks"
+        )
+    opt_path = ts / (f"optimizer_{dist.rank():05d}.pt" if saved_sharded else "optimizer.pt")
+    optimizer.load_state_dict(torch.load(opt_path, weights_only=False))
+    return None
+
+
+def optimizer_param_names(model, optimizer) -> list[list[str]]:
+    """Parameter names of every optimizer group, in state-dict order: what must match to carry optimizer state."""
+    names = {id(p): n for n, p in dist.unwrap(model).named_parameters()}
+    return [[names.get(id(p), "?") for p in g["params"]] for g in optimizer.param_groups]

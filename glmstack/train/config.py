@@ -37,13 +37,14 @@ class OptimConfig:
 @dataclass(kw_only=True)
 class ScheduleConfig:
     lr: Literal["cosine", "wsd", "constant"] = "cosine"  # shape after warm-up
-    warmup_steps: int = 10  # linear lr warm-up
+    warmup_steps: int = 10  # linear lr warm-up (offset steps; a continuing stage keeps pre-training's: same curve)
+    rewarmup_steps: int = 0  # lr ramp over a stage's first steps when it starts without optimizer state (0 = none)
     total_steps: int | None = None  # steps the decay spans (in offset steps); None = this stage's end
     step_offset: int = 0  # added to the stage step: mid-training continues pre-training's decay
     final_lr_frac: float = 0.1  # lr at the end / peak (GLM-4.5: 2.5e-5 / 2.5e-4)
     wsd_decay_frac: float = 0.2  # WSD: fraction of the steps spent decaying
-    batch_warmup_start_tokens: int = 0  # tokens/step at step 0 (0 = no batch-size warm-up)
-    batch_warmup_steps: int = 0  # steps to reach the full batch
+    batch_warmup_start_tokens: int = 0  # tokens/step per rank at the start (0 = no batch-size warm-up)
+    batch_warmup_tokens: int = 0  # tokens per rank consumed while the batch ramps to full (GLM-4.5: 500B)
     mtp_weight: list[list[float]] = field(default_factory=lambda: [[0, 0.3]])  # [[from_step, λ]]: GLM-4.5 0.3 then 0.1
     balance_rate: list[list[float]] = field(default_factory=lambda: [[0, 1e-3]])  # [[from_step, u]]: 1e-3 then 0
     aux_loss_weight: float = 1e-4  # sequence-wise balance loss α (GLM-4.5, DeepSeek-V3 Eq. 17)
@@ -51,6 +52,8 @@ class ScheduleConfig:
 
 @dataclass(kw_only=True)
 class DataConfig:
+    """What a training stage reads (shards are built by `glmstack data`, configured by data.PipelineConfig)."""
+
     kind: Literal["synthetic", "shards"] = "synthetic"  # synthetic = glmstack/train/synthetic.py
     path: str = ""  # token shard folder (kind=shards); source weights are fixed when the shards are built
     packing: Literal["concat", "best_fit"] = "concat"  # pretrain concat, midtrain best-fit (kind=shards: documents)
@@ -96,6 +99,7 @@ class TrainConfig:
     model: str = "tiny"  # ModelConfig preset name
     model_overrides: dict[str, Any] = field(default_factory=dict)  # HF-named ModelConfig fields to change
     init_from: str = ""  # HF folder (or run/stage) of the previous stage's checkpoint; "" = fresh init
+    optim_state: Literal["carry", "fresh"] = "carry"  # init_from's optimizer state if params match, else rewarm-up
     rope_theta: float = 0.0  # RoPE base for this stage (0 = keep the model's); midtrain raises it (GLM-4.5 1e4 -> 1e6)
     seq_len: int = 128  # tokens per sequence
     micro_batch_size: int = 4  # sequences per micro-batch per rank

@@ -24,8 +24,13 @@ from glmstack.config import ConfigError, apply_overrides, diff_fields
 from glmstack.errors import GlmstackError, one_line
 from glmstack.model.config import TRAINING_FIELDS
 from glmstack.optim import build_optimizer
+<<<<<<< HEAD
+from glmstack.train import checkpoint, dist
+from glmstack.train.config import TrainConfig
+=======
 from glmstack.train import dist
 from glmstack.train.config import TrainConfig, problems
+>>>>>>> harden
 from glmstack.train.loop import device_of, pretrain_loss, train
 from glmstack.train.synthetic import SyntheticLM
 
@@ -53,18 +58,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def resolve_checkpoint(ref: str, out_dir: str) -> Path:
-    """A previous stage's checkpoint: an HF folder, a stage folder (its `latest`), or 'run/stage'."""
-    from glmstack.train import checkpoint
-
-    for cand in (Path(ref), Path(out_dir) / ref):
-        if (cand / "config.json").exists() and any(cand.glob("*.safetensors")):
-            return cand
-        if (cand / checkpoint.LATEST).exists():
-            return checkpoint.latest(cand)
-    raise ConfigError(f"init_from={ref!r}: no HF checkpoint folder, stage folder or run/stage under {out_dir}")
 
 
 def build_model(cfg: TrainConfig, device: torch.device):
@@ -100,7 +93,7 @@ def _meta_model(cfg: TrainConfig, device: torch.device):
     if not cfg.init_from:
         model = GLM(ModelConfig.preset(cfg.model, **overrides))
         return model, model.initial_tensors(seed=cfg.seed, device=device)
-    folder = resolve_checkpoint(cfg.init_from, cfg.out_dir)
+    folder = checkpoint.resolve(cfg.init_from, cfg.out_dir)
     saved = ModelConfig.from_hf(folder)
     new_cfg = dataclasses.replace(saved, **overrides)  # e.g. mid-training's RoPE base change: same weights
     changed = [f for f in diff_fields(saved, new_cfg) if f not in STAGE_MAY_CHANGE]

@@ -9,7 +9,7 @@ import pytest
 
 from glmstack.data.corpus import CorpusConfig, corpus_docs
 from glmstack.data.loader import PackedLoader, PretrainLoader
-from glmstack.data.pipeline import DataConfig, build_dataset
+from glmstack.data.pipeline import PipelineConfig, build_dataset
 from glmstack.data.semdedup import SemDedupConfig
 from glmstack.data.sources import EmptyInputError, SourceConfig
 
@@ -23,7 +23,7 @@ def tok():
 
 def _cfg(**kw):
     base = {"corpus": CorpusConfig(size_mb=0.15), "unit_docs": 32, "progress": False}
-    return DataConfig(**{**base, **kw})
+    return PipelineConfig(**{**base, **kw})
 
 
 def _digest(out: Path) -> dict:

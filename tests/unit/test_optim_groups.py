@@ -41,7 +41,7 @@ def test_build_optimizer_covers_every_parameter_once():
     opt, _ = build_optimizer(model, OptimConfig(muon_split={"q_proj.weight": 2}))
     ids = [id(p) for g in opt.param_groups for p in g["params"]]
     assert len(ids) == len(set(ids)) and set(ids) == {id(p) for p in model.parameters()}
-    assert any(g.get("split") == 2 for g in opt.optimizers["muon"].param_groups)
+    assert any(g.get("blocks") == (2, (g["params"][0].shape[0] // 2,)) for g in opt.optimizers["muon"].param_groups)
     assert all(g["initial_lr"] == g["lr"] for g in opt.param_groups)
 
 
