@@ -24,13 +24,8 @@ from glmstack.config import ConfigError, apply_overrides, diff_fields
 from glmstack.errors import GlmstackError, one_line
 from glmstack.model.config import TRAINING_FIELDS
 from glmstack.optim import build_optimizer
-<<<<<<< HEAD
 from glmstack.train import checkpoint, dist
-from glmstack.train.config import TrainConfig
-=======
-from glmstack.train import dist
 from glmstack.train.config import TrainConfig, problems
->>>>>>> harden
 from glmstack.train.loop import device_of, pretrain_loss, train
 from glmstack.train.synthetic import SyntheticLM
 
@@ -131,7 +126,6 @@ def check_inputs(cfg: TrainConfig) -> None:
     may have mutated it after it was built), the resume folder, and that the token shards' vocabulary fits the
     model's embedding (past it: an index error on CPU, a device assert on CUDA)."""
     from glmstack.model import ModelConfig
-    from glmstack.train import checkpoint
 
     found = problems(cfg)
     if found:
@@ -141,7 +135,7 @@ def check_inputs(cfg: TrainConfig) -> None:
     if cfg.data.kind != "shards":
         return
     if cfg.init_from:
-        model_cfg = ModelConfig.from_hf(resolve_checkpoint(cfg.init_from, cfg.out_dir))
+        model_cfg = ModelConfig.from_hf(checkpoint.resolve(cfg.init_from, cfg.out_dir))
     else:
         model_cfg = ModelConfig.preset(cfg.model, **cfg.model_overrides)
     for path in dict.fromkeys(p for p in (cfg.data.path, cfg.data.val_path) if p):
