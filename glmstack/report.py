@@ -1,7 +1,8 @@
 """The run report: report.md and plots drawn from the stages' metrics.jsonl files and a summary of figures.
 
-Plots come from the metrics files, never from hooks in the training code (CONVENTIONS §11), so a report can
-be redrawn for any run folder at any time:
+Plots come from the metrics files (read by glmstack.train.metrics.read_metrics, the one reader, which skips a
+half-written last line), never from hooks in the training code, so a report can be redrawn for any run folder at
+any time:
 
     python -m glmstack.report runs/speedrun            # rewrites runs/speedrun/report.md and plots/
 
@@ -24,23 +25,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from glmstack.train.metrics import read_metrics
+
 STAGES = ("pretrain", "midtrain")  # training stages whose metrics.jsonl the report reads, in order
 LAYER_BALANCE = "moe/max_over_mean/"  # the loop's per-MoE-layer max/mean expert load (glmstack/train/balance.py)
 BALANCE_KEYS = ("moe/max_over_mean",)  # worst layer, when per-layer values are absent
-
-
-def read_metrics(path: str | Path) -> list[dict]:
-    """One dict per line of a metrics.jsonl; a half-written last line (run killed mid-write) is skipped."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
 
 
 def _series(rows: list[dict], key: str, offset: int = 0, smooth: float = 0.0) -> tuple[list[int], list[float]]:

@@ -35,11 +35,14 @@ def default_in_reasoning(style: str) -> bool:
     return get_style(style).prompt_thinking == THINK_OPEN
 
 
-def parse(text: str, tools=None, style: str = "glm-4.5", in_reasoning: bool | None = None) -> dict:
+def parse(text: str, tools=None, style: str = "glm-4.5", in_reasoning: bool | None = None, calls: bool = True) -> dict:
+    """calls=False keeps `<tool_call>` text as content (a server's tool_choice="none")."""
     if in_reasoning is None:
         in_reasoning = default_in_reasoning(style)
     text = text[: stop_index(text)]
     reasoning, rest = split_reasoning(text, in_reasoning)
+    if not calls:
+        return assistant_message(rest.strip(), reasoning.strip(), [])
     typers = _typers(tools)
     content, calls, pos = [], [], 0
     while True:

@@ -172,16 +172,10 @@ def build_loader(
     seed: int = 0,
     split: str = "train",
     packing: str = "concat",
-    mixture: dict | None = None,
     **options,
 ):
     """The loader a training stage asks for by config (glmstack/train/stage.py, TrainConfig.data):
     packing "concat" -> PretrainLoader, "best_fit" -> PackedLoader; the validation split is read in order."""
-    if mixture:
-        raise ValueError(
-            "data.mixture: source weights are applied when the shards are built "
-            "(glmstack.data.PipelineConfig.mixture / corpus.shares), not by the loader"
-        )
     loaders = {"concat": PretrainLoader, "best_fit": PackedLoader}
     if packing not in loaders:
         raise ValueError(f"data.packing={packing!r}: expected one of {', '.join(loaders)}")

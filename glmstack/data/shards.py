@@ -18,22 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
+from glmstack.atomic import write_atomic
+
 DTYPE = np.uint32
 # key: 64-bit hash of the document id; copy: which up-sampled copy (0, 1, ...); kind: KINDS index
 DOC_DTYPE = np.dtype([("key", "<u8"), ("copy", "<u4"), ("kind", "u1")])
 KINDS = ("text", "code", "repo", "math")
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
-def _save_npy(path: Path, arr: np.ndarray) -> None:
-    tmp = path.with_name(path.name + ".tmp.npy")
-    np.save(tmp, arr)
-    os.replace(tmp, path)
 
 
 class ShardWriter:
@@ -63,19 +53,18 @@ class ShardWriter:
         name = f"shard_{len(self.meta['shards']):05d}"
         offsets = np.zeros(len(self._buf) + 1, dtype=np.int64)
         np.cumsum([len(b) for b in self._buf], out=offsets[1:])
-        _atomic_write_bytes(self.folder / f"{name}.bin", np.concatenate(self._buf).tobytes())
-        _save_npy(self.folder / f"{name}.idx.npy", offsets)
+        write_atomic(self.folder / f"{name}.bin", np.concatenate(self._buf).tobytes())
+        write_atomic(self.folder / f"{name}.idx.npy", lambda tmp: np.save(tmp, offsets))
         if self._docs:
-            _save_npy(self.folder / f"{name}.docs.npy", np.array(self._docs, dtype=DOC_DTYPE))
+            docs = np.array(self._docs, dtype=DOC_DTYPE)
+            write_atomic(self.folder / f"{name}.docs.npy", lambda tmp: np.save(tmp, docs))
         self.meta["shards"].append({"name": name, "tokens": int(offsets[-1]), "docs": len(self._buf)})
         self._buf, self._docs, self._n = [], [], 0
 
     def close(self, **extra) -> dict:
         self._flush()
         self.meta.update(extra)
-        tmp = self.folder / "index.json.tmp"
-        tmp.write_text(json.dumps(self.meta, indent=1) + "\n")
-        os.replace(tmp, self.folder / "index.json")
+        write_atomic(self.folder / "index.json", json.dumps(self.meta, indent=1) + "\n")
         return self.meta
 
 

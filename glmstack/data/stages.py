@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from glmstack.atomic import write_atomic
 from glmstack.data.dedup import MinHasher, exact_hash
 from glmstack.data.filters import FilterReport, apply_filters, build_filters
 from glmstack.data.quality import code_score
@@ -31,9 +31,7 @@ def write_docs(path: Path, docs: list[Doc]) -> None:
     import zstandard
 
     raw = "".join(json.dumps(d.to_json(), ensure_ascii=False) + "\n" for d in docs).encode("utf-8", "replace")
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(zstandard.ZstdCompressor(level=3).compress(raw))
-    os.replace(tmp, path)
+    write_atomic(path, zstandard.ZstdCompressor(level=3).compress(raw))
 
 
 def read_docs(path: Path) -> list[Doc]:
@@ -45,9 +43,7 @@ def read_docs(path: Path) -> list[Doc]:
 
 
 def save_npy(path: Path, arr: np.ndarray) -> None:
-    tmp = path.with_name(path.name + ".tmp.npy")
-    np.save(tmp, arr)
-    os.replace(tmp, path)
+    write_atomic(path, lambda tmp: np.save(tmp, arr))
 
 
 @dataclass
@@ -98,9 +94,7 @@ def filter_unit(ctx: StageContext, u: int) -> None:
         "boilerplate_lines": report.boilerplate_lines,
         "kept": len(kept),
     }
-    tmp = ctx.path("report", u, "json.tmp")
-    tmp.write_text(json.dumps(rep))
-    os.replace(tmp, ctx.path("report", u, "json"))
+    write_atomic(ctx.path("report", u, "json"), json.dumps(rep))
 
 
 def _decontaminator(cfg):
@@ -139,8 +133,6 @@ def tokenize_unit(ctx: StageContext, u: int) -> None:
     offsets = np.zeros(len(ids) + 1, dtype=np.int64)
     np.cumsum([len(x) for x in ids], out=offsets[1:])
     flat = np.fromiter((t for x in ids for t in x), dtype=np.uint32, count=int(offsets[-1]))
-    tmp = ctx.path("tok", u, "bin.tmp")
-    tmp.write_bytes(flat.tobytes())
-    os.replace(tmp, ctx.path("tok", u, "bin"))
+    write_atomic(ctx.path("tok", u, "bin"), flat.tobytes())
     save_npy(ctx.path("tok", u, "idx.npy"), offsets)
     ctx.path("tok", u, "done").write_text("ok")

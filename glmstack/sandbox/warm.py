@@ -6,10 +6,11 @@
 
 Why: a cold run (run.py) starts bwrap and an interpreter every time, tens of ms of CPU on a 2-core machine; a
 warm box forks its pre-started interpreter (zygote.py) instead. Every execution still gets a fresh process, its
-own unprivileged uid (so RLIMIT_NPROC, the memory watchdog and the kill-everything-of-the-uid sweep work as in
-the cold path), its own empty work dir, rlimits, no network, the read-only root. What it shares with the box's
-earlier executions: the namespaces (a program can see processes of the box's current execution only, as the
-last uid was swept), the tmpfs size limit, and /tmp and /dev/shm, which the zygote empties between executions.
+own unprivileged uid (so RLIMIT_NPROC, the memory cgroup or watchdog and the kill-everything-of-the-uid sweep
+work as in the cold path), its own mount namespace with fresh size- and inode-limited tmpfs at /sandbox, /tmp
+and /dev/shm, rlimits, seccomp, a fresh keyring, no network, the read-only root. What it shares with the box's
+earlier executions: the PID, network and IPC namespaces (a program can see processes of the box's current
+execution only, as the last uid was swept).
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from glmstack.sandbox import isolation, seccomp
+from glmstack.sandbox import cgroup, isolation
 from glmstack.sandbox.limits import Limits
-from glmstack.sandbox.pump import encode_payload, pump
+from glmstack.sandbox.pump import encode_payload, memory_check, pump
 from glmstack.sandbox.run import Result, make_result
 from glmstack.sandbox.uids import UidSlot, kill_uid
 
@@ -52,31 +53,25 @@ class WarmSandbox:
         self._proc: subprocess.Popen | None = None
         self._start()
 
-    def _argv(self, ctl_fd: int, seccomp_fd: int | None) -> list[str]:
+    def _argv(self, ctl_fd: int) -> list[str]:
         work_dir_mb, extra_ro, site = self._config
-        # The zygote also empties the shared dirs, whose entries belong to the sandbox uids: it needs to pass
-        # their permissions (CAP_DAC_OVERRIDE, CAP_FOWNER). Each execution drops every capability at its uid switch.
-        argv = isolation.bwrap_argv(work_dir_mb, extra_ro, warm=True, seccomp_fd=seccomp_fd)
-        argv += ["--cap-add", "CAP_DAC_OVERRIDE", "--cap-add", "CAP_FOWNER"]
+        argv = isolation.bwrap_argv(work_dir_mb, extra_ro, warm=True)
         argv += [isolation.interpreter("bwrap"), "-I", *([] if site else ["-S"]), "-c", ZYGOTE]
         return argv + [str(ctl_fd), isolation.BOOT]
 
     def _start(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        seccomp_fd = seccomp.filter_fd()
-        fds = (theirs.fileno(), *([seccomp_fd] if seccomp_fd is not None else []))
         try:
             self._proc = subprocess.Popen(
-                self._argv(theirs.fileno(), seccomp_fd), cwd="/", env=isolation.env_for(isolation.SANDBOX_DIR),
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=fds,
-                start_new_session=True,
+                self._argv(theirs.fileno()), cwd="/", env=isolation.env_for(isolation.SANDBOX_DIR),
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),), start_new_session=True,
             )  # fmt: skip
         finally:
             theirs.close()
-            if seccomp_fd is not None:
-                os.close(seccomp_fd)
         self._ctl = ours
-        self.layers = (*isolation.LAYERS["bwrap"], "uid", "warm-fork", *(["seccomp"] if seccomp_fd is not None else []))
+        memory = cgroup.layer() or "memory-watchdog"
+        self.layers = (*isolation.LAYERS["bwrap"], *isolation.kernel_layers(), "uid", memory, "tmpfs-inodes", "warm-fork")
 
     def close(self) -> None:
         """Stop the zygote (closing its socket ends it; SIGKILL if it lingers)."""
@@ -106,17 +101,18 @@ class WarmSandbox:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _submit(self, uid: int) -> tuple[int, int, int]:
-        """Ask the zygote for an execution as `uid`; returns our pipe ends (stdin to write, stdout, stderr)."""
+    def _submit(self, extra: list[int]) -> tuple[int, int, int]:
+        """Ask the zygote for an execution, handing it `extra` fds (its fds 3, 4, ...); returns our pipe ends
+        (stdin to write, stdout, stderr)."""
         if self._proc.poll() is not None:  # bwrap is gone (killed from outside?): start a new box
             self._restart()
         (r_in, w_in), (r_out, w_out), (r_err, w_err) = os.pipe(), os.pipe(), os.pipe()
         try:
             try:
-                socket.send_fds(self._ctl, [str(uid).encode()], [r_in, w_out, w_err])
+                socket.send_fds(self._ctl, [b"x"], [r_in, w_out, w_err, *extra])
             except OSError:  # the zygote died but bwrap did not notice yet
                 self._restart()
-                socket.send_fds(self._ctl, [str(uid).encode()], [r_in, w_out, w_err])
+                socket.send_fds(self._ctl, [b"x"], [r_in, w_out, w_err, *extra])
         finally:
             for fd in (r_in, w_out, w_err):
                 os.close(fd)
@@ -141,24 +137,48 @@ class WarmSandbox:
         self._restart()
         status.append(-signal.SIGKILL)
 
-    def run(self, code: str, *, stdin=None, files=None, argv=(), limits: Limits | None = None, **overrides) -> Result:
+    def run(
+        self, code: str, *, stdin=None, files=None, argv=(), limits: Limits | None = None, prove: bool = False,
+        **overrides,
+    ) -> Result:  # fmt: skip
         """Like `glmstack.sandbox.run` (same keywords, same Result), in this box."""
         limits = (limits or Limits()).replace(**overrides)
         try:
-            return self._run(code, stdin, files, argv, limits)
+            return self._run(code, stdin, files, argv, limits, prove)
         except ZygoteDied:  # _settle has started a new zygote
-            return self._run(code, stdin, files, argv, limits)
+            return self._run(code, stdin, files, argv, limits, prove)
 
-    def _run(self, code: str, stdin, files, argv, limits: Limits) -> Result:
-        slot = UidSlot()
-        payload = encode_payload(code, stdin, files, argv, limits.rlimits(), slot.uid, False)
-        start, status = time.monotonic(), []
+    def _run(self, code: str, stdin, files, argv, limits: Limits, prove: bool) -> Result:
+        launch = isolation.Launch([], "/", {}, self.layers, {}, None, None, UidSlot())
+        launch.uid = launch.slot.uid
         try:
-            fds = self._submit(slot.uid)
-        except BaseException:
-            slot.release()
-            raise
+            extra = self._extra_fds(launch, limits, prove)
+            launch.boot = isolation.boot_settings(
+                limits, launch.uid, mounts=isolation.scratch(limits, warm=True), new_mount_ns=True,
+                cgroup_fd=3 if launch.cgroup else None,  # the zygote's fork gets `extra` as fds 3, 4, ...
+                proof=(2 + len(extra), launch.proof[1]) if prove else None,
+            )  # fmt: skip
+            payload = encode_payload(code, stdin, files, argv, launch.boot)
+            start, status = time.monotonic(), []
+            fds = self._submit(extra)
+            launch.started()
+            return self._execute(launch, fds, payload, limits, start, status)
+        finally:
+            launch.cleanup()
 
+    @staticmethod
+    def _extra_fds(launch: isolation.Launch, limits: Limits, prove: bool) -> list[int]:
+        """The run's memory cgroup and proof channel, as fds for the zygote to hand its fork."""
+        if cgroup.available():
+            launch.cgroup = cgroup.MemoryCgroup(launch.uid, limits.memory_mb)
+        fds = [launch.cgroup.procs_fd()] if launch.cgroup else []
+        if prove:
+            launch.proof, proof_w = isolation.proof_channel()
+            fds.append(proof_w)
+        launch.pass_fds = tuple(fds)
+        return fds
+
+    def _execute(self, launch, fds, payload: bytes, limits: Limits, start: float, status: list) -> Result:
         def wait_exit(timeout: float) -> bool:
             if not status and (code_ := self._reply(timeout)) is not None:
                 status.append(code_)
@@ -166,15 +186,15 @@ class WarmSandbox:
 
         out, err, why = b"", b"", "interrupted"
         try:
-            out, err, why = pump(fds, payload, limits, slot.uid, wait_exit)
+            out, err, why = pump(fds, payload, limits, memory_check(launch.uid, launch.cgroup, limits), wait_exit)
         finally:  # nothing of this execution may run when we return, or when the zygote serves the next one
-            try:
-                if not status:
-                    kill_uid(slot.uid)
-                    self._settle(wait_exit, status)
-            finally:
-                slot.release()
+            if not status:
+                kill_uid(launch.uid)
+                self._settle(wait_exit, status)
+        if why == "exit" and launch.cgroup is not None and launch.cgroup.oom_killed():
+            why = "memory"
         duration = time.monotonic() - start
         return make_result(
-            out, err, why, status[0], duration_s=duration, mode="bwrap", layers=self.layers, uid=slot.uid, work_dir=None
-        )
+            out, err, why, status[0], duration_s=duration, mode="bwrap", layers=self.layers, uid=launch.uid,
+            work_dir=None, completed=isolation.read_proof(launch.proof),
+        )  # fmt: skip

@@ -59,6 +59,11 @@ def mean_over_ranks(x: float) -> float:
     return means_over_ranks({"x": x})["x"]
 
 
+def sum_over_ranks(x: float) -> float:
+    """The sum of a Python scalar over ranks."""
+    return mean_over_ranks(x) * world()
+
+
 def means_over_ranks(values: dict[str, float]) -> dict[str, float]:
     """Average every scalar of a dict over ranks in one all-reduce."""
     if not is_dist() or not values:
@@ -200,10 +205,9 @@ def clip_grad_norm_(model: nn.Module, max_norm: float) -> float:
         return 0.0
     local = [p.grad.to_local() if _is_dtensor(p.grad) else p.grad for p in params]  # this rank's elements
     is_sharded = [_is_dtensor(p.grad) or _is_ep(p) for p in params]
-    zero = local[0].new_zeros((), dtype=torch.float64)
-    sq = [g.double().pow(2).sum() for g in local]
-    replicated = sum((s for s, sh in zip(sq, is_sharded) if not sh), zero)
-    sharded = sum((s for s, sh in zip(sq, is_sharded) if sh), zero)
+    sq = torch.stack(torch._foreach_norm(local)).double().square()  # one kernel per dtype/device, not per tensor
+    sharded_mask = torch.tensor(is_sharded, device=sq.device)
+    replicated, sharded = sq[~sharded_mask].sum(), sq[sharded_mask].sum()
     if is_dist():
         dist.all_reduce(sharded)
     norm = float((replicated + sharded).sqrt())

@@ -12,6 +12,8 @@ import math
 import sys
 from pathlib import Path
 
+from glmstack.atomic import write_atomic
+
 # What a log line shows, in order: (key, format).
 LINE_FIELDS = (
     ("loss", "{:.4f}"),
@@ -73,10 +75,8 @@ class Metrics:
         """Drop rows logged after `step` (a resumed run re-logs them; the file stays one row per step)."""
         path = self.folder / "metrics.jsonl"
         if self.enabled and path.exists():
-            rows = [r for r in read_jsonl(path) if r.get("step", -1) <= step]
-            tmp = path.with_suffix(".jsonl.tmp")
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-            tmp.replace(path)
+            rows = [r for r in read_metrics(path) if r.get("step", -1) <= step]
+            write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
 
     def close(self) -> None:
         if self.tb is not None:
@@ -87,8 +87,21 @@ def _finite_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def read_jsonl(path: str | Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+def read_metrics(path: str | Path) -> list[dict]:
+    """One dict per line of a metrics.jsonl ([] if there is none). The one reader of the file (resume, plots, the
+    run report): a line that is not JSON, e.g. half written when a run was killed mid-write, is skipped."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
 
 
 def plot(folder: str | Path) -> list[Path]:
@@ -99,7 +112,7 @@ def plot(folder: str | Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     folder = Path(folder)
-    rows = read_jsonl(folder / "metrics.jsonl")
+    rows = read_metrics(folder / "metrics.jsonl")
     written = []
     for title, keys in PLOTS.items():
         series = sorted(

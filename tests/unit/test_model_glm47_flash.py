@@ -79,8 +79,8 @@ def test_attention_is_mla_without_indexer(q_lora_rank):
     names = {n.split("self_attn.")[1] for n, _ in model.named_parameters() if "layers.0.self_attn." in n}
     q = {"q_proj.weight"} if q_lora_rank is None else {"q_a_proj.weight", "q_a_layernorm.weight", "q_b_proj.weight"}
     assert names == q | {"kv_a_proj_with_mqa.weight", "kv_a_layernorm.weight", "kv_b_proj.weight", "o_proj.weight"}
-    assert set(attns[0].muon_split()) == {next(iter(q - {"q_a_proj.weight", "q_a_layernorm.weight"})),
-                                          "kv_b_proj.weight"}
+    assert set(attns[0].muon_blocks()) == {next(iter(q - {"q_a_proj.weight", "q_a_layernorm.weight"})),
+                                           "kv_b_proj.weight", "kv_a_proj_with_mqa.weight"}
 
 
 def test_sizes_on_meta():
