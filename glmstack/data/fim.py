@@ -111,7 +111,10 @@ def fim_ids(text: str, key, tokenizer, cfg: FIMConfig, part: int = 0) -> list[in
         return tokenizer.encode(text)
     p, m, s = fim_split(text, rng)
     pre, suf, mid = (tokenizer.token_id(t) for t in (PRE, SUF, MID))
-    P, M, S = tokenizer.encode(p), tokenizer.encode(m), tokenizer.encode(s)
+    encode_batch = getattr(tokenizer, "encode_batch", None)  # one call for the three parts where offered
+    P, M, S = (
+        encode_batch([p, m, s]) if encode_batch else (tokenizer.encode(p), tokenizer.encode(m), tokenizer.encode(s))
+    )
     if mode == "psm":
         return [pre, *P, suf, *S, mid, *M]
     if mode == "spm_v2":
@@ -158,14 +161,14 @@ class ContextFIM:
         """Tokens [start, start + len(toks)) of document `doc`, transformed; the end-of-document token stays
         last. Prose, math, a fragment cut inside a UTF-8 character and a fragment not drawn are returned as is."""
         key, copy, kind = self.shards.docs[doc]
-        if kind != self.code and kind != self.repo:
-            return toks
+        k = (int(key), int(copy), epoch, start)
+        if (kind != self.code and kind != self.repo) or (kind == self.code and choose(k, self.cfg)[0] is None):
+            return toks  # not transformed: the stored tokens, without a detokenise/re-tokenise round trip
         ends = start + len(toks) == int(self.shards.doc_len[doc])
         body = toks[:-1] if ends else toks
         text = self.tok.decode(body.tolist())
         if not text or text[0] == "\ufffd" or text[-1] == "\ufffd":
             return toks  # a window edge split a multi-byte character: re-encoding would change the bytes
-        k = (int(key), int(copy), epoch, start)
         ids = fim_ids(text, k, self.tok, self.cfg) if kind == self.code else repo_fim_ids(text, k, self.tok, self.cfg)
         return np.asarray(ids + [self.eos] if ends else ids, dtype=np.int64)
 
