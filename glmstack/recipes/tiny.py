@@ -49,12 +49,7 @@ def midtrain() -> TrainConfig:
     cfg = pretrain()
     cfg.stage, cfg.steps, cfg.init_from = "midtrain", MIDTRAIN_STEPS, "tiny/pretrain"
     cfg.seq_len, cfg.micro_batch_size, cfg.rope_theta = 128, 4, 1e6  # GLM-4.5: 4K/1e4 -> 32K/1e6
-<<<<<<< HEAD
-    cfg.data.packing = "best_fit"  # mid-training packs documents best-fit instead of concatenating
     cfg.schedule = dataclasses.replace(  # the same lr curve (warm-up kept: it sets the cosine's phase)
-=======
-    cfg.schedule = dataclasses.replace(
->>>>>>> harden
         cfg.schedule,
         step_offset=PRETRAIN_STEPS,
         rewarmup_steps=10,  # only if the optimizer state is not carried over

@@ -23,13 +23,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-<<<<<<< HEAD
-from glmstack.config import ConfigError, write_json
-=======
 from glmstack.atomic import write_atomic
-from glmstack.config import write_json
+from glmstack.config import ConfigError, write_json
 from glmstack.errors import CheckpointError
->>>>>>> harden
 from glmstack.train import dist
 
 LATEST = "latest"
@@ -51,7 +47,6 @@ def latest(stage_dir: str | Path) -> Path | None:
     return folder
 
 
-<<<<<<< HEAD
 def resolve(ref: str, out_dir: str) -> Path:
     """A previous stage's checkpoint (`init_from`): an HF folder, a stage folder (its `latest`), or 'run/stage'."""
     for cand in (Path(ref), Path(out_dir) / ref):
@@ -60,7 +55,8 @@ def resolve(ref: str, out_dir: str) -> Path:
         if (cand / LATEST).exists():
             return latest(cand)
     raise ConfigError(f"init_from={ref!r}: no HF checkpoint folder, stage folder or run/stage under {out_dir}")
-=======
+
+
 def check_resumable(folder: str | Path) -> Path:
     """`folder` if it is a checkpoint a run can resume from (trainer_state/ beside the model), else CheckpointError."""
     folder = Path(folder)
@@ -78,7 +74,6 @@ def clean_partial(stage_dir: str | Path) -> list[Path]:
     for path in leftovers:
         shutil.rmtree(path, ignore_errors=True)
     return leftovers
->>>>>>> harden
 
 
 def rng_state() -> dict:

@@ -206,13 +206,8 @@ def validate(model, batches: list[dict], device, amp, loss_fn, values: dict) -> 
 def _resume(stage_dir: Path, cfg: TrainConfig, model, optimizer, data) -> LoopState:
     """Load `latest` (or an explicit folder) if asked; refuse a config that would silently change the run."""
     if cfg.ckpt.resume == "never":
-<<<<<<< HEAD
         return _start(cfg, model, optimizer)
-    folder = checkpoint.latest(stage_dir) if cfg.ckpt.resume == "auto" else Path(cfg.ckpt.resume)
-=======
-        return LoopState()
     folder = checkpoint.latest(stage_dir) if cfg.ckpt.resume == "auto" else checkpoint.check_resumable(cfg.ckpt.resume)
->>>>>>> harden
     if folder is None:
         return _start(cfg, model, optimizer)
     old = json.loads((folder / "trainer_state" / "train_config.json").read_text())

@@ -24,13 +24,8 @@ from glmstack.config import ConfigError, apply_overrides, diff_fields
 from glmstack.errors import GlmstackError, one_line
 from glmstack.model.config import TRAINING_FIELDS
 from glmstack.optim import build_optimizer
-<<<<<<< HEAD
 from glmstack.train import checkpoint, dist
-from glmstack.train.config import TrainConfig
-=======
-from glmstack.train import dist
 from glmstack.train.config import TrainConfig, problems
->>>>>>> harden
 from glmstack.train.loop import device_of, pretrain_loss, train
 from glmstack.train.synthetic import SyntheticLM
 
@@ -131,7 +126,6 @@ def check_inputs(cfg: TrainConfig) -> None:
     may have mutated it after it was built), the resume folder, and that the token shards' vocabulary fits the
     model's embedding (past it: an index error on CPU, a device assert on CUDA)."""
     from glmstack.model import ModelConfig
-    from glmstack.train import checkpoint
 
     found = problems(cfg)
     if found:
@@ -141,7 +135,7 @@ def check_inputs(cfg: TrainConfig) -> None:
     if cfg.data.kind != "shards":
         return
     if cfg.init_from:
-        model_cfg = ModelConfig.from_hf(resolve_checkpoint(cfg.init_from, cfg.out_dir))
+        model_cfg = ModelConfig.from_hf(checkpoint.resolve(cfg.init_from, cfg.out_dir))
     else:
         model_cfg = ModelConfig.preset(cfg.model, **cfg.model_overrides)
     for path in dict.fromkeys(p for p in (cfg.data.path, cfg.data.val_path) if p):
@@ -159,8 +153,9 @@ def check_inputs(cfg: TrainConfig) -> None:
             )
 
 
-def run(cfg: TrainConfig, *, loss_fn=pretrain_loss, stop_at: int | None = None) -> dict:
-    """Build everything for `cfg` and run the loop; returns the loop's summary."""
+def run(cfg: TrainConfig, *, loss_fn=pretrain_loss, stop_at: int | None = None, build=build_data) -> dict:
+    """Build everything for `cfg` and run the loop; returns the loop's summary. `build(cfg, vocab, split)` makes
+    the data (SFT passes its packed conversations)."""
     check_inputs(cfg)
     device = device_of(cfg)
     dist.init_from_env(device.type)
@@ -170,10 +165,10 @@ def run(cfg: TrainConfig, *, loss_fn=pretrain_loss, stop_at: int | None = None) 
     optimizer, _ = build_optimizer(dist.unwrap(model), cfg.optim)
     # ------------------------------------------------------------------ data
     vocab = dist.unwrap(model).cfg.vocab_size
-    data = build_data(cfg, vocab)
+    data = build(cfg, vocab)
     val_batches = []
     if cfg.log.val_every:
-        val_batches = list(itertools.islice(iter(build_data(cfg, vocab, split="val")), cfg.log.val_batches))
+        val_batches = list(itertools.islice(iter(build(cfg, vocab, split="val")), cfg.log.val_batches))
     # ------------------------------------------------------------------ train
     return train(
         model=model,
@@ -204,7 +199,7 @@ def parse_args(argv: list[str] | None, stage: str, description: str) -> argparse
     return p.parse_args(argv)
 
 
-def main_for(stage: str, description: str, argv: list[str] | None) -> int:
+def main_for(stage: str, description: str, argv: list[str] | None, run_fn=None) -> int:
     """The body of `glmstack pretrain|midtrain <recipe>`: bad input is one clear line and exit code 2."""
     args = parse_args(argv, stage, description)
     try:
@@ -215,7 +210,7 @@ def main_for(stage: str, description: str, argv: list[str] | None) -> int:
 
             print(to_json(cfg))
             return 0
-        result = run(cfg, stop_at=args.stop_at)
+        result = (run_fn or run)(cfg, stop_at=args.stop_at)
     except GlmstackError as e:  # a config field, a checkpoint or shard file: one line, no traceback
         print(one_line(f"glmstack {stage}", e), file=sys.stderr, flush=True)
         return 2
