@@ -228,16 +228,17 @@ def _forget_ctypes():
         del sys.modules[name]
 
 
-def _audit_hook(event, args, _denied=AUDIT_DENIED, _modules=MODULES_DENIED, _type=type, _str=str, _err=PermissionError):
+def _audit_hook(event, args, _denied=AUDIT_DENIED, _modules=MODULES_DENIED, _type=type, _str=str, _bytes=bytes,
+                _err=PermissionError):  # fmt: skip
     """Deny what could read the secret (ctypes and friends, gc's object graph, /proc/*/mem) or skip the tests'
     lines (sys.settrace). Defaults bind every name, so patching builtins changes nothing here."""
     if event in _denied or event.startswith("ctypes."):
         raise _err(f"sandbox: {event} is not allowed while tests run (run_tests)")
     if event == "import" and _type(args[0]) is _str and args[0].partition(".")[0] in _modules:
         raise _err(f"sandbox: importing {args[0]} is not allowed while tests run (run_tests)")
-    if event == "open" and _type(args[0]) in (_str, bytes):
-        name = args[0].rstrip("/" if _type(args[0]) is _str else b"/").rpartition("/" if _type(args[0]) is _str else b"/")[2]
-        if name in ("mem", b"mem"):
+    if event == "open" and _type(args[0]) in (_str, _bytes):
+        sep = "/" if _type(args[0]) is _str else b"/"
+        if args[0].rstrip(sep).rpartition(sep)[2] in ("mem", b"mem"):  # any process's, also relative to a dir fd
             raise _err("sandbox: opening a process's memory is not allowed while tests run (run_tests)")
 
 

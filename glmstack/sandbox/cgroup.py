@@ -41,8 +41,11 @@ def _mounts() -> list[tuple[str, str, set[str]]]:
 
 
 def _write(path: str, value: str) -> None:
-    with open(path, "w") as f:
-        f.write(value)
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
 
 
 def _v2_parent(root: str) -> str | None:
@@ -57,6 +60,17 @@ def _v2_parent(root: str) -> str | None:
     os.makedirs(parent, exist_ok=True)
     _write(os.path.join(parent, "cgroup.subtree_control"), "+memory")
     return parent
+
+
+@functools.cache
+def _has(parent: str, name: str) -> bool:
+    """Whether the per-run cgroups under `parent` have control file `name` (swap accounting is optional)."""
+    probe = os.path.join(parent, f"probe-{os.getpid()}")
+    os.makedirs(probe, exist_ok=True)
+    try:
+        return os.path.exists(os.path.join(probe, name))
+    finally:
+        os.rmdir(probe)
 
 
 @functools.cache
@@ -122,18 +136,21 @@ class MemoryCgroup:
     def __init__(self, uid: int, memory_mb: int):
         self.parent, self.version = available()
         self.path = os.path.join(self.parent, str(uid))
-        _remove(self.path)  # left by a runner that was SIGKILLed: our uid lock proves it is dead
-        os.mkdir(self.path)
+        try:
+            os.mkdir(self.path)
+        except FileExistsError:  # left by a runner that was SIGKILLed: our uid lock proves it is dead
+            _remove(self.path)
+            os.mkdir(self.path)
         limit = str(memory_mb << 20)
         if self.version == 2:
             _write(os.path.join(self.path, "memory.max"), limit)
             _write(os.path.join(self.path, "memory.oom.group"), "1")  # an OOM kill takes the whole run
-            if os.path.exists(os.path.join(self.path, "memory.swap.max")):
+            if _has(self.parent, "memory.swap.max"):
                 _write(os.path.join(self.path, "memory.swap.max"), "0")
             self._events = os.path.join(self.path, "memory.events")
         else:
             _write(os.path.join(self.path, "memory.limit_in_bytes"), limit)
-            if os.path.exists(os.path.join(self.path, "memory.memsw.limit_in_bytes")):
+            if _has(self.parent, "memory.memsw.limit_in_bytes"):
                 _write(os.path.join(self.path, "memory.memsw.limit_in_bytes"), limit)
             self._events = os.path.join(self.path, "memory.oom_control")
 
@@ -143,14 +160,15 @@ class MemoryCgroup:
     def oom_killed(self) -> bool:
         """Whether the kernel OOM-killed a process of the run (its memory passed memory_mb)."""
         try:
-            with open(self._events) as f:
-                for line in f:
-                    key, _, value = line.partition(" ")
-                    if key == "oom_kill":
-                        return int(value) > 0
+            fd = os.open(self._events, os.O_RDONLY)
+            try:
+                text = os.read(fd, 4096)
+            finally:
+                os.close(fd)
         except OSError:
-            pass
-        return False
+            return False
+        _, found, rest = text.partition(b"\noom_kill ")  # not the first line in either version
+        return bool(found) and int(rest.split()[0]) > 0
 
     def remove(self) -> None:
         _remove(self.path)

@@ -18,41 +18,18 @@ import warnings
 from pathlib import Path
 
 import pytest
-from test_sandbox_adversarial import LIM, T, _Warm, assert_nothing_left
+from test_sandbox_adversarial import LIM, T, assert_nothing_left, mode, sandbox  # noqa: F401 (fixtures)
 
 from glmstack.sandbox import cgroup, isolation, run, uids
 from glmstack.sandbox.humaneval import check_program, load_problems
 
-MODES = ["bwrap", "warm", "unshare", "plain"]
 VIEW_MODES = ["bwrap", "warm", "unshare"]  # the modes with a file view of their own
 ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox uid, cgroups and mounts need root")
 
 
-def _setup(mode, monkeypatch):
-    if mode == "plain":
-        if os.geteuid() != 0:
-            pytest.skip("plain mode is only exercised as root, where the sandbox uid bounds processes")
-        monkeypatch.setenv("GLMSTACK_SANDBOX_PYTHON", "/usr/bin/python3")  # one the sandbox uid can run
-    needed = "bwrap" if mode == "warm" else mode
-    if not isolation.available(needed) or (mode == "warm" and os.geteuid() != 0):
-        pytest.skip(f"{mode} unavailable here")
-
-
-@pytest.fixture
-def runner(request, monkeypatch):
-    """`run(code, **kw)` in the mode under test (a warm box lives for the whole test)."""
-    mode = request.param
-    _setup(mode, monkeypatch)
-    if mode != "warm":
-        yield lambda code, **kw: run(code, mode=mode, **kw)
-        return
-    warm = _Warm()
-    yield warm
-    warm.box.close()
-
-
-def modes(which):
-    return pytest.mark.parametrize("runner", which, indirect=True)
+def view_modes(fn):
+    """Run only in the modes with a file view of their own (the `mode` fixture otherwise covers all four)."""
+    return pytest.mark.parametrize("mode", VIEW_MODES, indirect=True)(fn)
 
 
 # ---------------------------------------------------------------- 1. reward hacking through the exit status
@@ -83,17 +60,16 @@ def problem():
     return load_problems()["HumanEval/0"]
 
 
-@modes(MODES)
-def test_run_tests_rejects_every_early_exit_trick(runner, problem):
+def test_run_tests_rejects_every_early_exit_trick(sandbox, problem):
     def check(body):
-        return runner(check_program(problem["prompt"] + body, problem["test"], problem["entry_point"]), prove=True)
+        return sandbox(check_program(problem["prompt"] + body, problem["test"], problem["entry_point"]), prove=True)
 
     good = check(problem["canonical_solution"])
     assert good.ok and good.completed, good.stderr
     for name, trick in {**EXIT_TRICKS, **FORGERIES}.items():
         r = check(f"    return False\n{trick}\n")  # a wrong solution, then the trick before the tests
         assert not r.ok and r.completed is False, (name, r)
-        assert_nothing_left(r, runner)
+        assert_nothing_left(r, sandbox)
 
 
 def test_a_plain_run_reports_no_proof_and_keeps_its_exit_code():
@@ -126,14 +102,13 @@ def _needs_cgroup():
 
 
 @ROOT
-@modes(MODES)
 @pytest.mark.parametrize("code", [SYSV_SHM, MEMFD], ids=["sysv_shm", "memfd"])
-def test_shared_memory_beyond_the_limit_is_oom(runner, code):
+def test_shared_memory_beyond_the_limit_is_oom(sandbox, code):
     _needs_cgroup()
-    r = runner(code, limits=LIM.replace(memory_mb=256, timeout_s=15))  # slow only on a loaded machine
+    r = sandbox(code, limits=LIM.replace(memory_mb=256, timeout_s=15))  # slow only on a loaded machine
     assert r.oom and not r.timed_out and "held" not in r.stdout, r
     assert any(layer.startswith("memory-cgroup-v") for layer in r.layers)
-    assert_nothing_left(r, runner)
+    assert_nothing_left(r, sandbox)
     with open("/proc/sysvipc/shm") as f:  # plain mode shares the host's IPC namespace: segments removed
         assert not [line for line in f if line.split()[7:8] == [str(r.uid)]]
 
@@ -154,16 +129,16 @@ def test_without_cgroups_the_watchdog_applies_and_says_so(monkeypatch):
 
 
 # ---------------------------------------------------------------- 3. the file view, /proc, sockets, leftovers
-@modes(VIEW_MODES)
-def test_proc_shows_only_the_sandbox(runner):
+@view_modes
+def test_proc_shows_only_the_sandbox(sandbox):
     code = "import os\nprint(sorted(open(f'/proc/{p}/cmdline', 'rb').read()[:60] for p in os.listdir('/proc') if p.isdigit()))"
-    r = runner(code, limits=LIM)
+    r = sandbox(code, limits=LIM)
     assert r.ok and b"pytest" not in r.stdout.encode() and r.stdout.count("b'") <= 4, r.stdout
     assert "private-proc" in r.layers
 
 
-@modes(VIEW_MODES)
-def test_host_tmp_sockets_are_unreachable(runner):
+@view_modes
+def test_host_tmp_sockets_are_unreachable(sandbox):
     path = f"/tmp/glmstack-red-team-{uuid.uuid4().hex}.sock"
     server = socket.socket(socket.AF_UNIX)
     server.bind(path)
@@ -172,7 +147,7 @@ def test_host_tmp_sockets_are_unreachable(runner):
     server.settimeout(0.2)
     try:
         code = f"import socket\ntry:\n    socket.socket(socket.AF_UNIX).connect({path!r})\n    print('connected')\nexcept OSError as e:\n    print(type(e).__name__)"
-        r = runner(code, limits=LIM)
+        r = sandbox(code, limits=LIM)
         with pytest.raises(TimeoutError):
             server.accept()
     finally:
@@ -184,8 +159,8 @@ def test_host_tmp_sockets_are_unreachable(runner):
 SHARED_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 
 
-@modes(VIEW_MODES)
-def test_shared_dirs_are_clean_and_private(runner):
+@view_modes
+def test_shared_dirs_are_clean_and_private(sandbox):
     marker = f"glmstack-red-team-{uuid.uuid4().hex}"
     planted = [Path(d) / marker for d in SHARED_DIRS if os.path.isdir(d)]
     for p in planted:
@@ -200,7 +175,7 @@ def test_shared_dirs_are_clean_and_private(runner):
                 print(d, type(e).__name__)
     """)
     try:
-        first, second = runner(code, limits=LIM), runner(code, limits=LIM)
+        first, second = sandbox(code, limits=LIM), sandbox(code, limits=LIM)
     finally:
         for p in planted:
             p.unlink()
@@ -216,9 +191,8 @@ p = subprocess.run(["unshare", "--user", "--map-root-user", "id", "-u"], capture
 print(p.returncode != 0, p.stdout.strip())"""
 
 
-@modes(MODES)
-def test_no_user_namespace_with_capabilities(runner):
-    r = runner(NEW_USER_NS, limits=LIM)
+def test_no_user_namespace_with_capabilities(sandbox):
+    r = sandbox(NEW_USER_NS, limits=LIM)
     assert r.stdout.startswith("-1 1\nTrue") and "0" not in r.stdout.splitlines()[1].split()[1:], r.stdout + r.stderr
 
 
@@ -235,15 +209,14 @@ def runner_key():
 
 
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="keyctl's number is x86_64's here")
-@modes(MODES)
-def test_the_runners_keyring_is_not_reachable(runner, runner_key):
+def test_the_runners_keyring_is_not_reachable(sandbox, runner_key):
     desc, serial = runner_key
     code = f"""import ctypes
 print(open('/proc/keys').read() if __import__('os').path.exists('/proc/keys') else '')
 libc = ctypes.CDLL(None, use_errno=True)
 buf = ctypes.create_string_buffer(64)
 print("read", libc.syscall(250, 11, {serial}, buf, 64), buf.value)  # KEYCTL_READ"""
-    r = runner(code, limits=LIM)
+    r = sandbox(code, limits=LIM)
     assert r.ok and desc not in r.stdout and "read -1" in r.stdout, r.stdout + r.stderr
     assert "session-keyring" in r.layers
 
@@ -263,15 +236,14 @@ print("left")"""
 
 
 @ROOT
-@modes(MODES)
-def test_the_runner_survives_what_a_program_leaves(runner):
+def test_the_runner_survives_what_a_program_leaves(sandbox):
     planted = "glmstack-sandbox-9x-planted"  # named like a stale work dir of ours, but unparsable
     code = DEEP_TREE + f"\ntry:\n    os.mkdir('/tmp/{planted}')\nexcept OSError:\n    pass"
-    r = runner(code, limits=LIM.replace(timeout_s=10))
+    r = sandbox(code, limits=LIM.replace(timeout_s=10))
     try:
         assert r.ok and r.stdout == "left\n", r.stderr
-        assert_nothing_left(r, runner)
-        again = runner("print('next')", limits=LIM)
+        assert_nothing_left(r, sandbox)
+        again = sandbox("print('next')", limits=LIM)
         assert again.ok and again.stdout == "next\n"
     finally:
         shutil.rmtree(f"/tmp/{planted}", ignore_errors=True)  # only plain mode reaches the host's /tmp
