@@ -25,7 +25,7 @@ import resource
 import sys
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
-MNT_DETACH, CLONE_NEWNS = 2, 0x20000
+MNT_DETACH, CLONE_NEWNS, CLONE_NEWIPC = 2, 0x20000, 0x8000000
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_SECCOMP, PR_SET_NO_NEW_PRIVS = 1, 4, 22, 38
 KEYCTL_JOIN_SESSION_KEYRING, SECCOMP_MODE_FILTER = 1, 2
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
@@ -81,14 +81,11 @@ class _Native:
         self._check(self.libc.syscall(self.nr[name], *args), name)
 
     def seccomp(self, prog):
-        c = self.ctypes
-        buf = c.create_string_buffer(prog, len(prog))
+        import struct
 
-        class Fprog(c.Structure):
-            _fields_ = [("len", c.c_ushort), ("filter", c.c_void_p)]
-
-        fprog = Fprog(len(prog) // 8, c.addressof(buf))
-        self._check(self.libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, c.byref(fprog), 0, 0), "seccomp")
+        buf = self.ctypes.create_string_buffer(prog, len(prog))
+        fprog = struct.pack("HxxxxxxQ", len(prog) // 8, self.ctypes.addressof(buf))  # struct sock_fprog
+        self._check(self.libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, fprog, 0, 0), "seccomp")
 
 
 # ---------------------------------------------------------------- file view (as root, before the uid switch)
@@ -183,6 +180,9 @@ def _confine(n, p):
     if p["cgroup_fd"] is not None:  # from here on every byte we and our children use counts against memory_mb
         os.write(p["cgroup_fd"], b"0")
         os.close(p["cgroup_fd"])
+    if p["oom_first"]:  # a warm box's fork shares the box's cgroup with the zygote: be the OOM killer's pick
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
     if p["uid"] is not None and os.getuid() == 0:
         _drop_privileges(p["uid"])  # also makes us non-dumpable: no other process may read our memory
         if p["deathsig"]:  # the kernel clears the parent-death signal on a uid change
@@ -270,8 +270,8 @@ def _prepare():
         _build_root(n, p["root"], p["scratch"])
         _become_init()
     elif p["scratch"] is not None:
-        if p["new_mount_ns"]:  # a warm box's fork: its own mounts, gone with its last process
-            n.syscall("unshare", CLONE_NEWNS)
+        if p["new_mount_ns"]:  # a warm box's fork: its own mounts and SysV IPC, gone with its last process
+            n.syscall("unshare", CLONE_NEWNS | CLONE_NEWIPC)
             n.mount(None, "/", None, MS_REC | MS_PRIVATE)
         _mount_scratch(n, "", p["scratch"])
     if p["scratch"] is not None:

@@ -131,9 +131,11 @@ def _remove(path: str) -> None:
 
 
 class MemoryCgroup:
-    """The cgroup of one execution, limited to `memory_mb` with no swap; `procs_fd()` is what boot.py joins."""
+    """A memory cgroup named after a held uid slot; `procs_fd()` is what boot.py joins. A cold run has one of
+    its own; a warm box keeps one for all its (sequential) executions, re-armed before each: making and removing
+    a cgroup per execution would cost more than the rest of a warm execution's setup."""
 
-    def __init__(self, uid: int, memory_mb: int):
+    def __init__(self, uid: int, memory_mb: int, group_kill: bool = True):
         self.parent, self.version = available()
         self.path = os.path.join(self.parent, str(uid))
         try:
@@ -141,24 +143,38 @@ class MemoryCgroup:
         except FileExistsError:  # left by a runner that was SIGKILLed: our uid lock proves it is dead
             _remove(self.path)
             os.mkdir(self.path)
-        limit = str(memory_mb << 20)
-        if self.version == 2:
-            _write(os.path.join(self.path, "memory.max"), limit)
-            _write(os.path.join(self.path, "memory.oom.group"), "1")  # an OOM kill takes the whole run
+        v2 = self.version == 2
+        self._usage = os.path.join(self.path, "memory.current" if v2 else "memory.usage_in_bytes")
+        self._events = os.path.join(self.path, "memory.events" if v2 else "memory.oom_control")
+        self._limits = ["memory.max"] if v2 else ["memory.limit_in_bytes"]
+        if v2:
+            if group_kill:  # an OOM kill takes the whole run (not for a warm box: its zygote lives there too)
+                _write(os.path.join(self.path, "memory.oom.group"), "1")
             if _has(self.parent, "memory.swap.max"):
                 _write(os.path.join(self.path, "memory.swap.max"), "0")
-            self._events = os.path.join(self.path, "memory.events")
-        else:
-            _write(os.path.join(self.path, "memory.limit_in_bytes"), limit)
-            if _has(self.parent, "memory.memsw.limit_in_bytes"):
-                _write(os.path.join(self.path, "memory.memsw.limit_in_bytes"), limit)
-            self._events = os.path.join(self.path, "memory.oom_control")
+        elif _has(self.parent, "memory.memsw.limit_in_bytes"):
+            self._limits.append("memory.memsw.limit_in_bytes")  # memory + swap: no swapping past the limit
+        self._ooms = 0
+        self.arm(memory_mb)
+
+    def arm(self, memory_mb: int) -> None:
+        """Allow `memory_mb` more than what is charged now (page cache an earlier execution left), and count OOM
+        kills from here on. Call it with no process of the run in the cgroup."""
+        with open(self._usage) as f:
+            limit = int(f.read()) + (memory_mb << 20)
+        for name in self._limits[::-1] if self._raising(limit) else self._limits:  # v1: memsw >= memory always
+            _write(os.path.join(self.path, name), str(limit))
+        self._ooms = self._oom_count()
+
+    def _raising(self, limit: int) -> bool:
+        with open(os.path.join(self.path, self._limits[0])) as f:
+            current = f.read().strip()
+        return current == "max" or int(current) < limit
 
     def procs_fd(self) -> int:
         return os.open(os.path.join(self.path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
 
-    def oom_killed(self) -> bool:
-        """Whether the kernel OOM-killed a process of the run (its memory passed memory_mb)."""
+    def _oom_count(self) -> int:
         try:
             fd = os.open(self._events, os.O_RDONLY)
             try:
@@ -166,9 +182,13 @@ class MemoryCgroup:
             finally:
                 os.close(fd)
         except OSError:
-            return False
+            return 0
         _, found, rest = text.partition(b"\noom_kill ")  # not the first line in either version
-        return bool(found) and int(rest.split()[0]) > 0
+        return int(rest.split()[0]) if found else 0
+
+    def oom_killed(self) -> bool:
+        """Whether the kernel OOM-killed a process of the run since `arm` (its memory passed the limit)."""
+        return self._oom_count() > self._ooms
 
     def remove(self) -> None:
         _remove(self.path)
