@@ -89,7 +89,7 @@ def _main():
     ctl = socket.socket(fileno=int(sys.argv[1]))
     boot = {"__name__": "sandbox_boot", "__builtins__": __builtins__}
     exec(compile(sys.argv[2], "boot.py", "exec"), boot)  # noqa: S102 -- our own boot.py, for its functions
-    __import__("ctypes")  # each fork's boot uses it; imported once here, bound to no name a program could reach
+    __import__("_ctypes")  # each fork's boot uses it; imported once here, bound to no name a program could reach
     os.chdir("/sandbox")
     _serve(ctl, boot)
 
