@@ -1,5 +1,5 @@
 """The ONE training loop: every stage (pretrain, midtrain, SFT, RL) runs `train(...)` with its own data, loss
-function and schedule tables (CONVENTIONS §6; OLMo-core's one trainer, not nanochat's copied loops).
+function and schedule tables (one loop, as OLMo-core's one trainer, so a fix reaches every stage).
 
 Per optimizer step:
   schedules (pure in the step) -> lr, MTP weight, balancing rate, micro-batches to accumulate
