@@ -13,13 +13,16 @@ $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(MAKE) --no-print-directory torch
-	$(BIN)/pip install -q -e ".[data,semdedup,eval,dev,ray]"
+	$(BIN)/pip install -q -e ".[data,semdedup,eval,serve,dev,ray]"
 	$(BIN)/pip install -q --no-deps bfcl-eval  # its pins would downgrade numpy; its data files need none of them
 	-@if command -v bwrap >/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  echo "sandbox: bwrap not found; running as root, so installing Debian's bubblewrap: apt-get update && apt-get install -y bubblewrap"; \
 	  (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null 2>&1 || echo "note: installing bubblewrap failed; the sandbox runs weaker (see docs/sandbox.md)"; \
 	else echo "note: bubblewrap not installed (install it: sudo apt-get install bubblewrap); the sandbox runs weaker (see docs/sandbox.md)"; fi
+	-@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  echo "installing Debian's chromium (apt-get install -y chromium) for the web chat page test" && \
+	  (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1 || echo "note: chromium not installed; the browser test of glmstack serve is skipped"; }
 	touch $@
 
 install: $(BIN)/.installed

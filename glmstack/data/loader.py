@@ -128,7 +128,8 @@ class PackedLoader(_EpochLoader):
         super().__init__(data_dir, seq_len, batch_size, **options)
 
     def _count_rows(self) -> int:
-        self.rows = pack([int(n) for n in self.shards.doc_len], self.seq_len, self.buffer)
+        room = None if self.fim is None else self.fim.room.tolist()
+        self.rows = pack([int(n) for n in self.shards.doc_len], self.seq_len, self.buffer, room)
         return len(self.rows)
 
     def _tokens(self, doc: int, start: int, n: int, epoch: int) -> np.ndarray:

@@ -9,6 +9,7 @@ reply through StreamParser, shows reasoning dimmed and apart, and tool calls par
     glmstack generate CKPT --prompt "a" --prompt "b" --temperature 0.7 --top-p 0.9 --seed 0 --stats
     glmstack chat CKPT [--system "..."] [--tools tools.json] [--no-think]      # /reset, /exit
     glmstack generate CKPT --quantize int4 --prompt "..."    # or fp8 (glmstack.inference.quant)
+    echo "Use Python to reverse the word rocket." | glmstack chat CKPT --tools builtin --run-tools --temperature 0
 """
 
 from __future__ import annotations
@@ -154,21 +155,71 @@ def _show(delta: dict, tty: bool, state: dict) -> None:
         print(fn.get("arguments", ""), end="", flush=True)
 
 
+MAX_TOOL_ROUNDS = 4  # assistant turns per user line with --run-tools
+
+
+def _chat_turn(engine, messages, tools, style, args, tty) -> dict | None:
+    """Generate, stream and parse one assistant turn; None when the prompt no longer fits."""
+    from glmstack.chat import StreamParser, accumulate, render
+
+    prompt = render(messages, tools, style=style, enable_thinking=not args.no_think, add_generation_prompt=True)
+    parser, deltas, state, stats = StreamParser(tools, style), [], {}, {}
+    try:
+        for piece in engine.stream(prompt, stats=stats, **_gen_kwargs(args)):
+            for d in parser.feed(piece.text):
+                deltas.append(d)
+                _show(d, tty, state)
+    except ValueError as e:
+        print(f"\nglmstack chat: {e}", file=sys.stderr)
+        return None
+    for d in parser.finish():
+        deltas.append(d)
+        _show(d, tty, state)
+    print(")" if state.get("call_open") else "")
+    reply = accumulate(deltas)
+    if not reply["tool_calls"]:
+        del reply["tool_calls"]
+    if args.stats:
+        _print_stats(stats)
+    return reply
+
+
+def _run_tools(calls: list[dict]) -> list[dict]:
+    """Run the calls of the built-in tools (the python tool in the sandbox) and show each result."""
+    from glmstack.posttrain.tools import execute
+
+    out = []
+    for call in calls:
+        result = execute(call["function"]["name"], call["function"]["arguments"])
+        print(f"[tool result] {result}", flush=True)
+        out.append({"role": "tool", "content": result})
+    return out
+
+
+def _tools(spec: str | None):
+    if spec == "builtin":
+        from glmstack.posttrain.tools import TOOLS
+
+        return TOOLS
+    return json.loads(Path(spec).read_text()) if spec else None
+
+
 def chat_main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="glmstack chat", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     _common(ap, temperature=0.6, top_p=0.95, max_new=1024)
     ap.add_argument("--system", default=None, help="system message")
-    ap.add_argument("--tools", default=None, help="JSON file with a list of OpenAI-style tool definitions")
+    ap.add_argument("--tools", default=None, help="JSON file with OpenAI-style tool definitions, or 'builtin' "
+                    "(calculator + python)")
+    ap.add_argument("--run-tools", action="store_true", help="execute calls of the builtin tools (python runs in the "
+                    "sandbox) and let the model answer from the results")
     ap.add_argument("--no-think", action="store_true", help="disable thinking (enable_thinking=False)")
     ap.add_argument("--stats", action="store_true", help="print speed/acceptance stats after each reply")
     args = ap.parse_args(argv)
-    from glmstack.chat import StreamParser, accumulate, render
-
     engine = _load(args)
     style, tty = _style(args, engine), sys.stdout.isatty()
-    tools = json.loads(Path(args.tools).read_text()) if args.tools else None
+    tools = _tools(args.tools)
     system = [{"role": "system", "content": args.system}] if args.system else []
     messages = list(system)
     print(f"chatting with {args.checkpoint} ({style}); /reset clears the conversation, /exit quits", file=sys.stderr)
@@ -182,25 +233,15 @@ def chat_main(argv: list[str] | None = None) -> int:
         if line.strip() == "/reset":
             messages = list(system)
             continue
+        before = len(messages)
         messages.append({"role": "user", "content": line})
-        prompt = render(messages, tools, style=style, enable_thinking=not args.no_think, add_generation_prompt=True)
-        parser, deltas, state, stats = StreamParser(tools, style), [], {}, {}
-        try:
-            for piece in engine.stream(prompt, stats=stats, **_gen_kwargs(args)):
-                for d in parser.feed(piece.text):
-                    deltas.append(d)
-                    _show(d, tty, state)
-        except ValueError as e:  # e.g. the conversation outgrew the context
-            print(f"\nglmstack chat: {e}", file=sys.stderr)
-            messages.pop()
-            continue
-        for d in parser.finish():
-            deltas.append(d)
-            _show(d, tty, state)
-        print(")" if state.get("call_open") else "")
-        reply = accumulate(deltas)
-        if not reply["tool_calls"]:
-            del reply["tool_calls"]
-        messages.append(reply)
-        if args.stats:
-            _print_stats(stats)
+        for _ in range(MAX_TOOL_ROUNDS if args.run_tools else 1):
+            reply = _chat_turn(engine, messages, tools, style, args, tty)
+            if reply is None:  # the conversation outgrew the context: forget this exchange
+                del messages[before:]
+                break
+            messages.append(reply)
+            if not (args.run_tools and reply.get("tool_calls")):
+                break
+            messages += _run_tools(reply["tool_calls"])
+

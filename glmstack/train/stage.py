@@ -153,8 +153,9 @@ def check_inputs(cfg: TrainConfig) -> None:
             )
 
 
-def run(cfg: TrainConfig, *, loss_fn=pretrain_loss, stop_at: int | None = None) -> dict:
-    """Build everything for `cfg` and run the loop; returns the loop's summary."""
+def run(cfg: TrainConfig, *, loss_fn=pretrain_loss, stop_at: int | None = None, build=build_data) -> dict:
+    """Build everything for `cfg` and run the loop; returns the loop's summary. `build(cfg, vocab, split)` makes
+    the data (SFT passes its packed conversations)."""
     check_inputs(cfg)
     device = device_of(cfg)
     dist.init_from_env(device.type)
@@ -164,10 +165,10 @@ def run(cfg: TrainConfig, *, loss_fn=pretrain_loss, stop_at: int | None = None) 
     optimizer, _ = build_optimizer(dist.unwrap(model), cfg.optim)
     # ------------------------------------------------------------------ data
     vocab = dist.unwrap(model).cfg.vocab_size
-    data = build_data(cfg, vocab)
+    data = build(cfg, vocab)
     val_batches = []
     if cfg.log.val_every:
-        val_batches = list(itertools.islice(iter(build_data(cfg, vocab, split="val")), cfg.log.val_batches))
+        val_batches = list(itertools.islice(iter(build(cfg, vocab, split="val")), cfg.log.val_batches))
     # ------------------------------------------------------------------ train
     return train(
         model=model,
@@ -198,7 +199,7 @@ def parse_args(argv: list[str] | None, stage: str, description: str) -> argparse
     return p.parse_args(argv)
 
 
-def main_for(stage: str, description: str, argv: list[str] | None) -> int:
+def main_for(stage: str, description: str, argv: list[str] | None, run_fn=None) -> int:
     """The body of `glmstack pretrain|midtrain <recipe>`: bad input is one clear line and exit code 2."""
     args = parse_args(argv, stage, description)
     try:
@@ -209,7 +210,7 @@ def main_for(stage: str, description: str, argv: list[str] | None) -> int:
 
             print(to_json(cfg))
             return 0
-        result = run(cfg, stop_at=args.stop_at)
+        result = (run_fn or run)(cfg, stop_at=args.stop_at)
     except GlmstackError as e:  # a config field, a checkpoint or shard file: one line, no traceback
         print(one_line(f"glmstack {stage}", e), file=sys.stderr, flush=True)
         return 2
