@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from glmstack.errors import ConfigError
 from glmstack.model.hf import DTYPES
 
 DIM, RESET = "\x1b[2m", "\x1b[0m"
@@ -201,7 +202,12 @@ def _tools(spec: str | None):
         from glmstack.posttrain.tools import TOOLS
 
         return TOOLS
-    return json.loads(Path(spec).read_text()) if spec else None
+    if not spec:
+        return None
+    try:
+        return json.loads(Path(spec).read_text())
+    except (OSError, ValueError) as e:  # a missing file, or not JSON: one line naming it
+        raise ConfigError(f"--tools {spec}: not a readable JSON file of tool definitions ({e})") from None
 
 
 def chat_main(argv: list[str] | None = None) -> int:
