@@ -52,8 +52,8 @@ def perplexity(model, windows: torch.Tensor, batch: int = 8) -> float:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="/work/runs/speedrun/model")
-    ap.add_argument("--data", default="/work/runs/speedrun/data/pretrain/eval", help="held-out token shards")
+    ap.add_argument("--model", default="runs/speedrun/model", help="checkpoint folder (make speedrun writes this one)")
+    ap.add_argument("--data", default="runs/speedrun/data/pretrain/eval", help="held-out token shards")
     ap.add_argument("--windows", type=int, default=64)
     ap.add_argument("--seq", type=int, default=129, help="tokens per window (seq - 1 predictions)")
     ap.add_argument("--new-tokens", type=int, default=64)
