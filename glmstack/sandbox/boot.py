@@ -9,8 +9,8 @@ only the standard library, and it runs before any untrusted code, as the last tr
    only the system dirs and the interpreter, a private /proc and /dev, then pivot_root), in every root mode the
    writable dirs as tmpfs limited in size *and* inodes; in `unshare` mode it then forks, staying behind as the
    PID namespace's init, so the program is not pid 1;
-3. join the run's memory cgroup (through a `cgroup.procs` fd the parent opened), give the work dir to the
-   sandbox uid and switch to that uid for good (RLIMIT_NPROC is only enforced for non-root users), re-arm the
+3. join the run's memory cgroup (through a `cgroup.procs` fd the parent opened; a warm box's fork starts in
+   the box's), give the work dir to the sandbox uid and switch to that uid for good (RLIMIT_NPROC is only enforced for non-root users), re-arm the
    parent-death signal that the switch clears;
 4. join a fresh session keyring (nothing of the runner's keys), set no_new_privs, install the seccomp filter;
 5. lower the rlimits (soft == hard), write the input files, put the program's stdin on fd 0 (a memfd);
@@ -165,8 +165,7 @@ def _become_init():
     pid = os.fork()
     if pid == 0:
         return
-    for fd in (0, 1, 2):
-        os.close(fd)
+    os.closerange(0, 1 << 16)  # the program's pipes, the cgroup and proof fds: the init holds none of them
     while True:
         got, status = os.waitpid(-1, 0)
         if got == pid:
