@@ -224,4 +224,7 @@ class BFCLTask:
             verdict = self.checker(item.meta["functions"], decoded, item.meta["truth"], lang, cat, "glmstack")
         except Exception as e:  # noqa: BLE001 - the checker trips on some malformed outputs: a failure
             return {"passed": False, "result": f"checker error: {type(e).__name__}: {e}"[:300]}
-        return {"passed": bool(verdict["valid"]), "result": "passed" if verdict["valid"] else str(verdict["error"])[:300]}
+        return {
+            "passed": bool(verdict["valid"]),
+            "result": "passed" if verdict["valid"] else str(verdict["error"])[:300],
+        }

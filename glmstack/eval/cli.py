@@ -43,10 +43,13 @@ def parse_args(argv):
     ap.add_argument("--limit", type=int, default=None, help="items per task (per set/category/source)")
     ap.add_argument("--out", default="runs/eval", help="results.jsonl (resumable), results.json, report.md, plots")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-tokens", type=int, default=None, help="new tokens per reply (default: per task, 32-512)")
     ap.add_argument("--format", choices=["auto", "base", "chat"], default="auto", help="prompt style")
     ap.add_argument("--concurrency", type=int, default=8, help="requests in flight against an endpoint")
     ap.add_argument("--batch-size", type=int, default=8, help="prompts per engine batch with --model")
     ap.add_argument("--device", default=None, help="--model device (default cuda when available)")
+    ap.add_argument("--thinking", choices=["off", "on", "unset"], default="off",
+                    help="chat reasoning; endpoints get chat_template_kwargs.enable_thinking unless 'unset'")
     ap.add_argument("--style", choices=["auto", "glm-4.5", "glm-4.7"], default="auto", help="GLM chat format")
     ap.add_argument("--bfcl-categories", default=None, help="comma list (default: all single-turn categories)")
     ap.add_argument("--fim-mode", choices=["psm", "spm_v2", "spm_glm"], default="psm")
@@ -73,21 +76,26 @@ def build_tasks(args, names: list[str]) -> dict:
         "bfcl": lambda: BFCLTask(args.bfcl_categories.split(",") if args.bfcl_categories else CATEGORIES),
         "math": lambda: MathTask(style=fmt),
     }
-    return {name: build[name]() for name in names if name != "ppl"}
+    tasks = {name: build[name]() for name in names if name != "ppl"}
+    for task in tasks.values():
+        task.max_tokens = args.max_tokens or task.max_tokens
+    return tasks
 
 
 def make_client(args):
     from glmstack.eval.client import EndpointClient, LocalClient
 
     if args.endpoint:
+        thinking = {"off": False, "on": True, "unset": None}[args.thinking]
         return EndpointClient(args.endpoint, args.api_model, args.concurrency, args.api_key,
-                              style="glm-4.5" if args.style == "auto" else args.style)  # fmt: skip
+                              style="glm-4.5" if args.style == "auto" else args.style, enable_thinking=thinking)  # fmt: skip
     if not (Path(args.model) / "config.json").exists():
         raise EvalError(f"--model {args.model}: no config.json there (expected a checkpoint folder)")
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    return LocalClient.from_checkpoint(args.model, device=device, style=args.style, batch_size=args.batch_size)
+    return LocalClient.from_checkpoint(args.model, device=device, style=args.style, batch_size=args.batch_size,
+                                       enable_thinking=args.thinking == "on")  # fmt: skip
 
 
 def run_ppl(args, client) -> dict:
@@ -102,8 +110,16 @@ def run_ppl(args, client) -> dict:
     nll = loss_by_position(model, seqs)
     starts, means = position_buckets(nll, 8)
     loss = float(nll.mean())
-    return {"data": str(data), "seq_len": seq_len, "sequences": len(seqs), "loss": loss, "ppl": math.exp(loss),
-            "bucket_starts": starts, "bucket_loss": means, "loss_by_position": [round(float(x), 5) for x in nll]}
+    return {
+        "data": str(data),
+        "seq_len": seq_len,
+        "sequences": len(seqs),
+        "loss": loss,
+        "ppl": math.exp(loss),
+        "bucket_starts": starts,
+        "bucket_loss": means,
+        "loss_by_position": [round(float(x), 5) for x in nll],
+    }
 
 
 def _default_ppl_data(model: str) -> Path:

@@ -110,18 +110,20 @@ class EndpointClient:
     """An OpenAI-compatible server (`glmstack serve`, vLLM, SGLang, ...), `concurrency` requests in flight."""
 
     def __init__(self, base_url: str, model: str | None = None, concurrency: int = 8, api_key: str = "EMPTY",
-                 timeout_s: float = 600.0, style: str = "glm-4.5"):  # fmt: skip
+                 timeout_s: float = 600.0, style: str = "glm-4.5", enable_thinking: bool | None = False):  # fmt: skip
+        """enable_thinking: sent as `chat_template_kwargs` (glmstack serve, vLLM, SGLang); None sends nothing
+        (for APIs that reject unknown fields)."""
         import openai
 
         self.api = openai.OpenAI(base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=3)
         self.model = model or self._first_model()
-        self.concurrency, self.style = concurrency, style
+        self.concurrency, self.style, self.enable_thinking = concurrency, style, enable_thinking
         self.name = f"{base_url} ({self.model})"
 
     def _first_model(self) -> str:
         try:
             return self.api.models.list().data[0].id
-        except Exception as e:  # noqa: BLE001 - any failure means: tell the user to name the model
+        except Exception as e:
             raise GenerationError(f"could not list the endpoint's models ({e}); pass --api-model NAME") from e
 
     def generate(self, requests: list[dict], *, temperature: float, max_tokens: int, seeds: list[int]) -> list[dict]:
@@ -142,6 +144,8 @@ class EndpointClient:
             choice = self.api.completions.create(prompt=request["prompt"], stop=stop, **common).choices[0]
             return output(cut_at_stop(choice.text, request.get("stop")), finish_reason=choice.finish_reason)
         extra = {"tools": request["tools"]} if request.get("tools") else {}
+        if self.enable_thinking is not None:
+            extra["extra_body"] = {"chat_template_kwargs": {"enable_thinking": self.enable_thinking}}
         choice = self.api.chat.completions.create(messages=request["messages"], **extra, **common).choices[0]
         msg = choice.message.model_dump()
         content = msg.get("content") or ""
@@ -149,6 +153,6 @@ class EndpointClient:
         if not calls and "<tool_call>" in content:  # an endpoint that returns GLM's raw text: our parser
             from glmstack.chat import parse
 
-            parsed = parse(content, request.get("tools"), style=self.style, in_reasoning=False)
+            parsed = parse(content, request.get("tools"), style=self.style, in_reasoning=bool(self.enable_thinking))
             content, calls = parsed["content"] or "", message_calls(parsed)
         return output(content, calls, choice.finish_reason or "stop")

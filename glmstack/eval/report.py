@@ -1,19 +1,14 @@
 """The report card: results.json (everything), report.md (tables) and plots, written atomically into --out.
 
-    write_report(out_dir, {"model": ..., "tasks": {"humaneval": summary, "ppl": {...}}, "decontamination": ...})
+write_report(out_dir, {"model": ..., "tasks": {"humaneval": summary, "ppl": {...}}, "decontamination": ...})
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+from glmstack.atomic import write_atomic
 
 
 def markdown(card: dict) -> str:
@@ -34,13 +29,15 @@ def markdown(card: dict) -> str:
         lines.append("")
     if "ppl" in tasks:
         p = tasks["ppl"]
-        lines += [f"Held-out loss {p['loss']:.4f} (perplexity {p['ppl']:.2f}) over {p['sequences']} windows of "
-                  f"{p['seq_len']} tokens from {p['data']}.", "", "| positions from | loss |", "|---|---|"]  # fmt: skip
+        head = (f"Held-out loss {p['loss']:.4f} (perplexity {p['ppl']:.2f}) over {p['sequences']} windows of "
+                f"{p['seq_len']} tokens from {p['data']}.")  # fmt: skip
+        lines += [head, "", "| positions from | loss |", "|---|---|"]
         lines += [f"| {a} | {m:.4f} |" for a, m in zip(p["bucket_starts"], p["bucket_loss"])] + [""]
     dec = card.get("decontamination")
     if dec:
-        lines += [f"Decontamination: word {dec['ngram']}-gram overlap with {dec['docs_scanned']} training documents "
-                  f"of {dec['shards']}.", "", "| task | items | contaminated | fraction |", "|---|---|---|---|"]
+        head = (f"Decontamination: word {dec['ngram']}-gram overlap with {dec['docs_scanned']} training documents "
+                f"of {dec['shards']}.")  # fmt: skip
+        lines += [head, "", "| task | items | contaminated | fraction |", "|---|---|---|---|"]
         lines += [f"| {t} | {d['items']} | {d['contaminated']} | {100 * d['fraction']:.2f}% |"
                   for t, d in dec["tasks"].items()] + [""]  # fmt: skip
     return "\n".join(lines)
@@ -75,5 +72,5 @@ def write_report(out_dir, card: dict) -> None:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     card = {**card, "plots": plot(card, out)}
-    _atomic_write(out / "results.json", json.dumps(card, indent=1))
-    _atomic_write(out / "report.md", markdown(card))
+    write_atomic(out / "results.json", json.dumps(card, indent=1))
+    write_atomic(out / "report.md", markdown(card))

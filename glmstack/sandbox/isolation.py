@@ -224,13 +224,14 @@ def uid_usable(mode: str) -> bool:
 def boot_settings(
     limits: Limits, uid: int | None, *, nproc: int | None = None, root: list | None = None, mounts: list | None = None,
     new_mount_ns: bool = False, cgroup_fd: int | None = None, proof: tuple[int, bytes] | None = None,
-    deathsig: bool = False,
+    deathsig: bool = False, oom_first: bool = False,
 ) -> dict:  # fmt: skip
     """What boot.py needs besides the program, files and stdin (see its docstring for the order it applies them)."""
     numbers = seccomp.numbers()
     return {
         "rlimits": limits.rlimits(nproc), "uid": uid, "deathsig": deathsig, "root": root, "scratch": mounts,
-        "new_mount_ns": new_mount_ns, "cgroup_fd": cgroup_fd, "proof": proof, "seccomp": seccomp.program(),
+        "new_mount_ns": new_mount_ns, "cgroup_fd": cgroup_fd, "oom_first": oom_first, "proof": proof,
+        "seccomp": seccomp.program(),
         "keyring": "keyctl" in numbers, "nr": numbers,
     }  # fmt: skip
 

@@ -91,7 +91,7 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._stop = False
         self.stats = {"generated_tokens": 0, "prompt_tokens": 0, "finished": 0, "steps": 0, "aborted": 0,
-                      "ttft_sum": 0.0, "ttft_count": 0, "busy_s": 0.0}  # fmt: skip
+                      "ttft_sum": 0.0, "ttft_count": 0, "busy_s": 0.0, "reclaimed": 0}  # fmt: skip
         self.recent: deque[tuple[float, int]] = deque(maxlen=256)  # (time, tokens) per step: tokens/s gauge
 
     # ---------------------------------------------------------------- public
@@ -217,7 +217,7 @@ class _Batch:
         if keep is not None:
             toks_B = toks_B[keep]
         if self.cache.seq_len + 1 > self.cache.max_len:
-            self.cache.drop_front()
+            self.sched.stats["reclaimed"] += self.cache.drop_front()
         self.logits_BV = self.run.forward(toks_B[:, None], self.pos_B1, self.cache, last_only=True)[0][:, -1]
         self.pos_B1 = self.pos_B1 + 1
         self.sched.stats["steps"] += 1

