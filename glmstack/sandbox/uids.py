@@ -196,8 +196,11 @@ def remove_ipc(uid: int) -> None:
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
-    for kind, remove in (("shm", lambda i: libc.shmctl(i, 0, None)), ("msg", lambda i: libc.msgctl(i, 0, None)),
-                         ("sem", lambda i: libc.semctl(i, 0, 0))):  # fmt: skip  -- IPC_RMID = 0
+    for kind, remove in (
+        ("shm", lambda i: libc.shmctl(i, 0, None)),
+        ("msg", lambda i: libc.msgctl(i, 0, None)),
+        ("sem", lambda i: libc.semctl(i, 0, 0)),
+    ):  # fmt: skip  -- IPC_RMID = 0
         try:
             with open(f"/proc/sysvipc/{kind}") as f:
                 header, *rows = [line.split() for line in f]

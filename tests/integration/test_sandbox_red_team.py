@@ -1,3 +1,4 @@
+# ruff: noqa: F811 -- the `mode` and `sandbox` fixtures come from test_sandbox_adversarial.py
 """Issue 26's attacks on the sandbox, each in every mode this host offers: all contained.
 
 Reward hacking through the exit status (run_tests needs proof that the tests completed), memory outside the
@@ -242,7 +243,10 @@ def test_the_runner_survives_what_a_program_leaves(sandbox, mode):
     like a stale work dir of ours but unparsable (only plain mode reaches the host's /tmp)."""
     planted = "glmstack-sandbox-9x-planted"
     places, depth = ((".",), 1100) if mode == "plain" else ((".", "/tmp", "/dev/shm"), 3000)
-    code = DEEP_TREE.format(places=places, depth=depth) + f"\ntry:\n    os.mkdir('/tmp/{planted}')\nexcept OSError:\n    pass"
+    code = (
+        DEEP_TREE.format(places=places, depth=depth)
+        + f"\ntry:\n    os.mkdir('/tmp/{planted}')\nexcept OSError:\n    pass"
+    )
     r = sandbox(code, limits=LIM.replace(timeout_s=10))
     try:
         assert r.ok and r.stdout == "left\n", r.stderr
@@ -296,7 +300,9 @@ def test_auto_without_bubblewrap_is_unshare_with_the_same_view(hidden):
     hidden("bwrap")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # unshare is as confined: no warning
-        r = run("import os\nprint(os.path.exists('/work'), os.path.exists('/root/.bashrc'), os.listdir('/tmp'))", limits=LIM)
+        r = run(
+            "import os\nprint(os.path.exists('/work'), os.path.exists('/root/.bashrc'), os.listdir('/tmp'))", limits=LIM
+        )
     assert r.mode == "unshare" and r.stdout == "False False []\n", r.stderr
     assert {"ro-root", "hidden-host-files", "private-proc", "seccomp"} <= set(r.layers)
 
@@ -306,9 +312,8 @@ def test_auto_falls_back_to_plain_with_one_warning(hidden, monkeypatch):
     hidden("bwrap", "unshare")
     monkeypatch.setenv("GLMSTACK_SANDBOX_PYTHON", "/usr/bin/python3")
     with pytest.warns(RuntimeWarning, match="weak 'plain' mode") as caught:
-        assert run("print(1)", limits=LIM).mode == "plain"
-        assert run("print(2)", limits=LIM).mode == "plain"
-    assert len([w for w in caught if "plain" in str(w.message)]) == 1
+        modes = [run(f"print({i})", limits=LIM).mode for i in range(2)]
+    assert modes == ["plain", "plain"] and len([w for w in caught if "plain" in str(w.message)]) == 1
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert run("print(3)", mode="plain", limits=LIM).ok  # an explicit choice: no warning
