@@ -239,10 +239,15 @@ class _Batch:
             if not job.params.greedy:
                 job.streams = RowStreams([job.seed], 1, self.device)
         if self.cache is None or not self.jobs:
-            self.cache = KVCache(0, self.max_len)
+            self.cache = KVCache(0, 0)
             self.logits_BV, self.pos_B1 = logits_NV[:0], pos_NP[:0, -1:]
-        self.cache.append_rows(cache)
         self.jobs += new
+        # room for the longest remaining generation: the buffers are rebuilt at every join anyway, so they are sized
+        # to what the running rows can still use, not to the context (64 rows x 2 contexts was GBs per join)
+        remaining = max(job.max_new_tokens - job.n_out for job in self.jobs)
+        need = max(self.cache.seq_len - (int(self.cache.start.min()) if self.cache.batch_size else 0), P)
+        self.sched.stats["reclaimed"] += self.cache.append_rows(cache, min(need + remaining + 1, self.max_len))
+
         self.logits_BV = torch.cat([self.logits_BV, logits_NV])
         self.pos_B1 = torch.cat([self.pos_B1, pos_NP[:, -1:] + 1])
 
