@@ -74,8 +74,11 @@ class Server:
                            f"context is {self.ctx}, leaving {room}", param)  # fmt: skip
         return asked if asked is not None else room
 
-    def jobs(self, req, prompt_ids: list[int], max_new: int, top_logprobs: int) -> tuple[list[Job], asyncio.Queue]:
+    def jobs(self, req, prompt_ids: list[int], max_new: int, top_logprobs: int, logprobs: bool):
         """n jobs (choice j samples with seed + j, as Engine.generate's row j) sharing one event queue."""
+        if logprobs and self.sched.speculative:
+            raise ApiError(400, "logprobs are not available with --speculative mtp (verify steps keep no per-token "
+                           "distribution); restart the server without it", "logprobs")  # fmt: skip
         loop, queue = asyncio.get_running_loop(), asyncio.Queue()
         params = SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=max(req.top_k, 0))
         seed = req.seed if req.seed is not None else secrets.randbits(62)
@@ -157,7 +160,7 @@ def create_app(engine, model_name: str, style: str, scheduler: Scheduler, time_l
         max_new = srv.budget(req, len(prompt_ids), asked, "max_completion_tokens" if req.max_completion_tokens
                              else "max_tokens")  # fmt: skip
         k = (req.top_logprobs or 0) if req.logprobs else 0
-        jobs, queue = srv.jobs(req, prompt_ids, max_new, k)
+        jobs, queue = srv.jobs(req, prompt_ids, max_new, k, req.logprobs)
         outs = [ChoiceOutput(srv.tok, req.stops(), jobs[0].stop_ids) for _ in jobs]
         rid = "chatcmpl-" + secrets.token_hex(12)
         if req.stream:
@@ -177,7 +180,7 @@ def create_app(engine, model_name: str, style: str, scheduler: Scheduler, time_l
         runs = []
         for ids in prompts:
             max_new = srv.budget(req, len(ids), req.max_tokens, "max_tokens")
-            jobs, queue = srv.jobs(req, ids, max_new, req.logprobs or 0)
+            jobs, queue = srv.jobs(req, ids, max_new, req.logprobs or 0, req.logprobs is not None)
             runs.append((ids, jobs, queue, [ChoiceOutput(srv.tok, req.stops(), jobs[0].stop_ids) for _ in jobs]))
         rid = "cmpl-" + secrets.token_hex(12)
         if req.stream:
