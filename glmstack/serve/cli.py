@@ -22,13 +22,7 @@ def build(args):
     from glmstack.serve.app import create_app
     from glmstack.serve.scheduler import Scheduler
 
-    engine = _load(args)
-    if args.quantize:
-        try:
-            from glmstack.inference.quant import quantize_
-        except ImportError as e:
-            raise ValueError(f"--quantize needs glmstack.inference.quant (not in this version): {e}") from None
-        quantize_(engine.model, args.quantize)
+    engine = _load(args)  # loads, and quantizes with --quantize (glmstack.inference.quant.quantize_)
     speculative = None if args.speculative == "none" else args.speculative
     sched = Scheduler(engine, args.max_running, args.max_waiting, speculative, args.draft)
     name = args.served_model_name or Path(args.checkpoint).name

@@ -247,3 +247,14 @@ def test_web_chat_page_in_headless_chromium(server):
                              'tool call: get_weather({"city": "Lyon", "days": 3})']  # fmt: skip
         finally:
             browser.close()
+
+
+def test_quantized_int4_server_answers(ckpt):
+    """--quantize int4 (glmstack.inference.quant) serves through the same scheduler: the trained answer survives."""
+    srv = RunningServer(ckpt, quantize="int4")
+    try:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+        r = client.chat.completions.create(model="tiny", messages=HELLO[:1], temperature=0, max_tokens=60)
+        assert r.choices[0].message.content == "Hello! How can I help you?"
+    finally:
+        srv.stop()
