@@ -140,9 +140,12 @@ async def robustness(client, url: str, streams: int, n_bad: int, tokens: int) ->
     stream_tasks = [one_stream(client, 1000 + i, tokens) for i in range(streams)]
     results = await asyncio.gather(*stream_tasks, *(bad(k) for k in range(n_bad)))
     streamed, answered = results[:streams], results[streams:]
-    return {"streams": streams, "streams_complete": sum(r["finish"] == "length" and r["tokens"] == tokens
-                                                          for r in streamed),  # fmt: skip
-            "malformed": n_bad, "malformed_right_4xx": sum(answered)}
+    return {
+        "streams": streams,
+        "streams_complete": sum(r["finish"] == "length" and r["tokens"] == tokens for r in streamed),
+        "malformed": n_bad,
+        "malformed_right_4xx": sum(answered),
+    }
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -219,7 +222,9 @@ def main(argv=None) -> int:
         plot(res["throughput"], out / "throughput.png")
         print(f"wrote {out / 'results.json'} and {out / 'throughput.png'}")
     rb = res["robustness"]
-    ok = res["server_alive"] and rb["streams_complete"] == rb["streams"] and rb["malformed_right_4xx"] == rb["malformed"]
+    ok = (
+        res["server_alive"] and rb["streams_complete"] == rb["streams"] and rb["malformed_right_4xx"] == rb["malformed"]
+    )
     print(f"tokens/s at 16 streams / 1 stream: {res['speedup_16_vs_1']:.2f}x; robustness {'OK' if ok else 'FAILED'}")
     return 0 if ok else 1
 

@@ -86,6 +86,7 @@ class Server:
         deadline = time.monotonic() + self.time_limit_s
         jobs = []
         for j in range(req.n):
+
             def emit(ev, j=j):
                 loop.call_soon_threadsafe(queue.put_nowait, (j, ev))
 

@@ -42,7 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-running", type=int, default=16, help="requests decoded together (batch rows)")
     ap.add_argument("--max-waiting", type=int, default=256, help="queued requests beyond which the server answers 429")
     ap.add_argument("--time-limit", type=float, default=600.0, help="seconds a request may run before it is aborted")
-    ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None, help="default: the checkpoint's")
+    ap.add_argument(
+        "--dtype", choices=["float32", "bfloat16", "float16"], default=None, help="default: the checkpoint's"
+    )
     ap.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     ap.add_argument("--switch-interval", type=float, default=2e-4, help="Python's GIL switch interval, seconds")

@@ -75,9 +75,7 @@ class ChoiceOutput:
             return {"token": text, "logprob": max(lp, -9999.0), "bytes": list(text.encode("utf-8"))}
 
         return {
-            "content": [
-                {**entry(t.id, t.logprob), "top_logprobs": [entry(i, lp) for i, lp in t.top]} for t in tokens
-            ],
+            "content": [{**entry(t.id, t.logprob), "top_logprobs": [entry(i, lp) for i, lp in t.top]} for t in tokens],
             "refusal": None,
         }
 

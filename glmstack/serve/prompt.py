@@ -43,7 +43,7 @@ def chat_prompt(req: ChatRequest, style: str) -> ChatPrompt:
     if choice == "required" and not tools:
         raise ApiError(400, "tool_choice 'required' needs a non-empty tools list", "tool_choice")
     kw = req.chat_template_kwargs
-    opts = dict(enable_thinking=kw.enable_thinking if kw else True, clear_thinking=kw.clear_thinking if kw else True)
+    opts = {"enable_thinking": kw.enable_thinking if kw else True, "clear_thinking": kw.clear_thinking if kw else True}
     shown_tools = None if choice == "none" else tools
     try:
         text = render(req.messages, shown_tools, style=style, add_generation_prompt=True, **opts)

@@ -151,8 +151,8 @@ class Scheduler:
     def _run_speculative(self, job: Job) -> None:
         p = job.params
         self.stats["prompt_tokens"] += len(job.prompt_ids)
-        kw = dict(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, seeds=[job.seed],
-                  stop_ids=sorted(job.stop_ids), speculative=self.speculative, draft_k=self.draft_k)  # fmt: skip
+        kw = {"temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k, "seeds": [job.seed],
+                  "stop_ids": sorted(job.stop_ids), "speculative": self.speculative, "draft_k": self.draft_k}  # fmt: skip
         last = None
         for delta in self.engine.stream(job.prompt_ids, job.max_new_tokens, **kw):
             if job.cancelled or _late(job):

@@ -20,12 +20,12 @@ import torch
 
 openai = pytest.importorskip("openai")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from serve_fixture import HELLO, ROME_Q, STYLE, TOOLS, WEATHER_Q, RunningServer, build_checkpoint  # noqa: E402
+from serve_fixture import HELLO, ROME_Q, STYLE, TOOLS, WEATHER_Q, RunningServer, build_checkpoint
 
-from glmstack.chat import render  # noqa: E402
-from glmstack.inference import Engine  # noqa: E402
-from glmstack.model import load_hf  # noqa: E402
-from glmstack.tokenizer import Tokenizer  # noqa: E402
+from glmstack.chat import render
+from glmstack.inference import Engine
+from glmstack.model import load_hf
+from glmstack.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.slow  # ~25 s to train the fixture model on a loaded 2-core machine
 
@@ -83,7 +83,7 @@ def test_chat_plain_and_streamed_equal_generate(server, client, ckpt):
 
 def test_streamed_tool_calls_parse(client):
     """Two calls in one turn, streamed: argument deltas assemble into JSON; the SDK's stream helper parses them."""
-    args = dict(model="tiny", messages=[WEATHER_Q], tools=TOOLS, temperature=0, max_tokens=100)
+    args = {"model": "tiny", "messages": [WEATHER_Q], "tools": TOOLS, "temperature": 0, "max_tokens": 100}
     whole = client.chat.completions.create(**args)
     calls = whole.choices[0].message.tool_calls
     assert [json.loads(c.function.arguments) for c in calls] == [{"city": "Paris", "days": 2},
@@ -102,7 +102,13 @@ def test_streamed_tool_calls_parse(client):
 
 def test_tool_choice_modes(client, server):
     """none hides the tools and parses no call; a named function / required pre-fill the call's opening."""
-    base = dict(model="tiny", tools=TOOLS, temperature=0, max_tokens=60, extra_body={"return_token_ids": True})
+    base = {
+        "model": "tiny",
+        "tools": TOOLS,
+        "temperature": 0,
+        "max_tokens": 60,
+        "extra_body": {"return_token_ids": True},
+    }
     none = client.chat.completions.create(messages=[WEATHER_Q], tool_choice="none", **base)
     assert not none.choices[0].message.tool_calls
     assert "get_weather" not in server.engine.tokenizer.decode(none.model_extra["prompt_token_ids"])
@@ -125,8 +131,8 @@ def test_logprobs_n_seed_stop_and_thinking_off(client, server):
     assert len(lp) == r.usage.completion_tokens and all(len(e.top_logprobs) == 3 for e in lp)
     assert all(e.logprob <= 0 and e.top_logprobs[0].logprob >= e.logprob - 1e-6 for e in lp)
     assert all(e.token == e.top_logprobs[0].token for e in lp)  # greedy picks the most likely token
-    sampled = dict(model="tiny", messages=HELLO[:1], temperature=1.5, top_p=0.9, max_tokens=12, n=3, seed=7,
-                   extra_body={"top_k": 20})  # fmt: skip
+    sampled = {"model": "tiny", "messages": HELLO[:1], "temperature": 1.5, "top_p": 0.9, "max_tokens": 12, "n": 3, "seed": 7,
+                   "extra_body": {"top_k": 20}}  # fmt: skip
     a, b = client.chat.completions.create(**sampled), client.chat.completions.create(**sampled)
     texts = [c.message.content or c.message.reasoning_content or "" for c in a.choices]
     assert len(a.choices) == 3 and texts == [c.message.content or c.message.reasoning_content or "" for c in b.choices]

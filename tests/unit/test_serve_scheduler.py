@@ -27,7 +27,9 @@ def test_joining_and_leaving_rows_equal_generate_alone():
     engine = Engine(model)
     sched = Scheduler(engine, max_running=2, max_waiting=16)
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, 500, (n,), generator=g).tolist() for n in (5, 9, 3, 2, 7, 4, 6, 3, 5, 2, 8, 3, 6, 2, 4, 7)]
+    prompts = [
+        torch.randint(0, 500, (n,), generator=g).tolist() for n in (5, 9, 3, 2, 7, 4, 6, 3, 5, 2, 8, 3, 6, 2, 4, 7)
+    ]
     outs, done = {i: [] for i in range(len(prompts))}, threading.Semaphore(0)
     settings = [(0.0 if i % 2 == 0 else 1.0, 12 - len(p)) for i, p in enumerate(prompts)]
     sched.start()
