@@ -64,11 +64,11 @@ class Server:
         req.unsupported()
         return req
 
-    def budget(self, req, prompt_len: int, asked: int | None, param: str) -> int:
+    def budget(self, prompt_len: int, asked: int | None, param: str, prompt_param: str) -> int:
+        """New tokens for a prompt: `asked` (the field `param`), else the rest of the context."""
         room = self.ctx - prompt_len
         if room <= 0:
-            raise ApiError(400, f"the prompt has {prompt_len} tokens; the model's context is {self.ctx}", "messages"
-                           if param != "max_tokens" or isinstance(req, ChatRequest) else "prompt")  # fmt: skip
+            raise ApiError(400, f"the prompt has {prompt_len} tokens; the model's context is {self.ctx}", prompt_param)
         if asked is not None and asked > room:
             raise ApiError(400, f"{param} = {asked} is too large: the prompt has {prompt_len} tokens and the "
                            f"context is {self.ctx}, leaving {room}", param)  # fmt: skip
@@ -158,8 +158,8 @@ def create_app(engine, model_name: str, style: str, scheduler: Scheduler, time_l
         cp = chat_prompt(req, style)
         prompt_ids = srv.tok.encode(cp.text)
         asked = req.max_completion_tokens or req.max_tokens
-        max_new = srv.budget(req, len(prompt_ids), asked, "max_completion_tokens" if req.max_completion_tokens
-                             else "max_tokens")  # fmt: skip
+        param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
+        max_new = srv.budget(len(prompt_ids), asked, param, "messages")
         k = (req.top_logprobs or 0) if req.logprobs else 0
         jobs, queue = srv.jobs(req, prompt_ids, max_new, k, req.logprobs)
         outs = [ChoiceOutput(srv.tok, req.stops(), jobs[0].stop_ids) for _ in jobs]
@@ -180,7 +180,7 @@ def create_app(engine, model_name: str, style: str, scheduler: Scheduler, time_l
             raise ApiError(400, "echo with logprobs (prompt log-probs) is not supported", "echo")
         runs = []
         for ids in prompts:
-            max_new = srv.budget(req, len(ids), req.max_tokens, "max_tokens")
+            max_new = srv.budget(len(ids), req.max_tokens, "max_tokens", "prompt")
             jobs, queue = srv.jobs(req, ids, max_new, req.logprobs or 0, req.logprobs is not None)
             runs.append((ids, jobs, queue, [ChoiceOutput(srv.tok, req.stops(), jobs[0].stop_ids) for _ in jobs]))
         rid = "cmpl-" + secrets.token_hex(12)
@@ -230,6 +230,8 @@ async def _whole_chat(srv, req, cp, prompt_ids, jobs, queue, outs, rid) -> dict:
         msg = parse(cp.prefill + out.text, cp.tools, srv.style, in_reasoning=cp.in_reasoning, calls=cp.parse_calls)
         if not req.include_reasoning:
             msg["reasoning_content"] = None
+        if not req.parallel_tool_calls:  # as vLLM: only the first call
+            msg["tool_calls"] = msg["tool_calls"][:1]
         if not msg["tool_calls"]:
             del msg["tool_calls"]
         reason = "tool_calls" if msg.get("tool_calls") and out.finish == "stop" else out.finish
@@ -326,6 +328,8 @@ async def stream_chat(srv, req, cp, prompt_ids, jobs, queue, outs, rid):
             deltas += parsers[j].finish()
         if not req.include_reasoning:
             deltas = [d for d in deltas if "reasoning_content" not in d]
+        if not req.parallel_tool_calls:
+            deltas = [d for d in deltas if all(tc["index"] == 0 for tc in d.get("tool_calls", ()))]
         sent_calls[j] |= any("tool_calls" in d for d in deltas)
         per_token = {}
         if isinstance(ev, Token):

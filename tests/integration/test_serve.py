@@ -98,6 +98,11 @@ def test_streamed_tool_calls_parse(client):
     assert [(c.function.name, json.loads(c.function.arguments)) for c in streamed] == [
         ("get_weather", {"city": "Paris", "days": 2}), ("get_weather", {"city": "Lyon", "days": 3})]  # fmt: skip
     assert final.choices[0].finish_reason == "tool_calls"
+    for stream in (False, True):  # parallel_tool_calls=false keeps the first call only (as vLLM)
+        r = client.chat.completions.create(**args, parallel_tool_calls=False, stream=stream)
+        calls = r.choices[0].message.tool_calls if not stream else [
+            tc for c in r if c.choices for tc in c.choices[0].delta.tool_calls or [] if tc.id]  # fmt: skip
+        assert len(calls) == 1 and calls[0].function.name == "get_weather"
 
 
 def test_tool_choice_modes(client, server):
