@@ -141,6 +141,13 @@ def test_logprobs_n_seed_stop_and_thinking_off(client, server):
     a, b = client.chat.completions.create(**sampled), client.chat.completions.create(**sampled)
     texts = [c.message.content or c.message.reasoning_content or "" for c in a.choices]
     assert len(a.choices) == 3 and texts == [c.message.content or c.message.reasoning_content or "" for c in b.choices]
+    chunks = client.chat.completions.create(model="tiny", messages=HELLO[:1], temperature=0, max_tokens=60, n=2,
+                                            stream=True)  # fmt: skip
+    per_choice = {0: "", 1: ""}
+    for c in chunks:
+        for ch in c.choices:
+            per_choice[ch.index] += ch.delta.content or ""
+    assert per_choice == {0: "Hello! How can I help you?", 1: "Hello! How can I help you?"}
     stopped = client.chat.completions.create(model="tiny", messages=HELLO[:1], temperature=0, max_tokens=40,
                                              stop=["help"])  # fmt: skip
     assert stopped.choices[0].message.content == "Hello! How can I" and stopped.choices[0].finish_reason == "stop"
