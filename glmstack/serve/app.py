@@ -88,7 +88,10 @@ class Server:
         for j in range(req.n):
 
             def emit(ev, j=j):
-                loop.call_soon_threadsafe(queue.put_nowait, (j, ev))
+                try:
+                    loop.call_soon_threadsafe(queue.put_nowait, (j, ev))
+                except RuntimeError:  # the event loop is closed (server shutting down): nobody is listening
+                    pass
 
             jobs.append(Job(prompt_ids=prompt_ids, max_new_tokens=max_new, params=params, seed=seed + j, emit=emit,
                             stop_ids=frozenset(stop_ids), top_logprobs=top_logprobs, deadline=deadline))  # fmt: skip

@@ -152,7 +152,7 @@ class Scheduler:
         p = job.params
         self.stats["prompt_tokens"] += len(job.prompt_ids)
         kw = {"temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k, "seeds": [job.seed],
-                  "stop_ids": sorted(job.stop_ids), "speculative": self.speculative, "draft_k": self.draft_k}  # fmt: skip
+              "stop_ids": sorted(job.stop_ids), "speculative": self.speculative, "draft_k": self.draft_k}  # fmt: skip
         last = None
         for delta in self.engine.stream(job.prompt_ids, job.max_new_tokens, **kw):
             if job.cancelled or _late(job):
@@ -193,7 +193,8 @@ class _Batch:
         self.cache: KVCache | None = None
         self.logits_BV: torch.Tensor | None = None  # the logits each row samples its next token from
         self.pos_B1: torch.Tensor | None = None  # the position of each row's next token
-        # decode never goes past the context, so two contexts of cache leave room for one context of re-use
+        # the cap of the running cache: a row's length never exceeds the context, and after a join a row may sit
+        # behind another's longer history (its start moves right), so at most two contexts
         self.max_len = 2 * sched.ctx + 1
         eng = self.engine
         self.run = (
