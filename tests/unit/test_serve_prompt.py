@@ -58,3 +58,18 @@ def test_choice_output_holds_back_stop_strings_and_partial_characters():
     plain = ChoiceOutput(tok, [], tok.eos_ids)
     pieces = [plain.add(Token(t, 0.0, [])) for t in tok.encode("é😀")]
     assert all("\ufffd" not in p for p in pieces) and "".join(pieces) + plain.close(Finished("length")) == "é😀"
+
+
+def test_history_reasoning_under_either_key():
+    """`reasoning` (vLLM >= 0.16) and `reasoning_content` render the same; clear_thinking=False keeps it (GLM-4.7)."""
+    turns = [
+        *USER,
+        {"role": "assistant", "content": "A.", "REASONING": "Because."},
+        {"role": "user", "content": "more"},
+    ]
+    texts = []
+    for key in ("reasoning", "reasoning_content"):
+        msgs = [{(key if k == "REASONING" else k): v for k, v in m.items()} for m in turns]
+        r = ChatRequest(model="m", messages=msgs, chat_template_kwargs={"clear_thinking": False})
+        texts.append(chat_prompt(r, "glm-4.7").text)
+    assert texts[0] == texts[1] and "<think>Because.</think>" in texts[0]
