@@ -47,7 +47,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    ap.add_argument("--switch-interval", type=float, default=2e-4, help="Python's GIL switch interval, seconds")
     ap.add_argument("--style", choices=["auto", "glm-4.5", "glm-4.7"], default="auto", help="chat format")
     args = ap.parse_args(argv)
     import torch
@@ -56,10 +55,6 @@ def main(argv: list[str] | None = None) -> int:
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if args.threads:
         torch.set_num_threads(args.threads)
-    # The engine thread releases the GIL inside every torch op and must get it back between ops; with the default
-    # 5 ms switch interval a busy event loop (64 streams' SSE frames) held it that long each time, tripling the
-    # decode step at 64 streams (bench/serve.py's ms_per_step).
-    sys.setswitchinterval(args.switch_interval)
     try:
         app, sched = build(args)
     except (ValueError, OSError, KeyError) as e:
