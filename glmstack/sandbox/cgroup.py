@@ -83,15 +83,29 @@ def available() -> tuple[str, int] | None:
         mounts = _mounts()
         for point, fstype, _ in mounts:
             if fstype == "cgroup2" and (parent := _v2_parent(point)):
+                _clear_stale(parent)
                 return parent, 2
         for point, fstype, opts in mounts:
             if fstype == "cgroup" and "memory" in opts:
                 parent = os.path.join(point, PARENT)
                 os.makedirs(parent, exist_ok=True)
+                _clear_stale(parent)
                 return parent, 1
     except OSError:
         pass
     return None
+
+
+def _clear_stale(parent: str) -> None:
+    """Remove the cgroups of runners that were killed before their cleanup (their uid lock is free)."""
+    from glmstack.sandbox.uids import is_free
+
+    for name in os.listdir(parent):
+        if name.isdigit() and is_free(int(name)):
+            try:
+                _remove(os.path.join(parent, name))
+            except OSError:
+                pass
 
 
 def layer() -> str | None:

@@ -106,7 +106,7 @@ def kill_uid(uid: int, wait_s: float = 5.0) -> None:
         time.sleep(min(0.001 * rnd, 0.02))
 
 
-def _is_free(uid: int) -> bool:
+def is_free(uid: int) -> bool:
     """Whether no live runner holds `uid`'s lock (so its work dirs are stale)."""
     try:
         fd = os.open(LOCK_DIR / f"{uid - UID_BASE}.lock", os.O_RDWR)
@@ -134,7 +134,7 @@ def clear_stale_work_dirs(own_uid: int) -> None:
             continue
         if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (uid, os.geteuid()):
             continue  # not one of ours: leave other users' files alone
-        if uid == own_uid or _is_free(uid):
+        if uid == own_uid or is_free(uid):
             kill_uid(uid)
             remove_tree(str(d))
 
