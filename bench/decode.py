@@ -244,6 +244,44 @@ def speculative_speedup(
     return rows
 
 
+@torch.inference_mode()
+def phase_times(model, sample, ks, repeats: int = 30, draft_vocab=None) -> dict:
+    """Hot per-phase costs at batch 1 after a 32-token prompt (ms, medians of back-to-back repeats, each rewound):
+    a plain step (1 token), a verify block (k + 1 tokens), one MTP step (1 position). Back to back the weights
+    stay in cache, so these are lower bounds of the same phases inside the loop."""
+    from glmstack.inference import KVCache
+    from glmstack.inference.fast import FastForward
+
+    fwd = FastForward(model, 256, {}, draft_vocab=draft_vocab)
+    cache, ids = KVCache(1, 256), sample(1, 40, torch.Generator().manual_seed(99))
+    n, mtp = model.cfg.num_hidden_layers, model.cfg.num_hidden_layers
+    pos = torch.arange(40)[None]
+    _, h = fwd.forward(ids[:, :32], pos[:, :32], cache)
+    fwd.mtp_step(0, ids[:, 1:33], h, pos[:, :32], cache)
+
+    def timed(fn, drop, layers):
+        ts = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t)
+            cache.rewind(drop, layers=layers)
+        return 1e3 * statistics.median(ts)
+
+    main_layers = range(n)
+    out = {"plain": timed(lambda: fwd.forward(ids[:, 32:33], pos[:, 32:33], cache, last_only=True), 1, main_layers)}
+    for k in ks:
+        out[f"verify_{k + 1}"] = timed(lambda: fwd.forward(ids[:, 32 : 33 + k], pos[:, 32 : 33 + k], cache), k + 1,
+                                       main_layers)
+    out["mtp_step"] = timed(lambda: fwd.mtp_step(0, ids[:, 33:34], h[:, -1:], pos[:, 32:33], cache), 1, [mtp])
+    return out
+
+
+def bound(phases: dict, k: int, accepted: float) -> float:
+    """Speedup at most: accepted tokens per round x plain step / (verify + catch-up + k - 1 draft steps)."""
+    return accepted * phases["plain"] / (phases[f"verify_{k + 1}"] + k * phases["mtp_step"])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--new-tokens", type=int, default=64)
@@ -279,6 +317,16 @@ def main(argv=None) -> int:
         ks = tuple(int(k) for k in args.ks.split(","))
         result["mtp"] = speculative_speedup(model, sample, args.new_tokens, args.repeats, ks=ks,
                                             draft_vocab=args.draft_vocab)
+        vocab = frequent_tokens(sample(64, 32, torch.Generator().manual_seed(5)), args.draft_vocab) if args.draft_vocab else None
+        for dv in (None, vocab) if vocab is not None else (None,):
+            phases = phase_times(model, sample, ks, draft_vocab=dv)
+            print(f"hot phases (ms{'' if dv is None else f', draft vocab {len(dv)}'}): "
+                  + ", ".join(f"{k} {v:.3f}" for k, v in phases.items()), flush=True)
+            for row in result["mtp"]:
+                if row["batch"] == 1 and (row["draft_vocab"] is None) == (dv is None):
+                    row["bound"] = bound(phases, row["k"], row["mean_accepted_length"])
+                    print(f"  k={row['k']}: bound x{row['bound']:.2f} (accepted {row['mean_accepted_length']:.2f}), "
+                          f"measured x{row['speedup']:.2f}", flush=True)
         if not args.skip_batch8:
             result["mtp"] += speculative_speedup(model, sample, args.new_tokens, args.repeats, batch=8, ks=(2, 4))
     if args.out:
