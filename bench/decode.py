@@ -246,9 +246,9 @@ def speculative_speedup(
 
 @torch.inference_mode()
 def phase_times(model, sample, ks, repeats: int = 30, draft_vocab=None) -> dict:
-    """Hot per-phase costs at batch 1 after a 32-token prompt (ms, medians of back-to-back repeats, each rewound):
-    a plain step (1 token), a verify block (k + 1 tokens), one MTP step (1 position). Back to back the weights
-    stay in cache, so these are lower bounds of the same phases inside the loop."""
+    """Per-phase costs at batch 1 after a 32-token prompt (ms, medians over `repeats` rounds, each phase rewound): a
+    plain step (1 token), a verify block (k + 1 tokens), one MTP step (1 position); each round runs them one after
+    the other, so, as in the decode loop, no phase finds its weights left in cache by itself."""
     from glmstack.inference import KVCache
     from glmstack.inference.fast import FastForward
 
@@ -259,22 +259,20 @@ def phase_times(model, sample, ks, repeats: int = 30, draft_vocab=None) -> dict:
     _, h = fwd.forward(ids[:, :32], pos[:, :32], cache)
     fwd.mtp_step(0, ids[:, 1:33], h, pos[:, :32], cache)
 
-    def timed(fn, drop, layers):
-        ts = []
-        for _ in range(repeats):
+    main_layers, phases = range(n), {}
+    phases["plain"] = (lambda: fwd.forward(ids[:, 32:33], pos[:, 32:33], cache, last_only=True), 1, main_layers)
+    for k in ks:
+        block = (ids[:, 32 : 33 + k], pos[:, 32 : 33 + k])
+        phases[f"verify_{k + 1}"] = (lambda block=block: fwd.forward(*block, cache), k + 1, main_layers)
+    phases["mtp_step"] = (lambda: fwd.mtp_step(0, ids[:, 33:34], h[:, -1:], pos[:, 32:33], cache), 1, [mtp])
+    times = {name: [] for name in phases}
+    for _ in range(repeats):  # the phases interleaved, so that load on a shared machine hits them alike
+        for name, (fn, drop, layers) in phases.items():
             t = time.perf_counter()
             fn()
-            ts.append(time.perf_counter() - t)
+            times[name].append(time.perf_counter() - t)
             cache.rewind(drop, layers=layers)
-        return 1e3 * statistics.median(ts)
-
-    main_layers = range(n)
-    out = {"plain": timed(lambda: fwd.forward(ids[:, 32:33], pos[:, 32:33], cache, last_only=True), 1, main_layers)}
-    for k in ks:
-        out[f"verify_{k + 1}"] = timed(lambda: fwd.forward(ids[:, 32 : 33 + k], pos[:, 32 : 33 + k], cache), k + 1,
-                                       main_layers)
-    out["mtp_step"] = timed(lambda: fwd.mtp_step(0, ids[:, 33:34], h[:, -1:], pos[:, 32:33], cache), 1, [mtp])
-    return out
+    return {name: 1e3 * statistics.median(ts) for name, ts in times.items()}
 
 
 def bound(phases: dict, k: int, accepted: float) -> float:
@@ -320,7 +318,7 @@ def main(argv=None) -> int:
         vocab = frequent_tokens(sample(64, 32, torch.Generator().manual_seed(5)), args.draft_vocab) if args.draft_vocab else None
         for dv in (None, vocab) if vocab is not None else (None,):
             phases = phase_times(model, sample, ks, draft_vocab=dv)
-            print(f"hot phases (ms{'' if dv is None else f', draft vocab {len(dv)}'}): "
+            print(f"phases (ms{'' if dv is None else f', draft vocab {len(dv)}'}): "
                   + ", ".join(f"{k} {v:.3f}" for k, v in phases.items()), flush=True)
             for row in result["mtp"]:
                 if row["batch"] == 1 and (row["draft_vocab"] is None) == (dv is None):
