@@ -5,7 +5,7 @@ reports 2.76 accepted tokens per step with 4 draft steps). The output is exactly
 drafts are accepted only when they equal the target argmax, sampled drafts by the rejection rule (accept.py), so the
 output distribution is unchanged (tests/parity/test_speculative*.py).
 
-How (research/arch-math.md §4.3; the same recursion as vLLM's MTP / EAGLE drafting). The MTP layer at position t
+How (DeepSeek-V3 §2.2 MTP; the same recursion as vLLM's MTP / EAGLE drafting). The MTP layer at position t
 reads (h_t, x_{t+1}): the main model's final-normed hidden state there (out.hidden) and the NEXT token, and
 predicts x_{t+2}. One step:
   1. catch up: feed the MTP layer the positions the main model confirmed since the last step (true h, true x);

@@ -98,7 +98,8 @@ def test_speculative_sampling_keeps_distribution(sampling, draft_vocab):
     """First two sampled tokens over many rows: speculative frequencies == the model's exact joint p(x1) p(x2|x1),
     p being the same temperature/top-k/top-p transform plain sampling uses; also when the drafts come from a
     draft vocabulary of 3 of the 6 tokens (q is 0 elsewhere)."""
-    stats = pytest.importorskip("scipy.stats")
+    from scipy import stats  # a declared test dependency (pyproject.toml [dev])
+
     cfg = ModelConfig.preset("tiny", vocab_size=6)
     model = GLM(cfg).init_weights(seed=1).eval()
     with torch.no_grad():
