@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from glmstack.errors import GlmstackError
 from glmstack.model.attention import Attention
 from glmstack.model.moe import MoE
 
@@ -41,8 +42,8 @@ INT4_GROUP = 128
 FP8_CONFIG = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
 
 
-class QuantError(ValueError):
-    """A model or scheme quantize_ cannot handle; the message says which."""
+class QuantError(GlmstackError):
+    """A model or scheme quantize_ cannot handle; the message says which (`glmstack` prints it as one line)."""
 
 
 # ---------------------------------------------------------------- FP8 (block-wise e4m3)
