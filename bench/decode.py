@@ -318,7 +318,9 @@ def main(argv=None) -> int:
         ks = tuple(int(k) for k in args.ks.split(","))
         result["mtp"] = speculative_speedup(model, sample, args.new_tokens, args.repeats, ks=ks,
                                             draft_vocab=args.draft_vocab)
-        vocab = frequent_tokens(sample(64, 32, torch.Generator().manual_seed(5)), args.draft_vocab) if args.draft_vocab else None
+        vocab = None
+        if args.draft_vocab:
+            vocab = frequent_tokens(sample(64, 32, torch.Generator().manual_seed(5)), args.draft_vocab)
         for dv in (None, vocab) if vocab is not None else (None,):
             phases = phase_times(model, sample, ks, draft_vocab=dv)
             print(f"phases (ms{'' if dv is None else f', draft vocab {len(dv)}'}): "

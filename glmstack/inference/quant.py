@@ -21,7 +21,7 @@ style FP8 folder and `load_hf` of such a folder builds this model with the FP8 w
     from glmstack.inference.quant import quantize_, weight_bytes
     quantize_(model, "int4")                       # or "fp8"; then Engine(model, tok).generate(...)
     glmstack generate CKPT --quantize int4 --prompt "..."        # also chat / serve
-    python bench/quant.py --model /work/runs/speedrun/model      # perplexity, memory, decode speed
+    python bench/quant.py --model runs/speedrun/model      # perplexity, memory, decode speed
 Shape legend: N output features, K input features, E experts, F expert width, T tokens.
 """
 
@@ -245,11 +245,9 @@ def fp8_skeleton_(model, names=None) -> None:
             continue
         E, D, F_ = moe.experts.down_proj.shape
         dt = moe.experts.down_proj.dtype
-
-        def fp8(k, n):
-            return FP8Linear(k, n, False, "meta", dt)
-
-        moe.experts = QuantExperts(_Expert(fp8(D, F_), fp8(D, F_), fp8(F_, D)) for _ in range(E))
+        moe.experts = QuantExperts(
+            _Expert(*(FP8Linear(k, n, False, "meta", dt) for k, n in ((D, F_), (D, F_), (F_, D)))) for _ in range(E)
+        )
     model.quant_scheme = "fp8"
 
 

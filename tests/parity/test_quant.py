@@ -111,7 +111,8 @@ def test_released_style_fp8_folder_loads_as_stored(tmp_path):
     stored = load_file(str(folder / "model.safetensors"))
     q = loaded.layers[1].mlp.experts[3].up_proj
     assert q.weight.dtype == torch.float8_e4m3fn
-    assert torch.equal(q.weight.view(torch.uint8), stored["model.layers.1.mlp.experts.3.up_proj.weight"].view(torch.uint8))
+    want = stored["model.layers.1.mlp.experts.3.up_proj.weight"]
+    assert torch.equal(q.weight.view(torch.uint8), want.view(torch.uint8))
     x = torch.randint(1, 512, (1, 10), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         torch.testing.assert_close(loaded(x).logits, ours(x).logits)
