@@ -56,18 +56,14 @@ def _load(args):
     a checkpoint without its MTP layer (written by transformers) loads without MTP, with a warning. Bad files raise
     a GlmstackError that `glmstack` prints as one line."""
     from glmstack.inference import Engine
-    from glmstack.inference.quant import QuantError, quantize_
+    from glmstack.inference.quant import quantize_
     from glmstack.model import load_hf
     from glmstack.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.load(args.checkpoint)
     model = load_hf(args.checkpoint, dtype=DTYPES.get(args.dtype), device=args.device, missing_mtp="drop")
-    if args.quantize:
-        try:
-            quantize_(model, args.quantize)
-        except QuantError as e:
-            print(f"glmstack: --quantize {args.quantize}: {e}", file=sys.stderr)
-            raise SystemExit(2) from None
+    if args.quantize:  # a model it cannot quantize raises QuantError, a GlmstackError: one line from `glmstack`
+        quantize_(model, args.quantize)
     return Engine(model, tokenizer)
 
 
