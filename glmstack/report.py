@@ -68,7 +68,7 @@ def _stage_rows(run_dir: Path) -> dict[str, list[dict]]:
     return {s: read_metrics(run_dir / s / "metrics.jsonl") for s in STAGES}
 
 
-def _plot(path: Path, title: str, xlabel: str, ylabel: str, curves, boundaries=(), logy=False) -> bool:
+def draw_curves(path: Path, title: str, xlabel: str, ylabel: str, curves, boundaries=(), logy=False) -> bool:
     """Draw `curves` [(label, xs, ys, style)] into `path`; False (nothing drawn) when every curve is empty."""
     curves = [c for c in curves if c[1]]
     if not curves:
@@ -108,11 +108,11 @@ def plot_training(run_dir: Path, plots: Path) -> list[str]:
         bal.append((f"{stage} (EMA)", *_series(bal_rows, "imbalance", offset, _smoothing(len(rs))), "-"))
         offset += max((r.get("step", 0) for r in rs), default=0)
     drawn = []
-    if _plot(plots / "losses.png", "Loss", "step", "cross-entropy (nats)", loss, boundaries):
+    if draw_curves(plots / "losses.png", "Loss", "step", "cross-entropy (nats)", loss, boundaries):
         drawn.append("losses.png")
-    if _plot(plots / "lr.png", "Learning rate", "step", "lr", lr, boundaries):
+    if draw_curves(plots / "lr.png", "Learning rate", "step", "lr", lr, boundaries):
         drawn.append("lr.png")
-    if _plot(plots / "expert_load.png", "Expert load balance (max / mean, 1 = even)", "step", "imbalance", bal,
+    if draw_curves(plots / "expert_load.png", "Expert load balance (max / mean, 1 = even)", "step", "imbalance", bal,
              boundaries):
         drawn.append("expert_load.png")
     return drawn
@@ -126,7 +126,7 @@ def plot_perplexity(curves: dict[str, list[float]], plots: Path, marks=()) -> li
         xs = list(range(0, len(nll) - w + 1, w))
         ys = [sum(nll[x : x + w]) / w for x in xs]
         lines.append((name, xs, ys, "-"))
-    ok = _plot(plots / "perplexity_by_position.png", "Loss by token position (held-out code)", "position",
+    ok = draw_curves(plots / "perplexity_by_position.png", "Loss by token position (held-out code)", "position",
                "NLL (nats)", lines, marks)
     return ["perplexity_by_position.png"] if ok else []
 

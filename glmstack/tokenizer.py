@@ -146,7 +146,7 @@ class Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`; special-token strings in it become their single ids. No BOS is added:
-        `[gMASK]<sop>` comes from the chat template (glm-formats §1.1)."""
+        `[gMASK]<sop>` comes from the chat template (GLM's released chat_template starts every prompt with it)."""
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:

@@ -4,7 +4,7 @@ What: `parse(text, tools, style) -> {"role": "assistant", "content", "reasoning_
 `tool_calls[i]["function"]["arguments"]` is a JSON string and each value is typed by the tool's schema
 (glmstack.chat.schema.ArgTyper). This whole-text parser is the reference for glmstack.chat.stream.StreamParser.
 
-Grammar (research/glm-formats.md §4.1), lenient about whitespace so both styles parse with the same code:
+Grammar (GLM-4.5's released tool-call format), lenient about whitespace so both styles parse with the same code:
   [ws] ["<think>"] reasoning ("</think>" | before "<tool_call>") { content | "<tool_call>" NAME PAIRS "</tool_call>" }
   PAIRS := { ws "<arg_key>" KEY "</arg_key>" ws "<arg_value>" VALUE "</arg_value>" } ws
 Reasoning is open from the start when the completion starts with `<think>`, or when the prompt ended inside it

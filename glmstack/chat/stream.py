@@ -13,7 +13,7 @@ is held back until the next chunk decides it; whitespace at the end of reasoning
 something follows it, because parse() strips both. A tool call is held until its `</tool_call>`: only then is it
 known to be well formed (otherwise parse() returns it as content), after which its name and its arguments (one
 piece per key) are emitted. This trades argument-level streaming for exact agreement with parse(), the trade
-SGLang makes in PR #39493 (research/glm-formats.md §4.4); reasoning and content stream as they arrive.
+SGLang makes in its GLM-4.5 tool-call parser (PR #39493); reasoning and content stream as they arrive.
 """
 
 from __future__ import annotations

@@ -184,8 +184,8 @@ def _sacct(job_id) -> str:
 def _slurm_failures(slurm, logging_dir: Path) -> dict[int, str]:
     """Failed ranks from sacct; where accounting is off, ranks whose task log ends in an exception."""
     out = _sacct(slurm.job_id) if slurm.job_id not in (None, -1) else ""
-    if out:
-        return slurm_failed_tasks(out)
+    if out:  # array task i ran ranks i * tasks_per_job ...: name the first
+        return {i * slurm.tasks_per_job: state for i, state in slurm_failed_tasks(out).items()}
     return {
         r: "FAILED"
         for r in range(slurm.world_size)
@@ -196,7 +196,7 @@ def _slurm_failures(slurm, logging_dir: Path) -> dict[int, str]:
 
 def _wait_slurm(slurm, units: list[int], done: Callable[[int], Path], bar, logging_dir: Path, poll_s: float = 5.0):
     """Until every unit's marker exists: poll the markers and, through sacct, the job array's task states.
-    Ranks map to array indices one to one (tasks_per_job=1, one array up to datatrove's max_array_size)."""
+    Only the last array datatrove submitted is watched (one array holds up to its max_array_size = 1001 tasks)."""
     pending = list(units)
     while pending:
         still = [u for u in pending if not done(u).exists()]
@@ -208,6 +208,6 @@ def _wait_slurm(slurm, units: list[int], done: Callable[[int], Path], bar, loggi
         if failed:
             ranks = sorted(failed)
             why = f"ended {failed[ranks[0]]} in Slurm job {slurm.job_id}"
-            slurm_log = Path(slurm.slurm_logs_folder) / f"{slurm.job_id}_{ranks[0]}.out"
+            slurm_log = Path(slurm.slurm_logs_folder) / f"{slurm.job_id}_{ranks[0] // slurm.tasks_per_job}.out"
             raise DataTaskError(_failure_message(logging_dir, ranks, why) + f"; Slurm output: {slurm_log}")
         time.sleep(poll_s)

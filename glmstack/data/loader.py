@@ -6,7 +6,8 @@
 
 PretrainLoader (GLM-4.5 pre-training): the split is one token stream, cut into windows of seq_len + 1 tokens
 that overlap by one; input_ids = window[:-1], labels = window[1:]. Windows are shuffled per epoch by
-(seed, epoch), so every token is an input exactly once per epoch. Attention is plain causal over the row.
+(seed, epoch), so every token is an input exactly once per epoch (FIM, below, rearranges code fragments
+and trims what they outgrow at the window end). Attention is plain causal over the row.
 
 PackedLoader (mid-training): documents are chunked to seq_len and packed best-fit-decreasing (packing.py);
 rows carry segment_ids and per-document position_ids, labels are -100 at chunk ends and padding, so a model
@@ -128,7 +129,8 @@ class PackedLoader(_EpochLoader):
         super().__init__(data_dir, seq_len, batch_size, **options)
 
     def _count_rows(self) -> int:
-        self.rows = pack([int(n) for n in self.shards.doc_len], self.seq_len, self.buffer)
+        room = None if self.fim is None else self.fim.room.tolist()
+        self.rows = pack([int(n) for n in self.shards.doc_len], self.seq_len, self.buffer, room)
         return len(self.rows)
 
     def _tokens(self, doc: int, start: int, n: int, epoch: int) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""The data build: sources -> filters -> dedup -> SemDeDup -> quality buckets -> tokens (+FIM) -> shards.
+"""The data build: sources -> filters -> dedup -> SemDeDup -> quality buckets -> tokens -> shards (FIM: the loader).
 
     summary = build_dataset(PipelineConfig(), tokenizer, "runs/data")   # Python API (the speedrun calls this)
     glmstack data default --out runs/data                            # the same from the command line

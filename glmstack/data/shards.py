@@ -42,7 +42,7 @@ class ShardWriter:
         """Append one document; `doc` = (key, copy, kind) for every document of a split or for none."""
         self._buf.append(np.asarray(ids, dtype=DTYPE))
         if doc is not None:
-            self._docs.append((doc[0], doc[1], KINDS.index(doc[2])))
+            self._docs.append((doc[0], doc[1], KINDS.index(doc[2]) if doc[2] in KINDS else 0))  # other kinds: prose
         self._n += len(self._buf[-1])
         if self._n >= self.shard_tokens:
             self._flush()

@@ -6,14 +6,9 @@ write_report(out_dir, {"model": ..., "tasks": {"humaneval": summary, "ppl": {...
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+from glmstack.atomic import write_atomic
 
 
 def markdown(card: dict) -> str:
@@ -82,5 +77,5 @@ def write_report(out_dir, card: dict) -> None:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     card = {**card, "plots": plot(card, out)}
-    _atomic_write(out / "results.json", json.dumps(card, indent=1))
-    _atomic_write(out / "report.md", markdown(card))
+    write_atomic(out / "results.json", json.dumps(card, indent=1))
+    write_atomic(out / "report.md", markdown(card))

@@ -66,9 +66,15 @@ def supported(model) -> bool:
 
 
 class FastForward:
-    def __init__(self, model, max_len: int, expert_cache: dict | None = None, dense_max_tokens: int | None = None):
+    def __init__(
+        self, model, max_len: int, expert_cache: dict | None = None, dense_max_tokens: int | None = None,
+        draft_vocab: torch.Tensor | None = None,
+    ):
         """expert_cache: a dict kept by the caller across calls for the CPU weight copies (expert banks, fused
         projections);
+        draft_vocab: (N,) token ids; mtp_step's logits are then over these ids only (draft_ids[j] is column j), the
+        head a copy of their N rows of the LM head (a frequency-ranked draft vocabulary, FR-Spec: the drafts are
+        cheaper, the verify still scores the whole vocabulary, so the output does not change);
         dense_max_tokens: run all experts densely (experts_dense) from HIT_LOOP_MAX_TOKENS + 1 up to this many tokens
         (None: DENSE_MAX_TOKENS where oneDNN runs it, else 0)."""
         self.model, cfg = model, model.cfg
@@ -98,6 +104,17 @@ class FastForward:
         # The MTP steps' head reads the verify's oneDNN copy of the LM head even at one row: the verify (k + 1 rows,
         # oneDNN) has just pulled that copy into the cache, where MKL's (D, N) copy has been evicted by then
         self.mtp_head = _Linear(cache, model.lm_head, min_rows=1)
+        self.draft_ids = draft_vocab
+        if draft_vocab is not None:
+            w = model.lm_head.weight
+            n, D = len(draft_vocab), w.shape[1]
+            key = ("draft_head", n)  # one module per size, refilled per call: the rows as they are now (RL)
+            if key not in cache:
+                cache[key] = torch.nn.Linear(D, n, bias=False, dtype=w.dtype, device=w.device)
+            sub = cache[key]
+            with torch.no_grad():
+                sub.weight.copy_(w[draft_vocab.to(w.device)])
+            self.mtp_head = _Linear(cache, sub, min_rows=1)
 
     def rope(self, position_ids_BT):
         """GQA: (cos, sin) (B, T, 1, Dh) for RopeTable.rotate. MLA: (cos, sin) (B, T, R) as GLM.forward gives its

@@ -1,7 +1,7 @@
 """Hugging Face checkpoints in and out: `config.json` + safetensors in the layout zai-org releases (`glm4_moe`; the
 MLA models `glm4_moe_lite` and `glm_moe_dsa` use the same map, their attention names being transformers' too).
 
-The map is flat (/work/shared/research/glm-formats.md §7): `model.` + our name for the trunk, per-expert tensors
+The map is flat (zai-org's released names): `model.` + our name for the trunk, per-expert tensors
 `mlp.experts.{e}.{gate,up,down}_proj.weight` <-> slices of our 3-D banks, and MTP layer d stored as decoder layer
 `model.layers.{num_hidden_layers + d}` (`enorm`, `hnorm`, `eh_proj`, `shared_head.norm` + a full MoE block). The MTP
 layer's `embed_tokens` / `shared_head.head` copies may be absent (GLM-4.6, GLM-5): they are tied to the main
@@ -163,7 +163,7 @@ def load_hf(folder: str | os.PathLike, dtype: torch.dtype | None = None, device=
         from glmstack.inference.quant import QuantError, fp8_skeleton_
 
         try:
-            fp8_skeleton_(model)
+            fp8_skeleton_(model, set(checkpoint_files(folder)))
         except QuantError as e:
             raise CheckpointError(f"{folder / 'config.json'}: {e}") from None
     tensors = checkpoint_tensors(model, folder)  # checked here, before anything is allocated

@@ -293,7 +293,7 @@ class GLM(nn.Module):
                                  include_indexer: bool = True) -> int:
         """Cached values of every attention layer. GQA: K and V, 2 * kv_heads * head_dim per layer. MLA: the latent
         and the rope key, kv_lora_rank + qk_rope_head_dim per layer, plus the DSA indexer key (index_head_dim) on
-        layers with their own indexer when include_indexer (arXiv 2412.19437 §2.1.1; arch-math.md §2.3)."""
+        layers with their own indexer when include_indexer (DeepSeek-V3, arXiv 2412.19437 §2.1.1)."""
         cfg = self.cfg
         n = cfg.num_hidden_layers + (cfg.num_nextn_predict_layers if include_mtp else 0)
         size = torch.empty((), dtype=dtype).element_size()

@@ -86,7 +86,9 @@ def file_view(extra: tuple[str, ...] = (), tmp_link: bool = True) -> list[tuple[
         elif os.path.isdir(top):
             ops.append(("ro-bind", top, top))
     ops.append(("dir", "/etc"))
-    ops += [("ro-bind-try", f, f) for f in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/localtime", "/etc/alternatives")]
+    ops += [
+        ("ro-bind-try", f, f) for f in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/localtime", "/etc/alternatives")
+    ]
     exe = python_exe()
     prefix = os.path.realpath(sys.base_prefix) if exe == os.path.realpath(sys._base_executable) else None
     made = set()
@@ -224,13 +226,14 @@ def uid_usable(mode: str) -> bool:
 def boot_settings(
     limits: Limits, uid: int | None, *, nproc: int | None = None, root: list | None = None, mounts: list | None = None,
     new_mount_ns: bool = False, cgroup_fd: int | None = None, proof: tuple[int, bytes] | None = None,
-    deathsig: bool = False,
+    deathsig: bool = False, oom_first: bool = False,
 ) -> dict:  # fmt: skip
     """What boot.py needs besides the program, files and stdin (see its docstring for the order it applies them)."""
     numbers = seccomp.numbers()
     return {
         "rlimits": limits.rlimits(nproc), "uid": uid, "deathsig": deathsig, "root": root, "scratch": mounts,
-        "new_mount_ns": new_mount_ns, "cgroup_fd": cgroup_fd, "proof": proof, "seccomp": seccomp.program(),
+        "new_mount_ns": new_mount_ns, "cgroup_fd": cgroup_fd, "oom_first": oom_first, "proof": proof,
+        "seccomp": seccomp.program(),
         "keyring": "keyctl" in numbers, "nr": numbers,
     }  # fmt: skip
 
@@ -306,7 +309,9 @@ def read_proof(proof: tuple[int, bytes] | None) -> bool | None:
     return proof[1] in data
 
 
-def prepare(mode: str, limits: Limits, site: bool = False, extra_ro: tuple[str, ...] = (), prove: bool = False) -> Launch:
+def prepare(
+    mode: str, limits: Limits, site: bool = False, extra_ro: tuple[str, ...] = (), prove: bool = False
+) -> Launch:
     """Allocate the uid, memory cgroup, proof channel and work dir, and build the command line for `mode`."""
     exe = interpreter(mode)
     slot = UidSlot() if uid_usable(mode) else None

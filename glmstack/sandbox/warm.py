@@ -51,30 +51,48 @@ class WarmSandbox:
             raise RuntimeError("warm sandboxes need bubblewrap and root; use glmstack.sandbox.run")
         self._config = (work_dir_mb, tuple(extra_ro), site)
         self._proc: subprocess.Popen | None = None
+        self._cgroup = self._cgroup_slot = None
+        if cgroup.available():  # one memory cgroup for the box's executions, named after a uid slot it holds
+            self._cgroup_slot = UidSlot()
+            self._cgroup = cgroup.MemoryCgroup(self._cgroup_slot.uid, Limits().memory_mb, group_kill=False)
         self._start()
 
-    def _argv(self, ctl_fd: int) -> list[str]:
+    def _argv(self, ctl_fd: int, cgroup_fd: int) -> list[str]:
         work_dir_mb, extra_ro, site = self._config
         argv = isolation.bwrap_argv(work_dir_mb, extra_ro, warm=True)
         argv += [isolation.interpreter("bwrap"), "-I", *([] if site else ["-S"]), "-c", ZYGOTE]
-        return argv + [str(ctl_fd), isolation.BOOT]
+        return argv + [str(ctl_fd), isolation.BOOT, str(cgroup_fd)]
 
     def _start(self) -> None:
+        """Start bwrap + zygote. With a cgroup the zygote joins it at once, so that its forks start inside:
+        moving each execution in would cost an RCU grace period (~10 ms on a loaded machine, cgroup v1). Each
+        fork raises its OOM score to the maximum (boot.py), so the OOM killer picks it, not the zygote."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        cg_fd = self._cgroup.procs_fd() if self._cgroup else -1
+        fds = (theirs.fileno(), *([cg_fd] if cg_fd >= 0 else []))
         try:
             self._proc = subprocess.Popen(
-                self._argv(theirs.fileno()), cwd="/", env=isolation.env_for(isolation.SANDBOX_DIR),
+                self._argv(theirs.fileno(), cg_fd), cwd="/", env=isolation.env_for(isolation.SANDBOX_DIR),
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                pass_fds=(theirs.fileno(),), start_new_session=True,
+                pass_fds=fds, start_new_session=True,
             )  # fmt: skip
         finally:
             theirs.close()
+            if cg_fd >= 0:
+                os.close(cg_fd)
         self._ctl = ours
         memory = cgroup.layer() or "memory-watchdog"
-        self.layers = (*isolation.LAYERS["bwrap"], *isolation.kernel_layers(), "uid", memory, "tmpfs-inodes", "warm-fork")
+        self.layers = (
+            *isolation.LAYERS["bwrap"],
+            *isolation.kernel_layers(),
+            "uid",
+            memory,
+            "tmpfs-inodes",
+            "warm-fork",
+        )
 
     def close(self) -> None:
-        """Stop the zygote (closing its socket ends it; SIGKILL if it lingers)."""
+        """Stop the zygote (closing its socket ends it; SIGKILL if it lingers) and remove the box's cgroup."""
         if self._proc is None:
             return
         self._ctl.close()
@@ -84,6 +102,9 @@ class WarmSandbox:
             os.killpg(self._proc.pid, signal.SIGKILL)
             self._proc.wait()
         self._proc = None
+        if self._cgroup is not None:
+            self._cgroup.remove()
+            self._cgroup_slot.release()
 
     def _restart(self) -> None:
         if self._proc is not None:
@@ -155,8 +176,8 @@ class WarmSandbox:
             extra = self._extra_fds(launch, limits, prove)
             launch.boot = isolation.boot_settings(
                 limits, launch.uid, mounts=isolation.scratch(limits, warm=True), new_mount_ns=True,
-                cgroup_fd=3 if launch.cgroup else None,  # the zygote's fork gets `extra` as fds 3, 4, ...
-                proof=(2 + len(extra), launch.proof[1]) if prove else None,
+                proof=(3, launch.proof[1]) if prove else None,  # the zygote's fork gets `extra` as fds 3, ...
+                oom_first=self._cgroup is not None,
             )  # fmt: skip
             payload = encode_payload(code, stdin, files, argv, launch.boot)
             start, status = time.monotonic(), []
@@ -166,16 +187,16 @@ class WarmSandbox:
         finally:
             launch.cleanup()
 
-    @staticmethod
-    def _extra_fds(launch: isolation.Launch, limits: Limits, prove: bool) -> list[int]:
-        """The run's memory cgroup and proof channel, as fds for the zygote to hand its fork."""
-        if cgroup.available():
-            launch.cgroup = cgroup.MemoryCgroup(launch.uid, limits.memory_mb)
-        fds = [launch.cgroup.procs_fd()] if launch.cgroup else []
+    def _extra_fds(self, launch: isolation.Launch, limits: Limits, prove: bool) -> list[int]:
+        """Arm the box's memory cgroup for this execution; the proof channel's write end as the fd for the
+        zygote to hand its fork."""
+        fds = []
+        if self._cgroup is not None:
+            self._cgroup.arm(limits.memory_mb)
         if prove:
             launch.proof, proof_w = isolation.proof_channel()
             fds.append(proof_w)
-        launch.pass_fds = tuple(fds)
+            launch.pass_fds = (proof_w,)
         return fds
 
     def _execute(self, launch, fds, payload: bytes, limits: Limits, start: float, status: list) -> Result:
@@ -186,12 +207,12 @@ class WarmSandbox:
 
         out, err, why = b"", b"", "interrupted"
         try:
-            out, err, why = pump(fds, payload, limits, memory_check(launch.uid, launch.cgroup, limits), wait_exit)
+            out, err, why = pump(fds, payload, limits, memory_check(launch.uid, self._cgroup, limits), wait_exit)
         finally:  # nothing of this execution may run when we return, or when the zygote serves the next one
             if not status:
                 kill_uid(launch.uid)
                 self._settle(wait_exit, status)
-        if why == "exit" and launch.cgroup is not None and launch.cgroup.oom_killed():
+        if why == "exit" and self._cgroup is not None and self._cgroup.oom_killed():
             why = "memory"
         duration = time.monotonic() - start
         return make_result(

@@ -1,6 +1,6 @@
 """A pre-started interpreter inside one long-lived bwrap sandbox that forks a fresh process per execution.
 
-Like boot.py this file is not imported by glmstack: warm.py runs its text as `python -I -S -c ZYGOTE CTL_FD BOOT`
+Like boot.py this file is not imported by glmstack: warm.py runs its text as `python -I -S -c ZYGOTE CTL_FD BOOT CG_FD`
 inside bwrap (as root in the sandbox, holding only CAP_SETUID/SETGID/CHOWN/SYS_ADMIN). Why: starting bwrap and
 an interpreter costs tens of ms per execution; a fork costs about one. The loop, per request on the control
 socket (a byte, with the execution's stdin/stdout/stderr pipe ends and its extra fds attached):
@@ -9,7 +9,7 @@ socket (a byte, with the execution's stdin/stdout/stderr pipe ends and its extra
    then runs boot.py's `_main()`: it reads the payload itself (so the zygote never holds one execution's program
    or data for a later fork to find), enters a mount namespace of its own with fresh size- and inode-limited
    tmpfs at /sandbox, /tmp and /dev/shm (gone with its last process: nothing to clean up, whatever the program
-   left), joins the run's memory cgroup, switches to the sandbox uid, sets rlimits and runs the program; then it
+   left), raises its OOM score (we sit in the same memory cgroup: the OOM killer must pick it), switches to the sandbox uid, sets rlimits and runs the program; then it
    shuts down like an interpreter (threads joined, atexit run, streams flushed) and `_exit`s;
 2. the zygote waits for the child and answers with the exit code (negative = signal). The parent then kills
    every process of the uid (on a timeout it does so first), so nothing of this execution runs when the next
@@ -83,10 +83,13 @@ def _serve(ctl, boot):
 
 
 def _main():
+    if int(sys.argv[3]) >= 0:  # the box's memory cgroup: our forks start in it (see warm.py)
+        os.write(int(sys.argv[3]), b"0")
+        os.close(int(sys.argv[3]))
     ctl = socket.socket(fileno=int(sys.argv[1]))
     boot = {"__name__": "sandbox_boot", "__builtins__": __builtins__}
     exec(compile(sys.argv[2], "boot.py", "exec"), boot)  # noqa: S102 -- our own boot.py, for its functions
-    __import__("ctypes")  # each fork's boot uses it; imported once here, bound to no name a program could reach
+    __import__("_ctypes")  # each fork's boot uses it; imported once here, bound to no name a program could reach
     os.chdir("/sandbox")
     _serve(ctl, boot)
 

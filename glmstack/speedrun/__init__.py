@@ -102,7 +102,7 @@ def _split_tokens(summary: dict, split: str) -> int:
 
 STAGES = [  # (name, banner text, fn(run) -> dict kept in <out>/<name>/DONE.json)
     ("tokenizer", "byte-level BPE on the embedded corpus", stage_tokenizer),
-    ("data", "pipeline: filter, dedup, quality buckets, FIM, repo-level code -> token shards", stage_data),
+    ("data", "pipeline: filter, dedup, quality buckets, repo-level code -> token shards (FIM: loaders)", stage_data),
     ("pretrain", "GLM-4.5 MoE + MTP, Muon, loss-free balancing", stage_train("pretrain")),
     ("midtrain", "2x context, RoPE base 1e4 -> 1e6, best-fit packing", stage_train("midtrain")),
     ("evaluate", "samples, loss by position, MTP speculative decoding", stage_evaluate),

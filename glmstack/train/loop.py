@@ -1,15 +1,20 @@
 """The ONE training loop: every stage (pretrain, midtrain, SFT, RL) runs `train(...)` with its own data, loss
-function and schedule tables (CONVENTIONS §6; OLMo-core's one trainer, not nanochat's copied loops).
+function and schedule tables (one loop, as OLMo-core's one trainer, so a fix reaches every stage).
 
 Per optimizer step:
   schedules (pure in the step) -> lr, MTP weight, balancing rate, micro-batches to accumulate
-  -> forward/backward per micro-batch (bf16 autocast on GPU, fp32 on CPU; DDP syncs only the last one)
+  -> forward/backward per micro-batch, each weighted by its share of the step's loss tokens (labels != -100,
+     all ranks): the step's loss and gradient are the whole batch's (bf16 autocast on GPU, fp32 on CPU; DDP syncs
+     only the last one)
   -> global grad norm + clipping -> NaN / loss-spike guard (skip, count, stop with a checkpoint after N in a row)
   -> optimizer step -> loss-free balancing bias update from the step's global expert load
   -> validation every `log.val_every` -> one log line + metrics.jsonl row every `log.every` steps and on every
      validated step -> checkpoint every `ckpt.every`.
 Resume (`ckpt.resume=auto`) restores model, optimizer, RNGs, data position and loop counters from `latest`, so
-N steps + resume + N steps equals 2N steps bit for bit (tests/integration/test_resume.py).
+N steps + resume + N steps equals 2N steps bit for bit (tests/integration/test_resume.py). A new stage with `init_from`
+carries that checkpoint's optimizer state when its parameters match (`optim_state=carry`; GLM-4.5 runs pre- and
+mid-training as one run), else starts fresh and re-warms the lr up over `schedule.rewarmup_steps`; the stage
+log says which.
 
     result = train(model=model, optimizer=opt, data=loader, cfg=train_cfg, stage_dir="runs/tiny/pretrain")
     # loss_fn(model, batch, values) -> (loss, metrics); values = this step's schedule values

@@ -105,11 +105,9 @@ def read_metrics(path: str | Path) -> list[dict]:
 
 
 def plot(folder: str | Path) -> list[Path]:
-    """One PNG per PLOTS panel under folder/plots/, from folder/metrics.jsonl; returns the files written."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """One PNG per PLOTS panel under folder/plots/, from folder/metrics.jsonl; returns the files written. Drawn by
+    the run report's plotter (glmstack.report.draw_curves), so a stage and a run look the same."""
+    from glmstack.report import draw_curves
 
     folder = Path(folder)
     rows = read_metrics(folder / "metrics.jsonl")
@@ -118,19 +116,15 @@ def plot(folder: str | Path) -> list[Path]:
         series = sorted(
             {k for r in rows for k in r if any(k == p or (p.endswith("/") and k.startswith(p)) for p in keys)}
         )
-        if not series:
-            continue
-        fig, ax = plt.subplots(figsize=(7, 4))
+        curves = []
         for k in series:
-            pts = [(r["step"], r[k]) for r in rows if k in r]
-            ax.plot(*zip(*pts), label=k, marker="." if len(pts) < 30 else None)
-        ax.set(title=title, xlabel="step")
-        ax.legend(fontsize=7)
-        (folder / "plots").mkdir(exist_ok=True)
+            xs, ys = zip(*[(r.get("step", i), r[k]) for i, r in enumerate(rows) if k in r])
+            curves.append((k, list(xs), list(ys), ".-" if len(xs) < 30 else "-"))
         out = folder / "plots" / f"{title}.png"
-        fig.savefig(out, dpi=100, bbox_inches="tight")
-        plt.close(fig)
-        written.append(out)
+        if curves:
+            out.parent.mkdir(exist_ok=True)
+        if draw_curves(out, title, "step", "", curves):
+            written.append(out)
     return written
 
 

@@ -51,3 +51,13 @@ def test_tools():
         {"function": {"name": "calculator", "arguments": "{}"}}, TOOLS)
     assert "is not of type 'string'" in validate_call(
         {"function": {"name": "python", "arguments": '{"code": 5}'}}, TOOLS)
+
+
+def test_chat_runs_builtin_tool_calls_in_the_sandbox(capsys):
+    from glmstack.inference.cli import _run_tools, _tools
+
+    assert _tools("builtin") == TOOLS
+    calls = [{"function": {"name": "python", "arguments": '{"code": "print(6 * 7)"}'}},
+             {"function": {"name": "calculator", "arguments": '{"expression": "2 ** 10"}'}}]  # fmt: skip
+    assert _run_tools(calls) == [{"role": "tool", "content": "42"}, {"role": "tool", "content": "1024"}]
+    assert capsys.readouterr().out == "[tool result] 42\n[tool result] 1024\n"

@@ -41,8 +41,9 @@ def _chunks(loader, epoch) -> dict[tuple[int, int], np.ndarray]:
         t = 0
         for doc, _, n in row:
             key, copy, _ = loader.shards.docs[doc]
-            out[int(key), int(copy)] = ids[t : t + n]
-            t += n
+            whole = loader.fim.fragment(doc, 0, loader.shards.doc(doc), epoch)[: n + int(loader.fim.room[doc])]
+            out[int(key), int(copy)] = ids[t : t + len(whole)]
+            t += len(whole)
     return out
 
 
@@ -81,6 +82,17 @@ def test_cuts_differ_across_epochs_and_copies_but_not_across_runs(tmp_path, tok)
         assert e0[key, 0].tolist() != e0[key, 1].tolist()  # copies of one document: different cuts
         assert e0[key, 0].tolist() != e1[key, 0].tolist()  # epochs: different cuts
     assert {k: v.tolist() for k, v in _chunks(again, 1).items()} == {k: v.tolist() for k, v in e1.items()}
+    # best-fit keeps ROOM tokens beside each code chunk: a document that grew by no more arrives whole
+    whole_docs = 0
+    for i, row in enumerate(first.rows):
+        ids, t = first.row(i, 1)["input_ids"], 0
+        for doc, start, n in row:
+            whole = first.fim.fragment(doc, start, first.shards.doc(doc), 1)
+            got = whole[: n + int(first.fim.room[doc])]
+            assert ids[t : t + len(got)].tolist() == got.tolist()
+            whole_docs += len(got) == len(whole)
+            t += len(got)
+    assert whole_docs >= first.shards.n_docs - 1
 
 
 @pytest.mark.parametrize("kind", ["pretrain", "packed"])

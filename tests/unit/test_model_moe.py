@@ -90,7 +90,7 @@ def test_balance_loss_penalises_imbalance_and_its_gradient_rebalances():
     """Every token routed to experts 0 and 1, which also get most of the score: f = (2, 2, 0, 0) (E/(K T) x counts),
     P = (0.4, 0.4, 0.1, 0.1) -> loss 2*0.4 + 2*0.4 = 1.6 > 1. The gradient (through P only, f is a count) lowers
     the overloaded experts' scores and raises the idle ones'."""
-    B, T, E, K = 1, 4, 4, 2
+    B, T = 1, 4  # E = 4 experts, K = 2 per token
     scores = torch.tensor([0.4, 0.4, 0.1, 0.1]).repeat(B, T, 1).requires_grad_()
     idx = torch.tensor([0, 1]).repeat(B, T, 1)
     loss = sequence_balance_loss(scores, idx)
