@@ -1,13 +1,15 @@
 """`glmstack generate` and `glmstack chat`: the engine on a checkpoint folder, from the terminal.
 
 Both load any glmstack or released GLM checkpoint folder (config.json + safetensors + tokenizer.json) with
-`load_hf` and `Tokenizer.load`. `generate` continues raw prompts (or, with --chat, answers them as a user turn);
+`Tokenizer.load` and `load_hf` (in that order: a missing tokenizer fails before a large model is read). `generate` continues raw prompts (or, with --chat, answers them as a user turn);
 `chat` keeps a conversation in GLM's chat format (glmstack.chat.render with add_generation_prompt), streams the
 reply through StreamParser, shows reasoning dimmed and apart, and tool calls parsed.
 
     glmstack generate CKPT --prompt "def fib(n):" --max-new-tokens 64 --speculative mtp --draft 3
     glmstack generate CKPT --prompt "a" --prompt "b" --temperature 0.7 --top-p 0.9 --seed 0 --stats
     glmstack chat CKPT [--system "..."] [--tools tools.json] [--no-think]      # /reset, /exit
+    glmstack generate CKPT --quantize int4 --prompt "..."    # or fp8 (glmstack.inference.quant)
+    echo "Use Python to reverse the word rocket." | glmstack chat CKPT --tools builtin --run-tools --temperature 0
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from glmstack.model.hf import DTYPES
+
 DIM, RESET = "\x1b[2m", "\x1b[0m"
 
 
@@ -38,18 +41,33 @@ def _common(ap: argparse.ArgumentParser, temperature: float, top_p: float, max_n
     )
     ap.add_argument("--speculative", choices=["none", "mtp"], default="none", help="MTP speculative decoding")
     ap.add_argument("--draft", type=int, default=2, help="draft tokens per verify step with --speculative mtp")
-    ap.add_argument("--dtype", choices=list(DTYPES), default=None, help="default: the checkpoint's")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: the checkpoint's")
+    ap.add_argument(
+        "--quantize", choices=["int4", "fp8"], default=None,
+        help="weights to group-wise INT4 or block-wise FP8 after loading (glmstack.inference.quant.quantize_)",
+    )
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--style", choices=["auto", "glm-4.5", "glm-4.7"], default="auto", help="chat format")
 
 
 def _load(args):
+    """Tokenizer first (a missing tokenizer.json fails in a second, not after loading a large model), then the model;
+    a checkpoint without its MTP layer (written by transformers) loads without MTP, with a warning. Bad files raise
+    a GlmstackError that `glmstack` prints as one line."""
     from glmstack.inference import Engine
+    from glmstack.inference.quant import QuantError, quantize_
     from glmstack.model import load_hf
     from glmstack.tokenizer import Tokenizer
 
-    model = load_hf(args.checkpoint, dtype=DTYPES.get(args.dtype), device=args.device)
-    return Engine(model, Tokenizer.load(args.checkpoint))
+    tokenizer = Tokenizer.load(args.checkpoint)
+    model = load_hf(args.checkpoint, dtype=DTYPES.get(args.dtype), device=args.device, missing_mtp="drop")
+    if args.quantize:
+        try:
+            quantize_(model, args.quantize)
+        except QuantError as e:
+            print(f"glmstack: --quantize {args.quantize}: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
+    return Engine(model, tokenizer)
 
 
 def _gen_kwargs(args) -> dict:
@@ -137,21 +155,71 @@ def _show(delta: dict, tty: bool, state: dict) -> None:
         print(fn.get("arguments", ""), end="", flush=True)
 
 
+MAX_TOOL_ROUNDS = 4  # assistant turns per user line with --run-tools
+
+
+def _chat_turn(engine, messages, tools, style, args, tty) -> dict | None:
+    """Generate, stream and parse one assistant turn; None when the prompt no longer fits."""
+    from glmstack.chat import StreamParser, accumulate, render
+
+    prompt = render(messages, tools, style=style, enable_thinking=not args.no_think, add_generation_prompt=True)
+    parser, deltas, state, stats = StreamParser(tools, style), [], {}, {}
+    try:
+        for piece in engine.stream(prompt, stats=stats, **_gen_kwargs(args)):
+            for d in parser.feed(piece.text):
+                deltas.append(d)
+                _show(d, tty, state)
+    except ValueError as e:
+        print(f"\nglmstack chat: {e}", file=sys.stderr)
+        return None
+    for d in parser.finish():
+        deltas.append(d)
+        _show(d, tty, state)
+    print(")" if state.get("call_open") else "")
+    reply = accumulate(deltas)
+    if not reply["tool_calls"]:
+        del reply["tool_calls"]
+    if args.stats:
+        _print_stats(stats)
+    return reply
+
+
+def _run_tools(calls: list[dict]) -> list[dict]:
+    """Run the calls of the built-in tools (the python tool in the sandbox) and show each result."""
+    from glmstack.posttrain.tools import execute
+
+    out = []
+    for call in calls:
+        result = execute(call["function"]["name"], call["function"]["arguments"])
+        print(f"[tool result] {result}", flush=True)
+        out.append({"role": "tool", "content": result})
+    return out
+
+
+def _tools(spec: str | None):
+    if spec == "builtin":
+        from glmstack.posttrain.tools import TOOLS
+
+        return TOOLS
+    return json.loads(Path(spec).read_text()) if spec else None
+
+
 def chat_main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="glmstack chat", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     _common(ap, temperature=0.6, top_p=0.95, max_new=1024)
     ap.add_argument("--system", default=None, help="system message")
-    ap.add_argument("--tools", default=None, help="JSON file with a list of OpenAI-style tool definitions")
+    ap.add_argument("--tools", default=None, help="JSON file with OpenAI-style tool definitions, or 'builtin' "
+                    "(calculator + python)")
+    ap.add_argument("--run-tools", action="store_true", help="execute calls of the builtin tools (python runs in the "
+                    "sandbox) and let the model answer from the results")
     ap.add_argument("--no-think", action="store_true", help="disable thinking (enable_thinking=False)")
     ap.add_argument("--stats", action="store_true", help="print speed/acceptance stats after each reply")
     args = ap.parse_args(argv)
-    from glmstack.chat import StreamParser, accumulate, render
-
     engine = _load(args)
     style, tty = _style(args, engine), sys.stdout.isatty()
-    tools = json.loads(Path(args.tools).read_text()) if args.tools else None
+    tools = _tools(args.tools)
     system = [{"role": "system", "content": args.system}] if args.system else []
     messages = list(system)
     print(f"chatting with {args.checkpoint} ({style}); /reset clears the conversation, /exit quits", file=sys.stderr)
@@ -165,25 +233,15 @@ def chat_main(argv: list[str] | None = None) -> int:
         if line.strip() == "/reset":
             messages = list(system)
             continue
+        before = len(messages)
         messages.append({"role": "user", "content": line})
-        prompt = render(messages, tools, style=style, enable_thinking=not args.no_think, add_generation_prompt=True)
-        parser, deltas, state, stats = StreamParser(tools, style), [], {}, {}
-        try:
-            for piece in engine.stream(prompt, stats=stats, **_gen_kwargs(args)):
-                for d in parser.feed(piece.text):
-                    deltas.append(d)
-                    _show(d, tty, state)
-        except ValueError as e:  # e.g. the conversation outgrew the context
-            print(f"\nglmstack chat: {e}", file=sys.stderr)
-            messages.pop()
-            continue
-        for d in parser.finish():
-            deltas.append(d)
-            _show(d, tty, state)
-        print(")" if state.get("call_open") else "")
-        reply = accumulate(deltas)
-        if not reply["tool_calls"]:
-            del reply["tool_calls"]
-        messages.append(reply)
-        if args.stats:
-            _print_stats(stats)
+        for _ in range(MAX_TOOL_ROUNDS if args.run_tools else 1):
+            reply = _chat_turn(engine, messages, tools, style, args, tty)
+            if reply is None:  # the conversation outgrew the context: forget this exchange
+                del messages[before:]
+                break
+            messages.append(reply)
+            if not (args.run_tools and reply.get("tool_calls")):
+                break
+            messages += _run_tools(reply["tool_calls"])
+

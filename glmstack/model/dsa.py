@@ -2,10 +2,10 @@
 
 What: a small multi-head scorer (`index_n_heads` x `index_head_dim`, one key shared by its heads) rates every
 earlier token s for query t,  I[t,s] = Σ_j w[t,j] · ReLU(q[t,j]·k[s] / sqrt(E)),  and the main MLA attends only
-to the `index_topk` best (DeepSeek-V3.2 Eq. 1–2; research/arch-math.md §1). Names and maths follow transformers'
+to the `index_topk` best (DeepSeek-V3.2 Eq. 1–2). Names and maths follow transformers'
 `GlmMoeDsaIndexer` (interleaved RoPE on the first `qk_rope_head_dim` dims, LayerNorm'd key, no Hadamard/FP8).
 
-Why a training mode (HF's indexer is `@torch.no_grad` and cannot learn; arch-math.md §1.3–1.4):
+Why a training mode (HF's indexer is `@torch.no_grad` and cannot learn; DeepSeek-V3.2 §2.1.1):
   * "dense"   dense MLA, indexer unused (pre-/mid-training before DSA, as GLM-5 starts from a dense checkpoint);
   * "warmup"  dense warm-up: attention stays dense, the indexer learns KL(p ‖ softmax(I)) where p is the main
               attention summed over heads and L1-normalised; the recipe freezes everything else.

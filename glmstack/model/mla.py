@@ -3,9 +3,9 @@
 What: queries go through a low-rank latent (`q_a_proj` -> RMSNorm -> `q_b_proj`); keys and values are compressed
 into one latent c_kv of `kv_lora_rank` dims plus a single decoupled RoPE key k_r shared by all heads
 (`kv_a_proj_with_mqa`), and decompressed per head by `kv_b_proj`. Only [c_kv ; k_r] (512 + 64 dims for GLM-5) is
-cached, so a token costs 576 elements per layer instead of 2048 for GLM-4.5's GQA-8 (research/arch-math.md §2.3).
+cached, so a token costs 576 elements per layer instead of 2048 for GLM-4.5's GQA-8 (8 heads x 128 x k, v).
 
-Why two paths (DeepSeek-V2 §2.1, V3.2 App. A; arch-math.md §2.2):
+Why two paths (DeepSeek-V2, arXiv 2405.04434 §2.1; DeepSeek-V3.2 App. A):
   * plain ("MHA mode", the reference, used for training and prefill): decompress K and V for every head;
   * absorbed ("MQA mode", the fast decode path): fold W_UK into the query and W_UV into the output, so attention
     runs directly over the cached latent as MQA with one 576-dim key and one 512-dim value shared by all heads;

@@ -150,13 +150,13 @@ class GLM(nn.Module):
             state[name].copy_(full)
         return self
 
-    def initial_tensors(self, seed: int = 0, device="cpu"):
+    def initial_tensors(self, seed: int = 0, device="cpu", only: str = ""):
         """init_weights' values as a stream of (state-dict name, full tensor), one tensor alive at a time.
 
         Names, shapes and rules are read now, so the stream stays valid after the model is sharded: a sharded copy
         (FSDP2, expert parallel) draws the same stream on every rank and keeps its part of each tensor
         (train/dist.py: materialize), starting bit-identical to the unsharded init with no rank holding the whole
-        model."""
+        model. `only`: just the tensors whose names start with it (a fresh MTP layer for an MTP-less checkpoint)."""
         std = self.cfg.initializer_range
         plan = []  # (name, shape, dtype, rule)
         for name, p in sorted(self.named_parameters(), key=lambda kv: kv[0]):
@@ -166,7 +166,7 @@ class GLM(nn.Module):
                 rule = "zeros" if name.endswith(".bias") else "normal"
             plan.append((name, p.shape, p.dtype, rule))
         plan += [(n, b.shape, b.dtype, "zeros") for n, b in self.named_buffers() if n.endswith("e_score_correction_bias")]
-        return _draw(plan, std, seed, device)
+        return _draw([p for p in plan if p[0].startswith(only)], std, seed, device)
 
     # ---------------------------------------------------------------- forward
     def forward(self, input_ids, labels=None, position_ids=None, segment_ids=None, cache=None,
@@ -293,7 +293,7 @@ class GLM(nn.Module):
                                  include_indexer: bool = True) -> int:
         """Cached values of every attention layer. GQA: K and V, 2 * kv_heads * head_dim per layer. MLA: the latent
         and the rope key, kv_lora_rank + qk_rope_head_dim per layer, plus the DSA indexer key (index_head_dim) on
-        layers with their own indexer when include_indexer (arXiv 2412.19437 §2.1.1; arch-math.md §2.3)."""
+        layers with their own indexer when include_indexer (DeepSeek-V3, arXiv 2412.19437 §2.1.1)."""
         cfg = self.cfg
         n = cfg.num_hidden_layers + (cfg.num_nextn_predict_layers if include_mtp else 0)
         size = torch.empty((), dtype=dtype).element_size()

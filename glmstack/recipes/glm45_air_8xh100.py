@@ -1,5 +1,5 @@
 """GLM-4.5-Air (106B total / 12B active; 109B / 13.7B counting the MTP layer) with GLM-4.5's pre- and
-mid-training numbers (arXiv 2508.06471 §2.4; research/arch-math.md §3.2, §4, Muon settings), sized for nodes of
+mid-training numbers (arXiv 2508.06471 §2.4; Muon settings: Moonlight, arXiv 2502.16982), sized for nodes of
 8 H100s: FSDP2 + expert parallel, bf16 autocast, Muon at 2.5e-4 cosine to 2.5e-5 over both stages.
 
     glmstack data my_sources.json --out runs/data --tokenizer /models/GLM-4.5-Air --workers 16

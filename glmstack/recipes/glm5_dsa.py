@@ -1,5 +1,5 @@
-"""GLM-5's route to DSA sparse attention at toy scale (arXiv 2602.15763 §2.1.1; DeepSeek-V3.2 §2.1;
-research/arch-math.md §1.3–1.4): a dense MLA model, then the indexer's two training stages, then RL's frozen
+"""GLM-5's route to DSA sparse attention at toy scale (arXiv 2602.15763 §2.1.1; DeepSeek-V3.2 §2.1.1):
+a dense MLA model, then the indexer's two training stages, then RL's frozen
 indexer. Every stage is the same loop (glmstack/train/loop.py); they differ only by `model_overrides.dsa_stage`
 (glmstack/model/dsa.py `apply_dsa_stage`), the checkpoint they start from and their schedule:
 

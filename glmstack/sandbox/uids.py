@@ -10,11 +10,11 @@ share one, and a free lock proves that a uid's leftover work dirs and processes 
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import itertools
 import os
 import random
-import shutil
 import signal
 import stat
 import tempfile
@@ -123,17 +123,103 @@ def _is_free(uid: int) -> bool:
 
 
 def clear_stale_work_dirs(own_uid: int) -> None:
-    """Remove host work dirs, and kill processes, left by runners killed before their cleanup (outside bwrap a
-    program's children can outlive a SIGKILLed runner). Dirs are named by uid, and a uid whose lock is free
-    (or our own, whose lock we hold) has no live runner."""
+    """Remove host work dirs, and kill processes, left by runners killed before their cleanup (outside the
+    namespaced modes a program's children can outlive a SIGKILLed runner). Dirs are named by uid, and a uid whose
+    lock is free (or our own, whose lock we hold) has no live runner. Anything else in /tmp with a similar name
+    (a program may plant one) is left alone: this must never fail."""
     for d in Path(tempfile.gettempdir()).glob("glmstack-sandbox-[0-9]*-*"):
-        uid = int(d.name.split("-")[2])
         try:
+            uid = int(d.name.split("-")[2])
             st = os.lstat(d)
-        except OSError:
+        except (ValueError, IndexError, OSError):
             continue
         if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (uid, os.geteuid()):
             continue  # not one of ours: leave other users' files alone
         if uid == own_uid or _is_free(uid):
             kill_uid(uid)
-            shutil.rmtree(d, ignore_errors=True)
+            remove_tree(str(d))
+
+
+def remove_tree(path: str) -> None:
+    """`rm -rf path` that survives whatever a program left there: any depth (a 3000-deep tree breaks
+    shutil.rmtree's recursion and PATH_MAX), dirs without permissions, entries vanishing meanwhile. Nested dirs
+    are renamed up into `path` before being emptied, so we never hold more than two directory fds."""
+    try:
+        top = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return
+    except OSError:  # a file or a symlink, not a dir
+        _ignore_missing(os.unlink, path)
+        return
+    try:
+        moved = itertools.count()
+        while names := os.listdir(top):
+            for name in names:
+                _empty_into(top, name, moved)
+    finally:
+        os.close(top)
+    _ignore_missing(os.rmdir, path)
+
+
+def _empty_into(top: int, name: str, moved) -> None:
+    """Remove entry `name` of dir fd `top`; a dir's subdirs are renamed into `top` for a later pass."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=top)
+    except FileNotFoundError:
+        return
+    except PermissionError:  # a dir the program made unreadable (we are not root)
+        os.chmod(name, 0o700, dir_fd=top)
+        return
+    except OSError:  # not a dir
+        _ignore_missing(os.unlink, name, dir_fd=top)
+        return
+    try:
+        with os.scandir(fd) as entries:
+            for e in entries:
+                if e.is_dir(follow_symlinks=False):
+                    _rename_up(fd, e.name, top, moved)
+                else:
+                    _ignore_missing(os.unlink, e.name, dir_fd=fd)
+    finally:
+        os.close(fd)
+    _ignore_missing(os.rmdir, name, dir_fd=top)
+
+
+def _rename_up(src_fd: int, name: str, top: int, moved) -> None:
+    while True:
+        try:
+            os.rename(name, f".glmstack-rm-{next(moved)}", src_dir_fd=src_fd, dst_dir_fd=top)
+            return
+        except FileExistsError:
+            continue
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            if e.errno != errno.ENOTEMPTY:  # rename onto a non-empty dir of that name: pick the next name
+                raise
+
+
+def _ignore_missing(fn, *args, **kw) -> None:
+    try:
+        fn(*args, **kw)
+    except FileNotFoundError:
+        pass
+
+
+def remove_ipc(uid: int) -> None:
+    """Remove the SysV shared memory, message queues and semaphores `uid` left in the host's IPC namespace
+    (plain mode; the other modes' IPC namespace dies with the run). They outlive their processes otherwise."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for kind, remove in (("shm", lambda i: libc.shmctl(i, 0, None)), ("msg", lambda i: libc.msgctl(i, 0, None)),
+                         ("sem", lambda i: libc.semctl(i, 0, 0))):  # fmt: skip  -- IPC_RMID = 0
+        try:
+            with open(f"/proc/sysvipc/{kind}") as f:
+                header, *rows = [line.split() for line in f]
+        except OSError:
+            continue
+        for row in rows:
+            entry = dict(zip(header, row))
+            if entry.get("uid") == str(uid) or entry.get("cuid") == str(uid):
+                remove(int(row[1]))  # the second column is the id (shmid, msqid, semid)

@@ -23,7 +23,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from glmstack.atomic import write_atomic
 from glmstack.config import ConfigError, write_json
+from glmstack.errors import CheckpointError
 from glmstack.train import dist
 
 LATEST = "latest"
@@ -39,7 +41,9 @@ def latest(stage_dir: str | Path) -> Path | None:
     if not path.exists():
         return None
     folder = Path(stage_dir) / path.read_text().strip()
-    assert folder.is_dir(), f"{path} names {folder.name}, which does not exist"
+    if not folder.is_dir():
+        raise CheckpointError(f"{path} names {folder.name!r}, which does not exist: restore that folder, or delete "
+                              f"{path} to start the stage afresh")
     return folder
 
 
@@ -51,6 +55,25 @@ def resolve(ref: str, out_dir: str) -> Path:
         if (cand / LATEST).exists():
             return latest(cand)
     raise ConfigError(f"init_from={ref!r}: no HF checkpoint folder, stage folder or run/stage under {out_dir}")
+
+
+def check_resumable(folder: str | Path) -> Path:
+    """`folder` if it is a checkpoint a run can resume from (trainer_state/ beside the model), else CheckpointError."""
+    folder = Path(folder)
+    if not (folder / "trainer_state" / "train_config.json").is_file():
+        raise CheckpointError(f"ckpt.resume={str(folder)!r}: no {folder / 'trainer_state' / 'train_config.json'}; "
+                              f"resume takes a step folder a stage wrote (runs/<run>/<stage>/step_N), or auto / never")
+    return folder
+
+
+def clean_partial(stage_dir: str | Path) -> list[Path]:
+    """Delete what a kill during a save left behind (`.tmp_step_N`, save_hf's `..tmp_step_N.tmp-<pid>`, a re-save's
+    `.old_step_N`): at real size a partial copy of the weights each. Rank 0 calls it when a stage starts."""
+    stage_dir = Path(stage_dir)
+    leftovers = [p for pattern in (".tmp_step_*", "..tmp_step_*", ".old_step_*") for p in stage_dir.glob(pattern)]
+    for path in leftovers:
+        shutil.rmtree(path, ignore_errors=True)
+    return leftovers
 
 
 def rng_state() -> dict:
@@ -146,9 +169,7 @@ def _commit(stage_dir: Path, tmp: Path, final: Path) -> None:
         shutil.rmtree(old)
     _fsync_tree(tmp)
     tmp.rename(final)
-    marker = stage_dir / (LATEST + ".tmp")
-    marker.write_text(final.name + "\n")
-    os.replace(marker, stage_dir / LATEST)
+    write_atomic(stage_dir / LATEST, final.name + "\n")
 
 
 def _fsync_tree(folder: Path) -> None:

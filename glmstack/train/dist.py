@@ -1,6 +1,6 @@
 """Distributed training under torchrun, applied from outside the model in ONE place: `parallelize`.
 
-The model is plain single-device PyTorch (CONVENTIONS §4). This module wraps it, in a fixed order:
+The model is plain single-device PyTorch (readable; one code path). This module wraps it, in a fixed order:
   1. expert parallel (optional): each MoE layer's routed experts are split over the ranks, and the layer's
      `experts` module is replaced by `ExpertParallel`, which dispatches tokens to the rank owning their expert
      with an all-to-all and combines the results with a second one (glmstack/train/expert_parallel.py);

@@ -1,5 +1,5 @@
 """The ONE training loop: every stage (pretrain, midtrain, SFT, RL) runs `train(...)` with its own data, loss
-function and schedule tables (CONVENTIONS §6; OLMo-core's one trainer, not nanochat's copied loops).
+function and schedule tables (one loop, as OLMo-core's one trainer, so a fix reaches every stage).
 
 Per optimizer step:
   schedules (pure in the step) -> lr, MTP weight, balancing rate, micro-batches to accumulate
@@ -212,7 +212,7 @@ def _resume(stage_dir: Path, cfg: TrainConfig, model, optimizer, data) -> LoopSt
     """Load `latest` (or an explicit folder) if asked; refuse a config that would silently change the run."""
     if cfg.ckpt.resume == "never":
         return _start(cfg, model, optimizer)
-    folder = checkpoint.latest(stage_dir) if cfg.ckpt.resume == "auto" else Path(cfg.ckpt.resume)
+    folder = checkpoint.latest(stage_dir) if cfg.ckpt.resume == "auto" else checkpoint.check_resumable(cfg.ckpt.resume)
     if folder is None:
         return _start(cfg, model, optimizer)
     old = json.loads((folder / "trainer_state" / "train_config.json").read_text())
@@ -300,6 +300,9 @@ def train(
     stage_dir = Path(stage_dir)
     device, rank0 = device_of(cfg), dist.rank() == 0
     amp = autocast_dtype(cfg, device)
+    if rank0:
+        for leftover in checkpoint.clean_partial(stage_dir):
+            print(f"removed {leftover}, the partial checkpoint of an interrupted save", flush=True)
     state = _resume(stage_dir, cfg, model, optimizer, data)
     metrics = Metrics(stage_dir, enabled=rank0, tensorboard=cfg.log.tensorboard)
     metrics.truncate_after(state.step)

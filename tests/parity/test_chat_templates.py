@@ -12,19 +12,17 @@ with nested arguments, consecutive tool results, thinking on/off, clear_thinking
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from reference import REFERENCE as SHARED_REFERENCE
 
 from glmstack.chat import render
 from glmstack.chat.render import TEMPLATE_FILES, official_template
 
 chat_template_utils = pytest.importorskip("transformers.utils.chat_template_utils")
 
-REFERENCE = Path(os.environ.get("GLMSTACK_REFERENCE", "/work/shared/reference")) / "chat_templates"
+REFERENCE = SHARED_REFERENCE / "chat_templates"
 STYLES = list(TEMPLATE_FILES)
 
 

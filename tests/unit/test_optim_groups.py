@@ -46,13 +46,11 @@ def test_build_optimizer_covers_every_parameter_once():
 
 
 def test_every_preset_on_meta():
-    model_mod = pytest.importorskip("glmstack.model")
-    if not hasattr(model_mod, "GLM"):
-        pytest.skip("glmstack.model.GLM has not landed")
+    from glmstack.model import GLM, ModelConfig
     from glmstack.model.config import PRESETS
 
     for name in PRESETS:
-        model = model_mod.GLM(model_mod.ModelConfig.preset(name))  # built on meta (the Model contract)
+        model = GLM(ModelConfig.preset(name))  # built on meta (the Model contract)
         groups = assign_groups(model)
         # every trainable parameter (GLM-5's DSA indexers are frozen outside their training stages)
         assert set(groups) == {n for n, p in model.named_parameters() if p.requires_grad}, name

@@ -1,0 +1,222 @@
+"""Synthetic SFT sets generated offline, each with a held-out split and a verifier (issue 14, item 3).
+
+Sets (GLM-4.5's three experts at toy scale, research/post-training-recipe.md §5):
+  arithmetic  sums, differences, products and word problems; worked reasoning in the thinking block, the checkable
+              answer in the content ("The answer is 19.")
+  tools       a calculator and a python tool: the assistant calls one, reads the result and answers. Python results
+              are what glmstack.sandbox really printed when the set was generated.
+  chat        multi-turn chat under a system prompt that names the assistant; questions from small fact tables
+Every item comes in two variants, thinking on and off (hybrid reasoning, GLM-4.5 §3.1): with thinking off the
+record sets `enable_thinking: false` and has no reasoning, so the template's switch decides.
+
+Each record is an SFT record (`messages`, `tools`, `enable_thinking`) plus `meta` = {set, split, answer, tool,
+prompt_turns}: `messages[:prompt_turns]` is the prompt a held-out evaluation or rejection sampling starts from.
+The split is a hash of the prompt text (1 in 5 held out), so train and test never share a prompt.
+
+    glmstack sft-data --out data/sft --n 2000        # writes <set>.train.jsonl and <set>.test.jsonl per set
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import re
+import zlib
+from pathlib import Path
+
+from glmstack.posttrain.tools import CALCULATOR, PYTHON, TOOLS, calculate, run_python
+
+SETS = ("arithmetic", "tools", "chat")
+TEST_EVERY = 5  # one prompt in TEST_EVERY is held out
+
+NAMES = ["Ana", "Ben", "Cleo", "Dan", "Eva", "Finn", "Gus", "Hana", "Ivo", "Jade", "Kai", "Lena", "Milo", "Nora"]
+ITEMS = ["apples", "books", "coins", "pens", "shells", "stamps", "marbles", "cards", "eggs", "stones"]
+CAPITALS = {
+    "France": "Paris", "Spain": "Madrid", "Italy": "Rome", "Germany": "Berlin", "Japan": "Tokyo", "Egypt": "Cairo",
+    "Peru": "Lima", "Kenya": "Nairobi", "Norway": "Oslo", "Greece": "Athens", "Canada": "Ottawa", "Chile": "Santiago",
+    "Poland": "Warsaw", "Cuba": "Havana", "Ireland": "Dublin", "Portugal": "Lisbon",
+}  # fmt: skip
+OPPOSITES = {"hot": "cold", "big": "small", "up": "down", "day": "night", "fast": "slow", "open": "closed",
+             "early": "late", "light": "dark", "full": "empty", "happy": "sad"}  # fmt: skip
+ASSISTANT_NAMES = ["Glim", "Orla", "Pax", "Quill", "Rune", "Sol", "Tova", "Vega", "Wren", "Zed"]
+WORDS = ["python", "banana", "keyboard", "sandbox", "rocket", "garden", "window", "thunder", "planet", "silver"]
+
+
+_PY_OUTPUTS: dict[str, str] = {}  # code -> what the sandbox printed (deterministic programs: run each once)
+
+
+def split_of(prompt: str) -> str:
+    return "test" if zlib.crc32(prompt.encode()) % TEST_EVERY == 0 else "train"
+
+
+# ---------------------------------------------------------------------------------------------- arithmetic
+def arithmetic_item(rng: random.Random) -> tuple[str, str, int]:
+    """(question, worked reasoning, answer)."""
+    kind = rng.choice(["add", "sub", "mul", "word_add", "word_sub", "word_mul"])
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    if kind in ("add", "word_add"):
+        a, b = rng.randint(2, 60), rng.randint(2, 39)
+        c, step = a + b, f"{a} + {b} = {a + b}"
+    elif kind in ("sub", "word_sub"):
+        a = rng.randint(10, 99)
+        b = rng.randint(1, a - 1)
+        c, step = a - b, f"{a} - {b} = {a - b}"
+    else:
+        a, b = rng.randint(2, 12), rng.randint(2, 9)
+        c, step = a * b, f"{a} * {b} = {a * b}"
+    question = {
+        "add": f"What is {a} + {b}?",
+        "sub": f"What is {a} - {b}?",
+        "mul": f"What is {a} times {b}?",
+        "word_add": f"{name} has {a} {item} and gets {b} more. How many {item} does {name} have now?",
+        "word_sub": f"{name} has {a} {item} and gives away {b}. How many {item} are left?",
+        "word_mul": f"{name} has {a} bags with {b} {item} in each. How many {item} is that in total?",
+    }[kind]
+    lead = {"add": "We add.", "sub": "We subtract.", "mul": "We multiply.",
+            "word_add": f"{name} starts with {a} and gets {b} more, so we add.",
+            "word_sub": f"{name} starts with {a} and gives away {b}, so we subtract.",
+            "word_mul": f"{a} bags of {b} each, so we multiply."}[kind]  # fmt: skip
+    return question, f"{lead} {step}.", c
+
+
+def arithmetic_record(rng: random.Random, thinking: bool) -> dict:
+    question, reasoning, answer = arithmetic_item(rng)
+    reply = {"role": "assistant", "content": f"The answer is {answer}."}
+    if thinking:
+        reply["reasoning_content"] = reasoning
+    return _record("arithmetic", [{"role": "user", "content": question}, reply], None, thinking, str(answer), None)
+
+
+# ---------------------------------------------------------------------------------------------- tools
+def tool_item(rng: random.Random) -> tuple[str, str, dict, str]:
+    """(question, tool name, arguments, thought before calling)."""
+    if rng.random() < 0.5:
+        a, b, c = rng.randint(11, 99), rng.randint(11, 99), rng.randint(2, 9)
+        expr = rng.choice([f"{a} * {b}", f"{a} * {b} + {c}", f"({a} + {b}) * {c}", f"{a * c} / {c}"])
+        question = rng.choice(["Use the calculator to compute {e}.", "Please calculate {e}.", "What is {e}?"])
+        return question.format(e=expr), "calculator", {"expression": expr}, f"I will use the calculator for {expr}."
+    word, n = rng.choice(WORDS), rng.randint(3, 12)
+    kind = rng.choice(["sum", "reverse", "vowels", "square", "factorial"])
+    question, code = {
+        "sum": (f"Use Python to add up the numbers from 1 to {n}.", f"print(sum(range(1, {n} + 1)))"),
+        "reverse": (f"Use Python to reverse the word '{word}'.", f"print('{word}'[::-1])"),
+        "vowels": (f"Use Python to count the vowels in '{word}'.", f"print(sum(c in 'aeiou' for c in '{word}'))"),
+        "square": (f"Use Python to list the squares of 1 to {n % 6 + 2}.",
+                   f"print([i * i for i in range(1, {n % 6 + 2} + 1)])"),
+        "factorial": (f"Use Python to compute the factorial of {n}.", f"import math\nprint(math.factorial({n}))"),
+    }[kind]  # fmt: skip
+    return question, "python", {"code": code}, "I will run Python for this."
+
+
+def tool_record(rng: random.Random, thinking: bool, outputs: dict[str, str]) -> dict:
+    question, tool, args, thought = tool_item(rng)
+    if tool == "calculator":
+        result = str(calculate(args["expression"]))
+    else:
+        if args["code"] not in outputs:
+            outputs[args["code"]] = run_python(args["code"])  # the sandbox really runs it
+        result = outputs[args["code"]]
+    call = {"role": "assistant", "content": "", "tool_calls": [{"type": "function",
+            "function": {"name": tool, "arguments": args}}]}  # fmt: skip
+    answer = {"role": "assistant", "content": f"The result is {result}."}
+    if thinking:
+        call["reasoning_content"] = thought
+        answer["reasoning_content"] = f"The {tool} returned {result}."
+    messages = [{"role": "user", "content": question}, call, {"role": "tool", "content": result}, answer]
+    return _record("tools", messages, TOOLS, thinking, result, tool)
+
+
+# ---------------------------------------------------------------------------------------------- chat
+def chat_exchange(rng: random.Random, name: str) -> tuple[str, str, str, str]:
+    """(question, thought, reply, the word the reply must contain)."""
+    kind = rng.choice(["capital", "capital", "opposite", "name"])
+    if kind == "capital":
+        country = rng.choice(sorted(CAPITALS))
+        city = CAPITALS[country]
+        return (f"What is the capital of {country}?", f"The capital of {country} is {city}.",
+                f"The capital of {country} is {city}.", city)  # fmt: skip
+    if kind == "opposite":
+        word = rng.choice(sorted(OPPOSITES))
+        return (f"What is the opposite of {word}?", f"The opposite of {word} is {OPPOSITES[word]}.",
+                f"The opposite of {word} is {OPPOSITES[word]}.", OPPOSITES[word])  # fmt: skip
+    return ("What is your name?", f"The system prompt says my name is {name}.", f"My name is {name}.", name)
+
+
+def chat_record(rng: random.Random, thinking: bool) -> dict:
+    name = rng.choice(ASSISTANT_NAMES)
+    messages = [{"role": "system", "content": f"You are {name}, a helpful assistant. Answer in one sentence."}]
+    for turn in range(rng.randint(1, 3)):
+        question, thought, reply, must = chat_exchange(rng, name)
+        messages.append({"role": "user", "content": question if turn else f"Hello! {question}"})
+        messages.append({"role": "assistant", "content": reply} | ({"reasoning_content": thought} if thinking else {}))
+    return _record("chat", messages, None, thinking, must, None)
+
+
+# ---------------------------------------------------------------------------------------------- records
+def _record(set_name, messages, tools, thinking, answer, tool) -> dict:
+    """The SFT record; the prompt of a held-out evaluation is everything before the first assistant turn after
+    the last user turn (for tool items: before the call)."""
+    last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
+    key = " | ".join(str(m.get("content")) for m in messages[: last_user + 1])
+    meta = {"set": set_name, "split": split_of(key), "answer": answer, "tool": tool, "prompt_turns": last_user + 1}
+    return {"messages": messages, "tools": tools, "enable_thinking": thinking, "meta": meta}
+
+
+def generate(set_name: str, n: int, seed: int = 0, split: str = "train") -> list[dict]:
+    """`n` records of one set in `split` (half with thinking on, half off), deterministic in `seed`."""
+    if set_name not in SETS:
+        raise ValueError(f"unknown synthetic set {set_name!r} (expected one of {', '.join(SETS)})")
+    rng = random.Random(f"{set_name}:{seed}")
+    out, tries = [], 0
+    while len(out) < n and tries < 50 * n + 1000:
+        tries += 1
+        thinking = len(out) % 2 == 0
+        if set_name == "arithmetic":
+            rec = arithmetic_record(rng, thinking)
+        elif set_name == "tools":
+            rec = tool_record(rng, thinking, _PY_OUTPUTS)
+        else:
+            rec = chat_record(rng, thinking)
+        if rec["meta"]["split"] == split:
+            out.append(rec)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- verifiers
+_INT = re.compile(r"-?\d+")
+
+
+def verify(meta: dict, reply: dict, tool_calls: list[dict] | None = None) -> bool:
+    """Whether the final assistant message `reply` (and, for tool items, the calls made) solves the item."""
+    content = reply.get("content") or ""
+    if meta["set"] == "arithmetic":
+        found = _INT.findall(content)
+        return bool(found) and found[-1] == meta["answer"]
+    if meta["set"] == "tools":
+        called = [c["function"]["name"] for c in tool_calls or []]
+        return meta["tool"] in called and meta["answer"] in content
+    return meta["answer"].lower() in content.lower()
+
+
+def prompt_of(record: dict) -> list[dict]:
+    return record["messages"][: record["meta"]["prompt_turns"]]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="glmstack sft-data", description="write the synthetic SFT sets as JSONL")
+    ap.add_argument("--out", required=True, help="output folder")
+    ap.add_argument("--n", type=int, default=2000, help="training records per set")
+    ap.add_argument("--n-test", type=int, default=200, help="held-out records per set")
+    ap.add_argument("--sets", default=",".join(SETS))
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    from glmstack.posttrain.sft_data import write_jsonl
+
+    for name in args.sets.split(","):
+        for split, n in (("train", args.n), ("test", args.n_test)):
+            path = write_jsonl(generate(name, n, args.seed, split), Path(args.out) / f"{name}.{split}.jsonl")
+            print(f"{path}: {n} records")
+    return 0
+
+
+__all__ = ["CALCULATOR", "PYTHON", "SETS", "TOOLS", "generate", "prompt_of", "verify"]

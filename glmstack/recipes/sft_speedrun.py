@@ -1,0 +1,62 @@
+"""SFT recipes on the speedrun model (`glmstack speedrun` writes runs/speedrun/model): the overall hybrid-reasoning
+SFT on every synthetic set, and the three experts of GLM-4.5's expert iteration (reasoning, tool use, chat).
+
+    glmstack sft sft_speedrun                    # runs/speedrun/sft/model
+    glmstack expert-iteration sft_speedrun       # experts -> rejection sampling -> merged SFT -> table
+
+Sizes were measured on the shared 2-core machine (docs/sft.md): 512-token rows hold a tool conversation (~440
+tokens with the tools block) or several short ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from glmstack.posttrain.sft import SFTConfig, SFTOptions
+
+SETS = ("arithmetic", "tools", "chat")
+STEPS = 300
+
+
+def sft() -> SFTConfig:
+    cfg = SFTConfig(
+        run="speedrun",
+        stage="sft",
+        init_from="speedrun/model",
+        seq_len=512,
+        micro_batch_size=8,
+        steps=STEPS,
+        sft=SFTOptions(data=[f"synthetic:{s}" for s in SETS], val_data=[f"synthetic:{s}" for s in SETS]),
+    )
+    cfg.optim.lr = 1e-3
+    cfg.schedule = dataclasses.replace(
+        cfg.schedule, warmup_steps=20, mtp_weight=[[0, 0.1]], balance_rate=[[0, 1e-3]], aux_loss_weight=0.0
+    )
+    cfg.ckpt.every, cfg.ckpt.keep_last, cfg.log.every, cfg.log.val_every, cfg.log.val_batches = 100, 2, 10, 100, 2
+    return cfg
+
+
+def expert(name: str, sets: tuple[str, ...], steps: int) -> SFTConfig:
+    cfg = sft()
+    cfg.stage, cfg.steps = f"expert_{name}", steps
+    cfg.sft = dataclasses.replace(cfg.sft, data=[f"synthetic:{s}" for s in sets], val_data=[])
+    cfg.log.val_every = 0
+    return cfg
+
+
+# the experts (GLM-4.5 §3.1: reasoning, agent, general chat) and the merged model trained on their samples
+def sft_reasoning() -> SFTConfig:
+    return expert("reasoning", ("arithmetic",), STEPS // 3)
+
+
+def sft_tools() -> SFTConfig:
+    return expert("tools", ("tools",), STEPS // 3)
+
+
+def sft_chat() -> SFTConfig:
+    return expert("chat", ("chat",), STEPS // 3)
+
+
+def sft_merged() -> SFTConfig:
+    cfg = expert("merged", (), STEPS)  # data: the rejection-sampled files, set by the expert-iteration driver
+    return cfg
