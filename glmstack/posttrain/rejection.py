@@ -79,7 +79,9 @@ def rejection_sample(engine, items: list[dict], style: str, cfg: RejectionConfig
     by_prompt: dict[str, list[Trajectory]] = {}
     for t in trajs:
         by_prompt.setdefault(_key(t.item), []).append(t)
-    hard = [ts[0].item for ts in by_prompt.values() if sum(why_rejected(t) is None for t in ts) < cfg.hard_below * cfg.k]
+    hard = [
+        ts[0].item for ts in by_prompt.values() if sum(why_rejected(t) is None for t in ts) < cfg.hard_below * cfg.k
+    ]
     if hard and cfg.hard_k:
         for t in rollout(engine, [it for it in hard for _ in range(cfg.hard_k)], style, seed=cfg.seed + 7919, **kw):
             by_prompt[_key(t.item)].append(t)

@@ -16,6 +16,7 @@ from glmstack.posttrain.sft import SFTConfig, SFTOptions
 
 SETS = ("arithmetic", "tools", "chat")
 STEPS = 300
+EXPERT_STEPS, MERGED_STEPS = 60, 120  # experts see one set each; the merged model sees all three sets' samples
 
 
 def sft() -> SFTConfig:
@@ -24,6 +25,7 @@ def sft() -> SFTConfig:
         stage="sft",
         init_from="speedrun/model",
         seq_len=512,
+        model_overrides={"max_position_embeddings": 512},  # the speedrun's model was trained to 256
         micro_batch_size=8,
         steps=STEPS,
         sft=SFTOptions(data=[f"synthetic:{s}" for s in SETS], val_data=[f"synthetic:{s}" for s in SETS]),
@@ -38,7 +40,7 @@ def sft() -> SFTConfig:
 
 def expert(name: str, sets: tuple[str, ...], steps: int) -> SFTConfig:
     cfg = sft()
-    cfg.stage, cfg.steps = f"expert_{name}", steps
+    cfg.stage, cfg.steps, cfg.micro_batch_size = f"expert_{name}", steps, 4
     cfg.sft = dataclasses.replace(cfg.sft, data=[f"synthetic:{s}" for s in sets], val_data=[])
     cfg.log.val_every = 0
     return cfg
@@ -46,17 +48,16 @@ def expert(name: str, sets: tuple[str, ...], steps: int) -> SFTConfig:
 
 # the experts (GLM-4.5 §3.1: reasoning, agent, general chat) and the merged model trained on their samples
 def sft_reasoning() -> SFTConfig:
-    return expert("reasoning", ("arithmetic",), STEPS // 3)
+    return expert("reasoning", ("arithmetic",), EXPERT_STEPS)
 
 
 def sft_tools() -> SFTConfig:
-    return expert("tools", ("tools",), STEPS // 3)
+    return expert("tools", ("tools",), EXPERT_STEPS)
 
 
 def sft_chat() -> SFTConfig:
-    return expert("chat", ("chat",), STEPS // 3)
+    return expert("chat", ("chat",), EXPERT_STEPS)
 
 
 def sft_merged() -> SFTConfig:
-    cfg = expert("merged", (), STEPS)  # data: the rejection-sampled files, set by the expert-iteration driver
-    return cfg
+    return expert("merged", (), MERGED_STEPS)  # data: the experts' rejection-sampled files (set by the driver)

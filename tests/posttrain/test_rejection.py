@@ -33,7 +33,9 @@ def test_filters_in_order():
     loop = "the answer is the answer is " * 6
     assert why_rejected(traj(item, [loop], [reply(loop, "x")])) == "repetitive"
     assert why_rejected(traj(item, [f"\nThe answer is {answer}."], [reply(f"The answer is {answer}.")])) == "format"
-    assert why_rejected(traj(item, ["\n<think>x</think>\n<tool_call>oops"], [reply("<tool_call>oops", "x")])) == "format"
+    assert (
+        why_rejected(traj(item, ["\n<think>x</think>\n<tool_call>oops"], [reply("<tool_call>oops", "x")])) == "format"
+    )
     wrong = reply(f"The answer is {int(answer) + 1}.", "We add.")
     assert why_rejected(traj(item, ["\n<think>We add.</think>\nwrong"], [wrong])) == "wrong"
 
@@ -58,4 +60,6 @@ def test_tool_call_schema_is_checked():
 
 
 def test_repetitive():
-    assert repetitive("a b c d " * 10) and not repetitive("one two three four five six seven eight nine ten eleven twelve")
+    assert repetitive("a b c d " * 10) and not repetitive(
+        "one two three four five six seven eight nine ten eleven twelve"
+    )
