@@ -2,7 +2,8 @@
 SFT on every synthetic set, and the three experts of GLM-4.5's expert iteration (reasoning, tool use, chat).
 
     glmstack sft sft_speedrun                    # runs/speedrun/sft/model
-    glmstack expert-iteration sft_speedrun       # experts -> rejection sampling -> merged SFT -> table
+    glmstack expert-iteration sft_speedrun       # from runs/speedrun/sft/model: experts -> rejection sampling ->
+                                                 # merged SFT -> table
 
 Sizes were measured on the shared 2-core machine (docs/sft.md): 512-token rows hold a tool conversation (~440
 tokens with the tools block) or several short ones.
@@ -16,7 +17,7 @@ from glmstack.posttrain.sft import SFTConfig, SFTOptions
 
 SETS = ("arithmetic", "tools", "chat")
 STEPS = 300
-EXPERT_STEPS, MERGED_STEPS = 60, 120  # experts see one set each; the merged model sees all three sets' samples
+EXPERT_STEPS, MERGED_STEPS = 40, 80  # experts see one set each; the merged model sees all three sets' samples
 
 
 def sft() -> SFTConfig:
@@ -39,8 +40,12 @@ def sft() -> SFTConfig:
 
 
 def expert(name: str, sets: tuple[str, ...], steps: int) -> SFTConfig:
+    """Experts and the merged model start from one base: the cold-start model of `sft()` (GLM-4.5's experts are
+    cold-start SFT + their own training; at this size 40 steps from the pre-trained model do not teach the format)."""
     cfg = sft()
     cfg.stage, cfg.steps, cfg.micro_batch_size = f"expert_{name}", steps, 4
+    cfg.init_from, cfg.model_overrides = "speedrun/sft/model", {}
+    cfg.schedule = dataclasses.replace(cfg.schedule, warmup_steps=5)
     cfg.sft = dataclasses.replace(cfg.sft, data=[f"synthetic:{s}" for s in sets], val_data=[])
     cfg.log.val_every = 0
     return cfg
