@@ -63,3 +63,16 @@ def test_repetitive():
     assert repetitive("a b c d " * 10) and not repetitive(
         "one two three four five six seven eight nine ten eleven twelve"
     )
+
+
+def test_rejection_sample_accounts_for_every_sample(base_dir, tmp_path, capsys):
+    from glmstack.posttrain import rejection
+    from glmstack.posttrain.evaluate import items_of, load_engine
+
+    items = items_of(generate("arithmetic", 2) + generate("tools", 1))
+    cfg = rejection.RejectionConfig(k=2, hard_k=1, max_new_tokens=6, max_rounds=2)
+    records, report = rejection.rejection_sample(load_engine(str(base_dir)), items, "glm-4.5", cfg)
+    assert report["prompts"] == 3 and report["samples"] == 3 * 2 + report["hard_prompts"] * 1
+    assert report["kept"] == len(records) and report["samples"] == report["kept"] + sum(report["dropped"].values())
+    assert rejection.main([str(tmp_path / "nope"), "--out", str(tmp_path / "x.jsonl")]) == 2
+    assert capsys.readouterr().err.strip().endswith("not a model folder (no config.json)")
