@@ -27,7 +27,7 @@ def one(out: Path, name: str, steps: int, rate: float) -> list[dict]:
             f"schedule.balance_rate=[[0, {rate}]]",
             f"schedule.total_steps={steps}",
             "schedule.mtp_weight=[[0, 0.3]]",
-            "schedule.batch_warmup_steps=0",
+            "schedule.batch_warmup_tokens=0",
             "ckpt.every=0",
             "log.val_every=0",
             "log.progress=false",

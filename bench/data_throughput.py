@@ -78,31 +78,33 @@ def main(argv=None) -> int:
     docs = timed("read (build corpus)", docs, lambda _: list(corpus_docs(cfg, "all")), rows)
     tok = timed("tokenizer: train", docs, lambda ds: Tokenizer.train((d.text for d in ds), args.vocab_size), rows)
     stages(docs, tok, rows, args.minilm)
-    from glmstack.data.pipeline import DataConfig, build_dataset
+    from glmstack.data.pipeline import PipelineConfig, build_dataset
 
     with tempfile.TemporaryDirectory() as out:
         timed(
             "build_dataset (all stages)",
             docs,
-            lambda _: build_dataset(DataConfig(corpus=cfg, progress=False), tok, out),
+            lambda _: build_dataset(PipelineConfig(corpus=cfg, progress=False), tok, out),
             rows,
         )
         from glmstack.data.loader import PackedLoader, PretrainLoader
 
         for cls in (PretrainLoader, PackedLoader):
-            loader = cls(f"{out}/train", seq_len=1024, batch_size=8)
-            it = iter(loader)
-            t = time.perf_counter()
-            n = min(len(loader), 50)
-            for _ in range(n):
-                next(it)
-            dt = time.perf_counter() - t
-            rows.append((f"{cls.__name__} (B=8, T=1024)", n, dt, n / dt, n * 8 * 1024 / dt / 1e6))
+            for fim in (False, None):  # None: the sampling-time FIM the build asks for (rate 0.5 on code)
+                loader = cls(f"{out}/train", seq_len=1024, batch_size=8, fim=fim)
+                it = iter(loader)
+                t = time.perf_counter()
+                n = min(len(loader), 50)
+                for _ in range(n):
+                    next(it)
+                dt = time.perf_counter() - t
+                label = f"{cls.__name__} {'+FIM' if fim is None else 'no FIM'} (B=8, T=1024)"
+                rows.append((label, n, dt, n / dt, n * 8 * 1024 / dt / 1e6))
     print(f"{sum(len(d.text) for d in docs) / 1e6:.1f} MB, {len(docs)} documents")
-    print(f"{'stage':<32}{'docs':>7}{'seconds':>9}{'docs/s':>10}{'MB/s':>8}")
+    print(f"{'stage':<40}{'docs':>7}{'seconds':>9}{'docs/s':>10}{'MB/s':>8}")
     for label, n, dt, dps, mbs in rows:
         unit = "  (batches/s, Mtok/s)" if "Loader" in label else ""
-        print(f"{label:<32}{n:>7}{dt:>9.2f}{dps:>10.1f}{mbs:>8.2f}{unit}")
+        print(f"{label:<40}{n:>7}{dt:>9.2f}{dps:>10.1f}{mbs:>8.2f}{unit}")
     return 0
 
 

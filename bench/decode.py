@@ -26,11 +26,13 @@ import json
 import statistics
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
 from glmstack.inference import Engine
-from glmstack.model import GLM, ModelConfig, save_hf
+from glmstack.inference.speculative import frequent_tokens
+from glmstack.model import GLM, ModelConfig, load_hf, save_hf
 
 
 def build(seed: int = 0):
@@ -171,39 +173,114 @@ def train_mtp(model, steps: int, batch: int = 8, seq: int = 32, lr: float = 3e-3
     return model.eval(), sample
 
 
-def speculative_speedup(model, sample, n: int, repeats: int, batch: int = 1, ks=(1, 2, 3, 4)) -> list[dict]:
+@torch.no_grad()
+def deepen(model, n_layers: int):
+    """The trained model with n_layers: its own layers first, then copies of its MoE layers whose output
+    projections (attention o_proj, every expert's and the shared expert's down_proj) are zero. Those add exactly
+    nothing to the residual stream (the outputs, and so the MTP layer's acceptance, are the trained model's) but
+    cost what a real layer costs: the same GEMM shapes, the same expert choices. A stand-in for a trained deep trunk,
+    which this shared 2-core machine cannot train in a session (a 12-layer run took ~7 s a step under load)."""
+    cfg = model.cfg
+    deep = GLM(ModelConfig.preset("tiny-moe", num_hidden_layers=n_layers)).init_weights(seed=0)
+    state, n = model.state_dict(), cfg.num_hidden_layers
+    moe_layers = list(range(cfg.first_k_dense_replace, n))
+    new = {}
+    for name, t in deep.state_dict().items():
+        if name.startswith("layers."):
+            i, rest = int(name.split(".")[1]), name.split(".", 2)[2]
+            src = i if i < n else moe_layers[(i - n) % len(moe_layers)]
+            t = state[f"layers.{src}.{rest}"].clone()
+            if i >= n and rest.endswith(("o_proj.weight", "down_proj.weight", "experts.down_proj")):
+                t.zero_()
+        else:
+            t = state[name]
+        new[name] = t
+    deep.load_state_dict(new)
+    return deep.eval()
+
+
+def speculative_speedup(
+    model, sample, n: int, repeats: int, batch: int = 1, ks=(1, 2, 3, 4), draft_vocab: int = 0
+) -> list[dict]:
+    """Plain greedy vs speculative k = ks (and, with draft_vocab = N > 0, also drafting over the N most frequent
+    tokens of 64 training sequences: FR-Spec), interleaved; each checked equal to plain greedy."""
     engine = Engine(model)
     prompts = sample(batch, 32, torch.Generator().manual_seed(99)).tolist()
     plain_ref = engine.generate(prompts, n, stop_ids=[]).tokens
-    times = {k: [] for k in (0, *ks)}
+    vocab = frequent_tokens(sample(64, 32, torch.Generator().manual_seed(5)), draft_vocab) if draft_vocab else None
+    variants = [(0, None)] + [(k, None) for k in ks] + ([(k, vocab) for k in ks] if draft_vocab else [])
+    times = {v[0] if v[1] is None else (v[0], "dv"): [] for v in variants}
+    cpu = {key: [] for key in times}  # CPU time of the process: less inflated than wall clock by a busy machine
     stats = {}
     for _ in range(repeats):
-        for k, runs in times.items():
+        for (k, dv), key in zip(variants, times):
+            engine.draft_vocab = dv
             kw = {"speculative": "mtp", "draft_k": k} if k else {}
-            t, res = time_ours(engine, prompts, n, **kw)
+            t, res = time_ours(engine, prompts, n, cpu[key], **kw)
             assert res.tokens == plain_ref, "speculative output differs from plain greedy"
-            runs.append(t)
-            stats[k] = res.stats
+            times[key].append(t)
+            stats[key] = res.stats
+    engine.draft_vocab = None
     base = statistics.median(times[0])
     rows = []
-    for k in ks:
+    for key in list(times)[1:]:
+        k = key if isinstance(key, int) else key[0]
         row = {
             "batch": batch,
             "k": k,
-            "mean_accepted_length": stats[k]["mean_accepted_length"],
-            "acceptance_per_depth": [round(a, 3) for a in stats[k]["acceptance_per_depth"]],
-            "ms_per_token": 1e3 * statistics.median(times[k]) / n,
+            "draft_vocab": draft_vocab if not isinstance(key, int) else None,
+            "mean_accepted_length": stats[key]["mean_accepted_length"],
+            "acceptance_per_depth": [round(a, 3) for a in stats[key]["acceptance_per_depth"]],
+            "ms_per_token": 1e3 * statistics.median(times[key]) / n,
             "plain_ms_per_token": 1e3 * base / n,
-            "speedup": base / statistics.median(times[k]),
+            "speedup": base / statistics.median(times[key]),
+            "cpu_time_speedup": statistics.median(cpu[0]) / statistics.median(cpu[key]),
         }
         print(
-            f"batch {batch} k={k}: accepted length {row['mean_accepted_length']:.2f}, per depth "
-            f"{row['acceptance_per_depth']}, {row['ms_per_token']:.2f} ms/token vs plain "
-            f"{row['plain_ms_per_token']:.2f}: x{row['speedup']:.2f}",
+            f"batch {batch} k={k}{'' if row['draft_vocab'] is None else f' draft vocab {draft_vocab}'}: accepted "
+            f"length {row['mean_accepted_length']:.2f}, per depth {row['acceptance_per_depth']}, "
+            f"{row['ms_per_token']:.2f} ms/token vs plain {row['plain_ms_per_token']:.2f}: x{row['speedup']:.2f} "
+            f"(CPU time x{row['cpu_time_speedup']:.2f})",
             flush=True,
         )
         rows.append(row)
     return rows
+
+
+@torch.inference_mode()
+def phase_times(model, sample, ks, repeats: int = 30, draft_vocab=None) -> dict:
+    """Per-phase costs at batch 1 after a 32-token prompt (ms, medians over `repeats` rounds, each phase rewound): a
+    plain step (1 token), a verify block (k + 1 tokens), one MTP step (1 position); each round runs them one after
+    the other, so, as in the decode loop, no phase finds its weights left in cache by itself."""
+    from glmstack.inference import KVCache
+    from glmstack.inference.fast import FastForward
+
+    fwd = FastForward(model, 256, {}, draft_vocab=draft_vocab)
+    cache, ids = KVCache(1, 256), sample(1, 40, torch.Generator().manual_seed(99))
+    n, mtp = model.cfg.num_hidden_layers, model.cfg.num_hidden_layers
+    pos = torch.arange(40)[None]
+    _, h = fwd.forward(ids[:, :32], pos[:, :32], cache)
+    fwd.mtp_step(0, ids[:, 1:33], h, pos[:, :32], cache)
+
+    main_layers, phases = range(n), {}
+    phases["plain"] = (lambda: fwd.forward(ids[:, 32:33], pos[:, 32:33], cache, last_only=True), 1, main_layers)
+    for k in ks:
+        block = (ids[:, 32 : 33 + k], pos[:, 32 : 33 + k])
+        phases[f"verify_{k + 1}"] = (lambda block=block: fwd.forward(*block, cache), k + 1, main_layers)
+    phases["mtp_step"] = (lambda: fwd.mtp_step(0, ids[:, 33:34], h[:, -1:], pos[:, 32:33], cache), 1, [mtp])
+    times = {name: [] for name in phases}
+    for _ in range(repeats):  # the phases interleaved, so that load on a shared machine hits them alike
+        for name, (fn, drop, layers) in phases.items():
+            t = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t)
+            cache.rewind(drop, layers=layers)
+    return {name: 1e3 * statistics.median(ts) for name, ts in times.items()}
+
+
+def bound(phases: dict, k: int, accepted: float) -> float:
+    """Speedup at most: accepted tokens per round x plain step / (verify + catch-up + k - 1 draft steps)."""
+    return accepted * phases["plain"] / (phases[f"verify_{k + 1}"] + k * phases["mtp_step"])
 
 
 def main(argv=None) -> int:
@@ -214,6 +291,11 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-mtp", action="store_true")
     ap.add_argument("--mtp-layers", type=int, default=0, help="part 2 on a trunk of this many layers (0: 4)")
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--mtp-model", help="part 2: load the trained model from this folder, or train and save it there")
+    ap.add_argument("--ks", default="1,2,3,4", help="part 2: draft counts at batch 1")
+    ap.add_argument("--deepen", type=int, default=0, help="part 2: the trained model deepened to this many layers")
+    ap.add_argument("--draft-vocab", type=int, default=0, help="part 2: also draft over the N most frequent tokens")
+    ap.add_argument("--skip-batch8", action="store_true", help="part 2: batch 1 only")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", help="write the figures as JSON here")
     args = ap.parse_args(argv)
@@ -225,9 +307,31 @@ def main(argv=None) -> int:
     if not args.skip_mtp:
         if args.mtp_layers:  # a deeper trunk: drafting becomes cheap next to the main model, as in real GLMs
             ours = GLM(ModelConfig.preset("tiny-moe", num_hidden_layers=args.mtp_layers)).init_weights(seed=0)
-        model, sample = train_mtp(ours, args.train_steps)
-        result["mtp"] = speculative_speedup(model, sample, args.new_tokens, args.repeats)
-        result["mtp"] += speculative_speedup(model, sample, args.new_tokens, args.repeats, batch=8, ks=(2, 4))
+        if args.mtp_model and (Path(args.mtp_model) / "config.json").exists():
+            model, sample = load_hf(args.mtp_model, dtype=torch.float32).eval(), phrase_stream(ours.cfg.vocab_size)
+        else:
+            model, sample = train_mtp(ours, args.train_steps)
+            if args.mtp_model:
+                save_hf(model, args.mtp_model)
+        if args.deepen:
+            model = deepen(model, args.deepen)
+        ks = tuple(int(k) for k in args.ks.split(","))
+        result["mtp"] = speculative_speedup(model, sample, args.new_tokens, args.repeats, ks=ks,
+                                            draft_vocab=args.draft_vocab)
+        vocab = None
+        if args.draft_vocab:
+            vocab = frequent_tokens(sample(64, 32, torch.Generator().manual_seed(5)), args.draft_vocab)
+        for dv in (None, vocab) if vocab is not None else (None,):
+            phases = phase_times(model, sample, ks, draft_vocab=dv)
+            print(f"phases (ms{'' if dv is None else f', draft vocab {len(dv)}'}): "
+                  + ", ".join(f"{k} {v:.3f}" for k, v in phases.items()), flush=True)
+            for row in result["mtp"]:
+                if row["batch"] == 1 and (row["draft_vocab"] is None) == (dv is None):
+                    row["bound"] = bound(phases, row["k"], row["mean_accepted_length"])
+                    print(f"  k={row['k']}: bound x{row['bound']:.2f} (accepted {row['mean_accepted_length']:.2f}), "
+                          f"measured x{row['speedup']:.2f}", flush=True)
+        if not args.skip_batch8:
+            result["mtp"] += speculative_speedup(model, sample, args.new_tokens, args.repeats, batch=8, ks=(2, 4))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)

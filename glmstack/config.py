@@ -17,14 +17,12 @@ import json
 import os
 import types
 import typing
-from pathlib import Path
 from typing import Any, TypeVar
 
+from glmstack.atomic import write_atomic
+from glmstack.errors import ConfigError
+
 T = TypeVar("T")
-
-
-class ConfigError(ValueError):
-    """A config value or key is invalid; the message names the dotted field."""
 
 
 def _field_types(cls) -> dict[str, Any]:
@@ -123,10 +121,7 @@ def to_json(cfg) -> str:
 def write_json(cfg_or_dict, path: str | os.PathLike) -> None:
     """Write atomically (temp file + rename) so a crash never leaves half a config."""
     data = cfg_or_dict if isinstance(cfg_or_dict, dict) else to_dict(cfg_or_dict)
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(data, indent=2) + "\n")
 
 
 def valid_keys(cls, prefix: str = "") -> list[str]:

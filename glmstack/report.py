@@ -1,7 +1,8 @@
 """The run report: report.md and plots drawn from the stages' metrics.jsonl files and a summary of figures.
 
-Plots come from the metrics files, never from hooks in the training code (CONVENTIONS §11), so a report can
-be redrawn for any run folder at any time:
+Plots come from the metrics files (read by glmstack.train.metrics.read_metrics, the one reader, which skips a
+half-written last line), never from hooks in the training code, so a report can be redrawn for any run folder at
+any time:
 
     python -m glmstack.report runs/speedrun            # rewrites runs/speedrun/report.md and plots/
 
@@ -24,23 +25,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from glmstack.train.metrics import read_metrics
+
 STAGES = ("pretrain", "midtrain")  # training stages whose metrics.jsonl the report reads, in order
 LAYER_BALANCE = "moe/max_over_mean/"  # the loop's per-MoE-layer max/mean expert load (glmstack/train/balance.py)
 BALANCE_KEYS = ("moe/max_over_mean",)  # worst layer, when per-layer values are absent
-
-
-def read_metrics(path: str | Path) -> list[dict]:
-    """One dict per line of a metrics.jsonl; a half-written last line (run killed mid-write) is skipped."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
 
 
 def _series(rows: list[dict], key: str, offset: int = 0, smooth: float = 0.0) -> tuple[list[int], list[float]]:
@@ -79,7 +68,7 @@ def _stage_rows(run_dir: Path) -> dict[str, list[dict]]:
     return {s: read_metrics(run_dir / s / "metrics.jsonl") for s in STAGES}
 
 
-def _plot(path: Path, title: str, xlabel: str, ylabel: str, curves, boundaries=(), logy=False) -> bool:
+def draw_curves(path: Path, title: str, xlabel: str, ylabel: str, curves, boundaries=(), logy=False) -> bool:
     """Draw `curves` [(label, xs, ys, style)] into `path`; False (nothing drawn) when every curve is empty."""
     curves = [c for c in curves if c[1]]
     if not curves:
@@ -119,11 +108,11 @@ def plot_training(run_dir: Path, plots: Path) -> list[str]:
         bal.append((f"{stage} (EMA)", *_series(bal_rows, "imbalance", offset, _smoothing(len(rs))), "-"))
         offset += max((r.get("step", 0) for r in rs), default=0)
     drawn = []
-    if _plot(plots / "losses.png", "Loss", "step", "cross-entropy (nats)", loss, boundaries):
+    if draw_curves(plots / "losses.png", "Loss", "step", "cross-entropy (nats)", loss, boundaries):
         drawn.append("losses.png")
-    if _plot(plots / "lr.png", "Learning rate", "step", "lr", lr, boundaries):
+    if draw_curves(plots / "lr.png", "Learning rate", "step", "lr", lr, boundaries):
         drawn.append("lr.png")
-    if _plot(plots / "expert_load.png", "Expert load balance (max / mean, 1 = even)", "step", "imbalance", bal,
+    if draw_curves(plots / "expert_load.png", "Expert load balance (max / mean, 1 = even)", "step", "imbalance", bal,
              boundaries):
         drawn.append("expert_load.png")
     return drawn
@@ -137,7 +126,7 @@ def plot_perplexity(curves: dict[str, list[float]], plots: Path, marks=()) -> li
         xs = list(range(0, len(nll) - w + 1, w))
         ys = [sum(nll[x : x + w]) / w for x in xs]
         lines.append((name, xs, ys, "-"))
-    ok = _plot(plots / "perplexity_by_position.png", "Loss by token position (held-out code)", "position",
+    ok = draw_curves(plots / "perplexity_by_position.png", "Loss by token position (held-out code)", "position",
                "NLL (nats)", lines, marks)
     return ["perplexity_by_position.png"] if ok else []
 

@@ -2,7 +2,7 @@
 
 What: `Tokenizer.train(texts, vocab_size)` learns a byte-level BPE (GLM-4's pre-tokenizer regex, every byte in the
 alphabet, so any string round-trips exactly) and appends GLM-4.5's 36 added tokens after the merges, in GLM's
-order (research/glm-formats.md §1.1): `<|endoftext|>`, `[MASK]`, `[gMASK]`, ..., `<think>`, `<tool_call>`, ...
+order (that of GLM-4.5's released tokenizer_config.json `added_tokens_decoder`): `<|endoftext|>`, `[MASK]`, `[gMASK]`, ..., `<think>`, `<tool_call>`, ...
 `Tokenizer.load(folder)` reads a real GLM tokenizer folder (tokenizer.json + tokenizer_config.json) and keeps its
 ids; `save(folder)` writes the same Hugging Face layout, so `transformers.AutoTokenizer.from_pretrained(folder)`
 encodes to identical ids.
@@ -26,6 +26,8 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as _HFTokenizer
+
+from glmstack.errors import TokenizerError
 
 # GLM-4.5's added tokens in id order (151329..151364 in GLM-4.5, 154820.. in GLM-4.7-Flash/GLM-5).
 SPECIAL_TOKENS: tuple[str, ...] = (
@@ -88,12 +90,21 @@ class Tokenizer:
     def load(cls, folder: str | os.PathLike) -> Tokenizer:
         """Read a Hugging Face tokenizer folder (a released GLM one or one written by `save`)."""
         folder = Path(folder)
+        path = folder / "tokenizer.json"
+        if not path.is_file():
+            raise TokenizerError(f"{path}: not found (a tokenizer folder holds tokenizer.json and "
+                                 f"tokenizer_config.json, as `glmstack tokenizer train --out` writes them)")
         config_path = folder / "tokenizer_config.json"
-        config = json.loads(config_path.read_text()) if config_path.exists() else {}
+        try:
+            config = json.loads(config_path.read_text()) if config_path.exists() else {}
+            hf = _HFTokenizer.from_file(str(path))
+        except Exception as e:  # tokenizers raises a plain Exception for a malformed file
+            bad = config_path if isinstance(e, json.JSONDecodeError) else path
+            raise TokenizerError(f"{bad}: cannot be read as a tokenizer file ({e})") from None
         template_path = folder / "chat_template.jinja"  # transformers 5 keeps the template in its own file
         if template_path.exists() and "chat_template" not in config:
             config["chat_template"] = template_path.read_text()
-        return cls(_HFTokenizer.from_file(str(folder / "tokenizer.json")), config)
+        return cls(hf, config)
 
     def save(self, folder: str | os.PathLike, chat_style: str | None = "glm-4.5") -> None:
         """Write tokenizer.json + tokenizer_config.json (+ special_tokens_map.json) for transformers.
@@ -135,7 +146,7 @@ class Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`; special-token strings in it become their single ids. No BOS is added:
-        `[gMASK]<sop>` comes from the chat template (glm-formats §1.1)."""
+        `[gMASK]<sop>` comes from the chat template (GLM's released chat_template starts every prompt with it)."""
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:

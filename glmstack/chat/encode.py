@@ -9,7 +9,7 @@ the mask aligns to token boundaries by construction. Every flag change happens a
 `tokenizer.encode(render(...))` exactly (tests/unit/test_chat_encode.py checks it).
 
 A conversation ending in an assistant turn gets a trained `<|endoftext|>` after it (`close_last_turn`), as
-PrimeIntellect's GLM-5 renderer does, so the model learns to stop there too (research/glm-formats.md §3.1).
+PrimeIntellect's GLM-5 renderer does, so the model learns to stop there too.
 """
 
 from __future__ import annotations

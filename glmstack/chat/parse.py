@@ -4,7 +4,7 @@ What: `parse(text, tools, style) -> {"role": "assistant", "content", "reasoning_
 `tool_calls[i]["function"]["arguments"]` is a JSON string and each value is typed by the tool's schema
 (glmstack.chat.schema.ArgTyper). This whole-text parser is the reference for glmstack.chat.stream.StreamParser.
 
-Grammar (research/glm-formats.md §4.1), lenient about whitespace so both styles parse with the same code:
+Grammar (GLM-4.5's released tool-call format), lenient about whitespace so both styles parse with the same code:
   [ws] ["<think>"] reasoning ("</think>" | before "<tool_call>") { content | "<tool_call>" NAME PAIRS "</tool_call>" }
   PAIRS := { ws "<arg_key>" KEY "</arg_key>" ws "<arg_value>" VALUE "</arg_value>" } ws
 Reasoning is open from the start when the completion starts with `<think>`, or when the prompt ended inside it
@@ -35,11 +35,14 @@ def default_in_reasoning(style: str) -> bool:
     return get_style(style).prompt_thinking == THINK_OPEN
 
 
-def parse(text: str, tools=None, style: str = "glm-4.5", in_reasoning: bool | None = None) -> dict:
+def parse(text: str, tools=None, style: str = "glm-4.5", in_reasoning: bool | None = None, calls: bool = True) -> dict:
+    """calls=False keeps `<tool_call>` text as content (a server's tool_choice="none")."""
     if in_reasoning is None:
         in_reasoning = default_in_reasoning(style)
     text = text[: stop_index(text)]
     reasoning, rest = split_reasoning(text, in_reasoning)
+    if not calls:
+        return assistant_message(rest.strip(), reasoning.strip(), [])
     typers = _typers(tools)
     content, calls, pos = [], [], 0
     while True:

@@ -8,7 +8,7 @@ exactly what the official jinja chat template renders; `render(...)` joins them.
              `</think>` on history turns, `clear_thinking=False` keeps the reasoning of every turn.
 
 Why segments: the loss mask (glmstack.chat.encode) then comes from the same code that writes the text, so it
-cannot drift from it. Trained = what the model generates (research/glm-formats.md §3.1): reasoning and its
+cannot drift from it. Trained = what the model generates (the assistant's tokens): reasoning and its
 `</think>`, content, tool calls, and the `<|user|>`/`<|observation|>` token that ends an assistant turn (the stop
 signal at inference). Everything else (system/user/tool text, role tokens, the tools block, empty think blocks and
 the `<think>` that the 4.7 generation prompt pre-fills) is context.
@@ -170,7 +170,7 @@ def _user(m: Mapping, st: Style, enable_thinking: bool) -> list[Segment]:
     text = visible_text(m.get("content"))
     parts = [Segment("<|user|>"), Segment(st.role_sep + text)]
     if st.nothink and not enable_thinking and not text.endswith("/nothink"):
-        parts.append(Segment("/nothink"))  # every user turn, as GLM-4.5/4.6 do (glm-formats §2.1)
+        parts.append(Segment("/nothink"))  # every user turn, as GLM-4.5/4.6's chat template does
     return parts
 
 

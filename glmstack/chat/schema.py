@@ -4,10 +4,10 @@ What: `check_messages` validates OpenAI-shape messages (ValueError naming the me
 mirrors the official template's macro, `call_arguments` turns a tool call's arguments (dict or JSON string)
 into a dict, and `ArgTyper` types a parsed `<arg_value>` string by the tool's JSON schema.
 
-Why: GLM's tool-call wire format carries no types (`"2"` and `2` both serialise as `2`, research/glm-formats.md
-§4.1), so the parser must consult the request's schema: string parameters stay raw text, everything else is JSON,
-then a Python literal, then raw text (the vLLM/SGLang order, §4.2-4.3). BFCL's schemas use Python/Java type names
-(`dict`, `float`, `tuple`, `any`, `String`, `HashMap`, ...), mapped here to JSON-schema kinds.
+Why: GLM's tool-call wire format carries no types (`"2"` and `2` both serialise as `2` inside `<arg_value>`), so
+the parser must consult the request's schema: string parameters stay raw text, everything else is JSON, then a
+Python literal, then raw text (the order vLLM's and SGLang's GLM-4.5 tool parsers use). BFCL's schemas use
+Python/Java type names (`dict`, `float`, `tuple`, `any`, `String`, `HashMap`, ...), mapped here to JSON-schema kinds.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ is held back until the next chunk decides it; whitespace at the end of reasoning
 something follows it, because parse() strips both. A tool call is held until its `</tool_call>`: only then is it
 known to be well formed (otherwise parse() returns it as content), after which its name and its arguments (one
 piece per key) are emitted. This trades argument-level streaming for exact agreement with parse(), the trade
-SGLang makes in PR #39493 (research/glm-formats.md §4.4); reasoning and content stream as they arrive.
+SGLang makes in its GLM-4.5 tool-call parser (PR #39493); reasoning and content stream as they arrive.
 """
 
 from __future__ import annotations
@@ -68,7 +68,8 @@ def _held_suffix(text: str, tags: tuple[str, ...]) -> int:
 
 
 class StreamParser:
-    def __init__(self, tools=None, style: str = "glm-4.5", in_reasoning: bool | None = None):
+    def __init__(self, tools=None, style: str = "glm-4.5", in_reasoning: bool | None = None, calls: bool = True):
+        self.calls = calls  # False: `<tool_call>` text stays content, as parse(..., calls=False)
         self.in_reasoning = default_in_reasoning(style) if in_reasoning is None else in_reasoning
         self.typers = _typers(tools)
         self.state = _START
@@ -134,12 +135,12 @@ class StreamParser:
         return False
 
     def _in_content(self, out, final) -> bool:
-        start = self.buf.find(CALL_OPEN)
+        start = self.buf.find(CALL_OPEN) if self.calls else -1
         if start >= 0:
             out.append({"content": self.content.push(self.buf[:start])})
             self.buf, self.state = self.buf[start + len(CALL_OPEN) :], _CALL
             return True
-        self._emit_safe(out, "content", self.content, (CALL_OPEN,), final)
+        self._emit_safe(out, "content", self.content, (CALL_OPEN,) if self.calls else (), final)
         return False
 
     def _in_call(self, out, final) -> bool:

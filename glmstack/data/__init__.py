@@ -1,7 +1,7 @@
 """Data pipeline: raw documents -> filtered, deduplicated, quality-bucketed, tokenised uint32 shards -> batches.
 
-    from glmstack.data import DataConfig, build_dataset, PretrainLoader, PackedLoader
-    summary = build_dataset(DataConfig(), tokenizer, "runs/data")      # or: glmstack data default --out runs/data
+    from glmstack.data import PipelineConfig, build_dataset, PretrainLoader, PackedLoader
+    summary = build_dataset(PipelineConfig(), tokenizer, "runs/data")      # or: glmstack data default --out runs/data
     loader = PretrainLoader("runs/data/train", seq_len=256, batch_size=8, rank=0, world_size=1)
 
 Modules: sources (readers), filters/decontam (heuristics), quality + mixture (buckets -> epochs), dedup (exact +
@@ -12,7 +12,7 @@ packing + loader (batches), cli. Imports are lazy so `import glmstack.data` stay
 from __future__ import annotations
 
 _EXPORTS = {
-    "DataConfig": "glmstack.data.pipeline",
+    "PipelineConfig": "glmstack.data.pipeline",
     "build_dataset": "glmstack.data.pipeline",
     "PretrainLoader": "glmstack.data.loader",
     "PackedLoader": "glmstack.data.loader",

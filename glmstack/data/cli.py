@@ -17,38 +17,39 @@ import sys
 from pathlib import Path
 
 from glmstack.config import ConfigError, apply_overrides, from_dict, to_json
-from glmstack.data.corpus import CorpusConfig
-from glmstack.data.pipeline import DataConfig, build_dataset, with_seed
-from glmstack.data.sources import EmptyInputError
+from glmstack.data.executor import DataTaskError
+from glmstack.data.pipeline import PipelineConfig, build_dataset, with_seed
+from glmstack.data.sources import CorruptSourceError, EmptyInputError
 
 
-def recipe_default() -> DataConfig:
-    """The embedded offline corpus at ~4 MB of raw text."""
-    return DataConfig()
+def load_recipe(name: str) -> PipelineConfig:
+    """A JSON config file, or the `data()` stage of `glmstack.recipes.<name>` (chosen like `glmstack pretrain`)."""
+    if name.endswith(".json"):
+        return load_json_config(Path(name))
+    from glmstack.recipes import recipe_function
+
+    cfg = recipe_function(name, "data")()
+    if not isinstance(cfg, PipelineConfig):
+        raise ConfigError(f"recipe {name}.data() returned {type(cfg).__name__}, expected PipelineConfig")
+    return cfg
 
 
-def recipe_tiny() -> DataConfig:
-    """A ~0.2 MB corpus for tests and smoke runs."""
-    return DataConfig(corpus=CorpusConfig(size_mb=0.2), unit_docs=64)
+def load_json_config(path: Path) -> PipelineConfig:
+    """A PipelineConfig from a JSON file; a missing file, bad JSON or a bad field is a ConfigError naming the file."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such data config file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        where = f"line {e.lineno} column {e.colno}: {e.msg}" if isinstance(e, json.JSONDecodeError) else str(e)
+        raise ConfigError(f"{path}: not valid JSON ({where})") from None
+    try:
+        return from_dict(PipelineConfig, data)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
 
 
-def recipe_speedrun() -> DataConfig:
-    """What the 15-minute speedrun uses: ~2 MB, SemDeDup with the cheap embedder."""
-    return DataConfig(corpus=CorpusConfig(size_mb=2.0), unit_docs=128)
-
-
-RECIPES = {"default": recipe_default, "tiny": recipe_tiny, "speedrun": recipe_speedrun}
-
-
-def load_recipe(name: str) -> DataConfig:
-    if name in RECIPES:
-        return RECIPES[name]()
-    if name.endswith(".json") and Path(name).exists():
-        return from_dict(DataConfig, json.loads(Path(name).read_text()))
-    raise ConfigError(f"unknown recipe {name!r}; use one of {sorted(RECIPES)} or a path to a JSON config")
-
-
-def train_tokenizer(cfg: DataConfig, vocab_size: int, max_mb: float = 20.0):
+def train_tokenizer(cfg: PipelineConfig, vocab_size: int, max_mb: float = 20.0):
     """A BPE trained on up to `max_mb` of the train split of the configured sources."""
     from glmstack.data.pipeline import _iter_sources
     from glmstack.tokenizer import Tokenizer
@@ -72,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__,
     )
-    p.add_argument("recipe", help=f"one of {sorted(RECIPES)} or a JSON config file")
+    p.add_argument("recipe", help="a recipe with a data() stage (default, tiny, speedrun) or a JSON config file")
     p.add_argument("--out", default="runs/data", help="output folder (train/, eval/, tokenizer/, summary.json)")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder; trained on the data when absent")
     p.add_argument("--vocab-size", type=int, default=8192, help="vocabulary size when training a tokenizer")
@@ -85,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def resolve(args) -> DataConfig:
+def resolve(args) -> PipelineConfig:
     cfg = load_recipe(args.recipe)
     if args.seed is not None:
         cfg = with_seed(cfg, args.seed)
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         tok = Tokenizer.load(args.tokenizer) if args.tokenizer else train_tokenizer(cfg, args.vocab_size)
         build_dataset(cfg, tok, args.out)
-    except EmptyInputError as e:
+    except (EmptyInputError, CorruptSourceError, DataTaskError) as e:
         print(f"glmstack data: {e}", file=sys.stderr)
         return 1
     print(f"wrote {args.out}/train and {args.out}/eval")

@@ -6,11 +6,16 @@
 
 PretrainLoader (GLM-4.5 pre-training): the split is one token stream, cut into windows of seq_len + 1 tokens
 that overlap by one; input_ids = window[:-1], labels = window[1:]. Windows are shuffled per epoch by
-(seed, epoch), so every token is an input exactly once per epoch. Attention is plain causal over the row.
+(seed, epoch), so every token is an input exactly once per epoch (FIM, below, rearranges code fragments
+and trims what they outgrow at the window end). Attention is plain causal over the row.
 
 PackedLoader (mid-training): documents are chunked to seq_len and packed best-fit-decreasing (packing.py);
 rows carry segment_ids and per-document position_ids, labels are -100 at chunk ends and padding, so a model
 honouring segment_ids never attends or predicts across documents.
+
+FIM (fim.py, `ContextFIM`): when the split's index.json carries a FIM config (the data build's `fim_enabled`),
+code and repo documents are transformed here, at sampling time, seeded by (document, copy, epoch, offset), with
+the tokenizer saved beside the shards (`<data>/tokenizer`, or `tokenizer=`). `fim=False` turns it off.
 
 Data parallelism: each global batch is batch_size * world_size rows of the epoch order, rank r takes rows
 [r * batch_size, (r + 1) * batch_size); the remainder of an epoch that does not fill a global batch is skipped
@@ -19,9 +24,12 @@ so every rank takes the same number of steps.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
+from glmstack.data.fim import ContextFIM, FIMConfig
 from glmstack.data.packing import pack, row_arrays
 from glmstack.data.shards import TokenShards
 
@@ -40,9 +48,12 @@ class _EpochLoader:
         seed: int = 0,
         shuffle: bool = True,
         max_epochs: int | None = None,
+        fim: bool | None = None,
+        tokenizer=None,
     ):
         self.shards = TokenShards(data_dir)
         self.seq_len = seq_len
+        self.fim = _context_fim(self.shards, fim, tokenizer)  # None = no FIM
         n_items = self._count_rows()
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
@@ -85,9 +96,9 @@ class _EpochLoader:
     def __iter__(self):
         """Epochs follow each other; endless unless max_epochs is set (the trainer decides when to stop)."""
         while self.max_epochs is None or self.epoch < self.max_epochs:
-            items = self._items()
+            items, epoch = self._items(), self.epoch
             self._advance()
-            yield self._collate([self.row(int(i)) for i in items])
+            yield self._collate([self.row(int(i), epoch) for i in items])
 
     @staticmethod
     def _collate(rows: list[dict]) -> dict[str, torch.Tensor]:
@@ -100,9 +111,14 @@ class PretrainLoader(_EpochLoader):
     def _count_rows(self) -> int:
         return max(0, (self.shards.n_tokens - 1) // self.seq_len)
 
-    def row(self, i: int) -> dict[str, np.ndarray]:
+    def row(self, i: int, epoch: int = 0) -> dict[str, np.ndarray]:
         w = self.shards.span(i * self.seq_len, (i + 1) * self.seq_len + 1)
-        return {"input_ids": w[:-1], "labels": w[1:]}
+        if self.fim is None:
+            return {"input_ids": w[:-1], "labels": w[1:]}
+        w, n = self.fim.window(i * self.seq_len, w, epoch)
+        labels = w[1:].copy()
+        labels[max(0, n - 1) :] = -100  # the padding after a window that FIM made shorter predicts nothing
+        return {"input_ids": w[:-1], "labels": labels}
 
 
 class PackedLoader(_EpochLoader):
@@ -113,15 +129,38 @@ class PackedLoader(_EpochLoader):
         super().__init__(data_dir, seq_len, batch_size, **options)
 
     def _count_rows(self) -> int:
-        self.rows = pack([int(n) for n in self.shards.doc_len], self.seq_len, self.buffer)
+        room = None if self.fim is None else self.fim.room.tolist()
+        self.rows = pack([int(n) for n in self.shards.doc_len], self.seq_len, self.buffer, room)
         return len(self.rows)
 
-    def _tokens(self, doc: int, start: int, n: int) -> np.ndarray:
+    def _tokens(self, doc: int, start: int, n: int, epoch: int) -> np.ndarray:
         s = int(self.shards.doc_start[doc]) + start
-        return self.shards.span(s, s + n)
+        toks = self.shards.span(s, s + n)
+        return toks if self.fim is None else self.fim.chunk(doc, start, toks, epoch)
 
-    def row(self, i: int) -> dict[str, np.ndarray]:
-        return row_arrays(self.rows[i], self._tokens, self.seq_len, self.shards.eos_id)
+    def row(self, i: int, epoch: int = 0) -> dict[str, np.ndarray]:
+        tokens_of = functools.partial(self._tokens, epoch=epoch)
+        return row_arrays(self.rows[i], tokens_of, self.seq_len, self.shards.eos_id)
+
+
+def _context_fim(shards: TokenShards, fim: bool | None, tokenizer) -> ContextFIM | None:
+    """The split's sampling-time FIM: on when its index.json has a FIM config, unless `fim=False`."""
+    cfg = shards.meta.get("fim")
+    if fim is False or (fim is None and not cfg):
+        return None
+    if not cfg:
+        raise ValueError(f"{shards.folder}: fim=True, but these shards were built without FIM (fim_enabled=false)")
+    if tokenizer is None:
+        from glmstack.tokenizer import Tokenizer
+
+        folder = shards.folder.parent / "tokenizer"
+        if not (folder / "tokenizer.json").exists():
+            raise ValueError(
+                f"{shards.folder}: FIM at sampling time needs the tokenizer the shards were built with; "
+                f"none at {folder} (pass tokenizer=, or fim=False)"
+            )
+        tokenizer = Tokenizer.load(folder)
+    return ContextFIM(shards, FIMConfig(**cfg), tokenizer)
 
 
 def build_loader(
@@ -134,16 +173,10 @@ def build_loader(
     seed: int = 0,
     split: str = "train",
     packing: str = "concat",
-    mixture: dict | None = None,
     **options,
 ):
     """The loader a training stage asks for by config (glmstack/train/stage.py, TrainConfig.data):
     packing "concat" -> PretrainLoader, "best_fit" -> PackedLoader; the validation split is read in order."""
-    if mixture:
-        raise ValueError(
-            "data.mixture: source weights are applied when the shards are built "
-            "(glmstack.data.DataConfig.mixture / corpus.shares), not by the loader"
-        )
     loaders = {"concat": PretrainLoader, "best_fit": PackedLoader}
     if packing not in loaders:
         raise ValueError(f"data.packing={packing!r}: expected one of {', '.join(loaders)}")

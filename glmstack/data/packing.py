@@ -17,12 +17,13 @@ import bisect
 import numpy as np
 
 
-def chunk_lengths(lengths: list[int], capacity: int) -> list[tuple[int, int, int]]:
-    """(doc, start, length) chunks of at most `capacity` tokens, in document order."""
+def chunk_lengths(lengths: list[int], capacity: int, room: list[int] | None = None) -> list[tuple[int, int, int]]:
+    """(doc, start, length) chunks of at most `capacity - room[doc]` tokens, in document order."""
     out = []
     for d, n in enumerate(lengths):
-        for start in range(0, n, capacity):
-            out.append((d, start, min(capacity, n - start)))
+        step = capacity - (room[d] if room else 0)
+        for start in range(0, n, step):
+            out.append((d, start, min(step, n - start)))
     return out
 
 
@@ -48,13 +49,17 @@ def best_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
     return bins
 
 
-def pack(lengths: list[int], capacity: int, buffer: int = 1 << 16) -> list[list[tuple[int, int, int]]]:
-    """Rows of (doc, start, length) chunks: chunk, then best-fit-decreasing within buffers of chunks."""
-    chunks = chunk_lengths(lengths, capacity)
+def pack(
+    lengths: list[int], capacity: int, buffer: int = 1 << 16, room: list[int] | None = None
+) -> list[list[tuple[int, int, int]]]:
+    """Rows of (doc, start, length) chunks: chunk, then best-fit-decreasing within buffers of chunks. `room[doc]`
+    tokens are kept free beside each chunk of that document (what sampling-time FIM adds: sentinels)."""
+    chunks = chunk_lengths(lengths, capacity, room)
     rows = []
     for s in range(0, len(chunks), buffer):
         part = chunks[s : s + buffer]
-        rows += [[part[i] for i in b] for b in best_fit_decreasing([c[2] for c in part], capacity)]
+        sizes = [c[2] + (room[c[0]] if room else 0) for c in part]
+        rows += [[part[i] for i in b] for b in best_fit_decreasing(sizes, capacity)]
     return rows
 
 
@@ -93,7 +98,8 @@ def row_arrays(row: list[tuple[int, int, int]], tokens_of, seq_len: int, pad_id:
     seg = np.zeros(seq_len, dtype=np.int64)
     t = 0
     for k, (doc, start, n) in enumerate(row, 1):
-        toks = tokens_of(doc, start, n)
+        toks = tokens_of(doc, start, n)  # n tokens, or what sampling-time FIM made of them (within the room)
+        n = len(toks)
         ids[t : t + n] = toks
         labels[t : t + n - 1] = toks[1:]
         pos[t : t + n] = np.arange(n)

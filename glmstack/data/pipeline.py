@@ -1,6 +1,6 @@
-"""The data build: sources -> filters -> dedup -> SemDeDup -> quality buckets -> tokens (+FIM) -> shards.
+"""The data build: sources -> filters -> dedup -> SemDeDup -> quality buckets -> tokens -> shards (FIM: the loader).
 
-    summary = build_dataset(DataConfig(), tokenizer, "runs/data")   # Python API (the speedrun calls this)
+    summary = build_dataset(PipelineConfig(), tokenizer, "runs/data")   # Python API (the speedrun calls this)
     glmstack data default --out runs/data                            # the same from the command line
 
 Stages (research spec §2; GLM-4.5 §2.1-2.3):
@@ -11,8 +11,9 @@ Stages (research spec §2; GLM-4.5 §2.1-2.3):
   2. dedup    exact, then MinHash LSH, eval documents first so a train copy of an eval page is the one removed;
               then SemDeDup on prose (driver)
   3. mixture  per-source percentile buckets -> levels -> epoch multipliers -> copies per document (driver)
-  4. tokenize per unit: ids + <|endoftext|>, FIM on code (parallel)
-  5. shards   copies in a seeded shuffle order into uint32 shards for train/, one copy each for eval/
+  4. tokenize per unit: ids + <|endoftext|> (parallel)
+  5. shards   copies in a seeded shuffle order into uint32 shards for train/, one copy each for eval/, with
+              (document key, copy, kind) per document; FIM is applied by the loader at sampling time (fim.py)
 Parallel stages go through executor.run_units (in-process, process pool, Slurm or Ray), write per-unit files
 and markers, so the output is byte-identical for any number of workers and a rerun resumes where it stopped.
 """
@@ -38,7 +39,7 @@ from glmstack.data.corpus import CorpusConfig
 from glmstack.data.dedup import MinHashConfig, dedup_decisions
 from glmstack.data.executor import run_units
 from glmstack.data.filters import FilterConfig
-from glmstack.data.fim import FIMConfig
+from glmstack.data.fim import FIMConfig, doc_key
 from glmstack.data.mixture import MixtureConfig, assign_levels, epochs_for, n_copies, unit_hash
 from glmstack.data.quality import QualityConfig, QualityModel
 from glmstack.data.report import Summary
@@ -49,7 +50,9 @@ from glmstack.data.stages import StageContext, filter_unit, read_docs, save_npy,
 
 
 @dataclass(kw_only=True)
-class DataConfig:
+class PipelineConfig:
+    """How `glmstack data` builds token shards (glmstack.train.config.DataConfig says what a stage trains on)."""
+
     sources: list[SourceConfig] = field(default_factory=lambda: [SourceConfig(name="corpus", kind="corpus")])
     # ^ what to read; kind "corpus" is the built-in offline corpus configured by `corpus`
     corpus: CorpusConfig = field(default_factory=CorpusConfig)  # the default corpus (size knob, seed, eval split)
@@ -59,8 +62,8 @@ class DataConfig:
     semdedup: SemDedupConfig = field(default_factory=SemDedupConfig)  # embedding dedup of prose
     quality: QualityConfig = field(default_factory=QualityConfig)  # prose classifier
     mixture: MixtureConfig = field(default_factory=MixtureConfig)  # buckets -> epochs -> copies, shuffle seed
-    fim: FIMConfig = field(default_factory=FIMConfig)  # fill-in-the-middle on code
-    fim_enabled: bool = True  # apply FIM to code documents of the train split
+    fim: FIMConfig = field(default_factory=FIMConfig)  # fill-in-the-middle on code, applied by the loader
+    fim_enabled: bool = True  # the train split asks its loader for sampling-time FIM on code documents
     eval_fraction: float = 0.01  # held-out share of non-corpus sources (the corpus has its own)
     unit_docs: int = 256  # documents per work unit (the grain of parallelism and resumption)
     shard_tokens: int = 1 << 24  # tokens per shard file
@@ -71,24 +74,29 @@ class DataConfig:
     keep_work: bool = False  # keep the per-unit work files after a successful build
 
 
-def with_seed(cfg: DataConfig, seed: int) -> DataConfig:
+def with_seed(cfg: PipelineConfig, seed: int) -> PipelineConfig:
     """A copy with every component seed set to `seed` (corpus, quality, SemDeDup, mixture, FIM)."""
     from glmstack.config import from_dict
 
     d = to_dict(cfg)
     for part in ("corpus", "quality", "semdedup", "mixture", "fim"):
         d[part]["seed"] = seed
-    return from_dict(DataConfig, d)
+    return from_dict(PipelineConfig, d)
 
 
 # fields that change how a build runs but never its bytes: a rerun with other values resumes the same build
 EXECUTION_FIELDS = ("executor", "workers", "executor_options", "progress", "keep_work")
 
 
-def fingerprint(cfg: DataConfig, tokenizer) -> str:
-    """Hash of the config (minus execution fields) and the tokenizer; a rerun with the same value resumes."""
+# bumped when the bytes a config produces change: 2 = FIM moved from the shards to the loader
+FORMAT = 2
+
+
+def fingerprint(cfg: PipelineConfig, tokenizer) -> str:
+    """Hash of the config (minus execution fields), the format and the tokenizer; a rerun with the same value
+    resumes."""
     data = {k: v for k, v in to_dict(cfg).items() if k not in EXECUTION_FIELDS}
-    h = hashlib.sha256(json.dumps(data, sort_keys=True).encode())
+    h = hashlib.sha256(json.dumps({"format": FORMAT, **data}, sort_keys=True).encode())
     h.update(str(tokenizer.vocab_size).encode())
     backend = getattr(tokenizer, "backend", None)
     if backend is not None and hasattr(backend, "to_str"):
@@ -97,7 +105,7 @@ def fingerprint(cfg: DataConfig, tokenizer) -> str:
 
 
 def build_dataset(
-    cfg: DataConfig, tokenizer, out_dir: str | Path, extra_sources: dict[str, Iterable[dict]] | None = None
+    cfg: PipelineConfig, tokenizer, out_dir: str | Path, extra_sources: dict[str, Iterable[dict]] | None = None
 ) -> dict:
     """Build train/ and eval/ token shards under `out_dir`; returns the summary dict (also summary.json).
 
@@ -156,7 +164,7 @@ def _prepare(out: Path, fp: str) -> Path:
     return work
 
 
-def _iter_sources(cfg: DataConfig, extra: dict[str, Iterable[dict]], stats: dict[str, SourceStats]):
+def _iter_sources(cfg: PipelineConfig, extra: dict[str, Iterable[dict]], stats: dict[str, SourceStats]):
     for src in cfg.sources:
         stats[src.name] = st = SourceStats()
         for doc in read_source(src, st, cfg.corpus):
@@ -171,11 +179,11 @@ def _iter_sources(cfg: DataConfig, extra: dict[str, Iterable[dict]], stats: dict
             yield doc
 
 
-def _split(doc_id: str, cfg: DataConfig) -> str:
+def _split(doc_id: str, cfg: PipelineConfig) -> str:
     return "eval" if unit_hash(cfg.mixture.seed, "split", doc_id) < cfg.eval_fraction else "train"
 
 
-def _read_stage(cfg: DataConfig, work: Path, summary: Summary, extra) -> int:
+def _read_stage(cfg: PipelineConfig, work: Path, summary: Summary, extra) -> int:
     """Stage 0: write raw units, sample quality positives, train the quality model. Resumes from read.json."""
     done = work / "read.json"
     if done.exists():
@@ -211,7 +219,7 @@ def _error_hint(sources: dict) -> str:
     return ("; first errors: " + "; ".join(errs)) if errs else ""
 
 
-def _sample_positive(doc: Doc, heap: list, cfg: DataConfig) -> None:
+def _sample_positive(doc: Doc, heap: list, cfg: PipelineConfig) -> None:
     if doc.kind != "text" or doc.meta["split"] != "train" or not cfg.quality.enabled:
         return
     key = unit_hash(cfg.quality.seed, "positive", doc.id)
@@ -221,7 +229,7 @@ def _sample_positive(doc: Doc, heap: list, cfg: DataConfig) -> None:
         heapq.heapreplace(heap, (-key, doc.text))
 
 
-def _train_quality(cfg: DataConfig, work: Path, positives: list[str], summary: Summary) -> None:
+def _train_quality(cfg: PipelineConfig, work: Path, positives: list[str], summary: Summary) -> None:
     if not cfg.quality.enabled or len(positives) < 10:
         summary.quality = {"trained": False, "positives": len(positives)}
         return
@@ -290,7 +298,7 @@ def _semdedup(ctx: StageContext, units: list[int], rows: list[dict], summary: Su
             summary.count_drop("semdedup", rows[i])
 
 
-def _mixture(cfg: DataConfig, rows: list[dict], summary: Summary) -> None:
+def _mixture(cfg: PipelineConfig, rows: list[dict], summary: Summary) -> None:
     """Levels from per-source percentiles of the surviving train documents, then copies by seeded hash."""
     live = [r for r in rows if r["drop"] is None and r["split"] == "train"]
     levels = assign_levels([r["source"] for r in live], [r["quality"] for r in live], cfg.mixture)
@@ -320,15 +328,18 @@ def _assemble(ctx: StageContext, units: list[int], rows: list[dict], out: Path, 
             summary.count_tokens(r, ntok)
             for k in range(r["copies"]):
                 key = unit_hash(ctx.cfg.mixture.seed, "shuffle", r["id"], k) if r["split"] == "train" else 0.0
-                entries[r["split"]].append((key, r["unit"], j))
+                entries[r["split"]].append((key, r["unit"], j, (doc_key(r["id"]), k, r["kind"])))
     eos, vocab = ctx.tokenizer.token_id("<|endoftext|>"), ctx.tokenizer.vocab_size
+    # FIM happens in the loader (fim.ContextFIM), on code of the train split, with this config
+    fim = {"train": to_dict(ctx.cfg.fim) if ctx.cfg.fim_enabled else None, "eval": None}
     for split, ents in entries.items():
         if split == "train":
             ents.sort()
         writer = ShardWriter(out / split, ctx.cfg.shard_tokens, eos, vocab)
-        for _, u, j in tqdm(ents, desc=f"shards/{split}", unit="doc", disable=not ctx.cfg.progress, dynamic_ncols=True):
-            writer.add(tok[u][off[u][j] : off[u][j + 1]])
-        summary.splits[split] = writer.close(split=split)
+        bar = tqdm(ents, desc=f"shards/{split}", unit="doc", disable=not ctx.cfg.progress, dynamic_ncols=True)
+        for _, u, j, doc in bar:
+            writer.add(tok[u][off[u][j] : off[u][j + 1]], doc)
+        summary.splits[split] = writer.close(split=split, fim=fim[split])
 
 
 def _map_tokens(path: Path) -> np.ndarray:
@@ -336,7 +347,7 @@ def _map_tokens(path: Path) -> np.ndarray:
     return np.memmap(path, dtype=np.uint32, mode="r") if path.stat().st_size else np.zeros(0, np.uint32)
 
 
-def _finish(cfg: DataConfig, tokenizer, out: Path, work: Path, fp: str, summary: Summary) -> dict:
+def _finish(cfg: PipelineConfig, tokenizer, out: Path, work: Path, fp: str, summary: Summary) -> dict:
     if hasattr(tokenizer, "save"):
         tokenizer.save(out / "tokenizer")
     data = summary.to_dict(cfg.mixture)

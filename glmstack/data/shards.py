@@ -3,7 +3,9 @@
 Layout of one split folder (e.g. runs/data/train/):
     shard_00000.bin        uint32 token ids, documents back to back (each ends with <|endoftext|>)
     shard_00000.idx.npy    int64 (n_docs + 1,) document start offsets into the .bin, last = its length
-    index.json             {"dtype", "eos_id", "vocab_size", "shards": [{"name", "tokens", "docs"}], ...}
+    shard_00000.docs.npy   per document (key, copy, kind): what the loader's sampling-time FIM is seeded by and
+                           applied to (`DOC_DTYPE`; written by the data build, absent for plain token files)
+    index.json             {"dtype", "eos_id", "vocab_size", "shards": [{"name", "tokens", "docs"}], "fim", ...}
 uint32 because GLM's 151,552-token vocabulary does not fit uint16. Every file is written to a temporary name
 and renamed, and index.json is written last, so a crash never leaves a folder that looks complete.
 """
@@ -16,19 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
+from glmstack.atomic import write_atomic
+
 DTYPE = np.uint32
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
-def _save_npy(path: Path, arr: np.ndarray) -> None:
-    tmp = path.with_name(path.name + ".tmp.npy")
-    np.save(tmp, arr)
-    os.replace(tmp, path)
+# key: 64-bit hash of the document id; copy: which up-sampled copy (0, 1, ...); kind: KINDS index
+DOC_DTYPE = np.dtype([("key", "<u8"), ("copy", "<u4"), ("kind", "u1")])
+KINDS = ("text", "code", "repo", "math")
 
 
 class ShardWriter:
@@ -40,10 +35,14 @@ class ShardWriter:
         self.shard_tokens = shard_tokens
         self.meta = {"dtype": "uint32", "eos_id": eos_id, "vocab_size": vocab_size, "shards": []}
         self._buf: list[np.ndarray] = []
+        self._docs: list[tuple[int, int, int]] = []
         self._n = 0
 
-    def add(self, ids) -> None:
+    def add(self, ids, doc: tuple[int, int, str] | None = None) -> None:
+        """Append one document; `doc` = (key, copy, kind) for every document of a split or for none."""
         self._buf.append(np.asarray(ids, dtype=DTYPE))
+        if doc is not None:
+            self._docs.append((doc[0], doc[1], KINDS.index(doc[2]) if doc[2] in KINDS else 0))  # other kinds: prose
         self._n += len(self._buf[-1])
         if self._n >= self.shard_tokens:
             self._flush()
@@ -54,17 +53,18 @@ class ShardWriter:
         name = f"shard_{len(self.meta['shards']):05d}"
         offsets = np.zeros(len(self._buf) + 1, dtype=np.int64)
         np.cumsum([len(b) for b in self._buf], out=offsets[1:])
-        _atomic_write_bytes(self.folder / f"{name}.bin", np.concatenate(self._buf).tobytes())
-        _save_npy(self.folder / f"{name}.idx.npy", offsets)
+        write_atomic(self.folder / f"{name}.bin", np.concatenate(self._buf).tobytes())
+        write_atomic(self.folder / f"{name}.idx.npy", lambda tmp: np.save(tmp, offsets))
+        if self._docs:
+            docs = np.array(self._docs, dtype=DOC_DTYPE)
+            write_atomic(self.folder / f"{name}.docs.npy", lambda tmp: np.save(tmp, docs))
         self.meta["shards"].append({"name": name, "tokens": int(offsets[-1]), "docs": len(self._buf)})
-        self._buf, self._n = [], 0
+        self._buf, self._docs, self._n = [], [], 0
 
     def close(self, **extra) -> dict:
         self._flush()
         self.meta.update(extra)
-        tmp = self.folder / "index.json.tmp"
-        tmp.write_text(json.dumps(self.meta, indent=1) + "\n")
-        os.replace(tmp, self.folder / "index.json")
+        write_atomic(self.folder / "index.json", json.dumps(self.meta, indent=1) + "\n")
         return self.meta
 
 
@@ -89,6 +89,9 @@ class TokenShards:
             [o[:-1] + s for o, s in zip(self.offsets, self.shard_start)] or [np.zeros(0, np.int64)]
         )
         self.doc_len = np.concatenate([np.diff(o) for o in self.offsets] or [np.zeros(0, np.int64)])
+        docs = [self.folder / f"{s['name']}.docs.npy" for s in self.meta["shards"]]
+        # (key, copy, kind) per document, or None for shards written without them
+        self.docs = np.concatenate([np.load(p) for p in docs]) if docs and all(p.exists() for p in docs) else None
 
     @property
     def n_tokens(self) -> int:

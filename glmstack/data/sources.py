@@ -5,6 +5,8 @@ Every source is a generator of `Doc`s so the pipeline streams with bounded memor
 (JSONL) or record batch by record batch (Parquet), never loaded whole. Bad input never stops a run: a malformed
 JSONL line is counted in `SourceStats.errors` with its `file:line`, invalid UTF-8 is decoded with replacement
 characters and counted, and an empty input raises `EmptyInputError` with a message naming what was searched.
+A truncated or corrupt .gz / .zst file stops the read with `CorruptSourceError` naming the file: the documents
+after the cut are lost, and a build must not silently train on part of a file.
 
     for doc in read_source(SourceConfig(kind="jsonl", path="data/*.jsonl.zst", name="web"), stats):
         ...
@@ -17,6 +19,7 @@ import gzip
 import io
 import json
 import os
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +58,10 @@ TEXT_EXTENSIONS = {".txt", ".md", ".rst", ".tex", ""}
 
 class EmptyInputError(ValueError):
     """A source matched no files or yielded no documents."""
+
+
+class CorruptSourceError(ValueError):
+    """A compressed source file is truncated or corrupt; the message names the file and the last good line."""
 
 
 @dataclass
@@ -121,14 +128,55 @@ def expand(path: str) -> list[str]:
 
 
 def open_binary(path: str) -> io.BufferedIOBase:
-    """Open plain, gzip or zstandard files by extension, streaming (never the whole file in memory)."""
+    """Open plain, gzip or zstandard files by extension, streaming (never the whole file in memory).
+    A truncated gzip raises EOFError at its end; a truncated zstandard file does too (`_ZstdReader`)."""
     if path.endswith(".gz"):
         return gzip.open(path, "rb")
     if path.endswith((".zst", ".zstd")):
+        return io.BufferedReader(_ZstdReader(open(path, "rb")), buffer_size=1 << 16)
+    return open(path, "rb")
+
+
+class _ZstdReader(io.RawIOBase):
+    """Streaming zstandard decoding that notices a file ending inside a frame: zstandard's own stream_reader
+    returns the partial data as if the file were whole. Concatenated frames (pzstd, appended files) are read on."""
+
+    def __init__(self, raw: io.BufferedIOBase, chunk: int = 1 << 20):
         import zstandard
 
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb")))
-    return open(path, "rb")
+        self._raw, self._chunk, self._dctx = raw, chunk, zstandard.ZstdDecompressor()
+        self._obj, self._fed = self._dctx.decompressobj(), False
+        self._pending, self._pos = memoryview(b""), 0  # decoded bytes not yet handed out, from _pos on
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:
+        while self._pos == len(self._pending):
+            data = self._raw.read(self._chunk)
+            if not data:
+                if self._fed and not self._obj.eof:
+                    raise EOFError("zstandard file ended inside a frame")
+                return 0
+            self._pending, self._pos = memoryview(self._feed(data)), 0
+        n = min(len(buf), len(self._pending) - self._pos)
+        buf[:n] = self._pending[self._pos : self._pos + n]
+        self._pos += n
+        return n
+
+    def _feed(self, data: bytes) -> bytes:
+        out = []
+        while data:
+            self._fed = True
+            out.append(self._obj.decompress(data))
+            data = self._obj.unused_data if self._obj.eof else b""
+            if self._obj.eof:
+                self._obj, self._fed = self._dctx.decompressobj(), False
+        return b"".join(out)
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
 
 
 def decode(raw: bytes, stats: SourceStats) -> str:
@@ -144,6 +192,12 @@ def read_jsonl(cfg: SourceConfig, stats: SourceStats) -> Iterator[Doc]:
     if not files:
         raise EmptyInputError(f"source {cfg.name!r}: no JSONL files match {cfg.path!r}")
     for path in files:
+        yield from _read_jsonl_file(cfg, path, stats)
+
+
+def _read_jsonl_file(cfg: SourceConfig, path: str, stats: SourceStats) -> Iterator[Doc]:
+    lineno = 0
+    try:
         with open_binary(path) as f:
             for lineno, raw in enumerate(f, 1):
                 if not raw.strip():
@@ -151,6 +205,19 @@ def read_jsonl(cfg: SourceConfig, stats: SourceStats) -> Iterator[Doc]:
                 doc = _record_to_doc(cfg, raw, f"{path}:{lineno}", stats)
                 if doc is not None:
                     yield doc
+    except (EOFError, OSError, zlib.error, _zstd_error()) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise CorruptSourceError(
+            f"{path}: truncated or corrupt after line {lineno} ({type(e).__name__}: {e}); "
+            f"re-download the file or remove it from source {cfg.name!r}"
+        ) from None
+
+
+def _zstd_error() -> type[Exception]:
+    import zstandard
+
+    return zstandard.ZstdError
 
 
 def _record_to_doc(cfg: SourceConfig, raw: bytes, where: str, stats: SourceStats) -> Doc | None:

@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from glmstack.atomic import write_atomic
 from glmstack.data.dedup import MinHasher, exact_hash
 from glmstack.data.filters import FilterReport, apply_filters, build_filters
-from glmstack.data.fim import fim_ids, repo_fim_ids
 from glmstack.data.quality import code_score
 from glmstack.data.sources import Doc
 
@@ -32,9 +31,7 @@ def write_docs(path: Path, docs: list[Doc]) -> None:
     import zstandard
 
     raw = "".join(json.dumps(d.to_json(), ensure_ascii=False) + "\n" for d in docs).encode("utf-8", "replace")
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(zstandard.ZstdCompressor(level=3).compress(raw))
-    os.replace(tmp, path)
+    write_atomic(path, zstandard.ZstdCompressor(level=3).compress(raw))
 
 
 def read_docs(path: Path) -> list[Doc]:
@@ -46,16 +43,14 @@ def read_docs(path: Path) -> list[Doc]:
 
 
 def save_npy(path: Path, arr: np.ndarray) -> None:
-    tmp = path.with_name(path.name + ".tmp.npy")
-    np.save(tmp, arr)
-    os.replace(tmp, path)
+    write_atomic(path, lambda tmp: np.save(tmp, arr))
 
 
 @dataclass
 class StageContext:
     """Everything a unit function needs; pickled once per worker process."""
 
-    cfg: object  # DataConfig
+    cfg: object  # PipelineConfig
     work: Path
     tokenizer: object = None
     fingerprint: str = ""  # of config + tokenizer; keys the per-process caches
@@ -99,9 +94,7 @@ def filter_unit(ctx: StageContext, u: int) -> None:
         "boilerplate_lines": report.boilerplate_lines,
         "kept": len(kept),
     }
-    tmp = ctx.path("report", u, "json.tmp")
-    tmp.write_text(json.dumps(rep))
-    os.replace(tmp, ctx.path("report", u, "json"))
+    write_atomic(ctx.path("report", u, "json"), json.dumps(rep))
 
 
 def _decontaminator(cfg):
@@ -128,38 +121,18 @@ def _score(docs: list[Doc], quality) -> None:
             d.meta["quality"] = code_score(d.text, d.lang)
 
 
-def needs_fim(doc: Doc, cfg) -> bool:
-    return cfg.fim_enabled and doc.meta.get("split") == "train" and doc.kind in ("code", "repo")
-
-
-def encode_doc(doc: Doc, tokenizer, cfg, eos_id: int) -> list[int]:
-    """Token ids of one document plus <|endoftext|>; FIM for code in the train split."""
-    fim = needs_fim(doc, cfg)
-    if fim and doc.kind == "code":
-        ids = fim_ids(doc.text, doc.id, tokenizer, cfg.fim)
-    elif fim and doc.kind == "repo":
-        ids = repo_fim_ids(doc.text, doc.id, tokenizer, cfg.fim)
-    else:
-        ids = tokenizer.encode(doc.text)
-    return ids + [eos_id]
-
-
 def tokenize_unit(ctx: StageContext, u: int) -> None:
-    """Stage 2: tokens of the unit's surviving documents (copies are made when shards are assembled)."""
+    """Stage 2: tokens + <|endoftext|> of the unit's surviving documents (copies are made when shards are
+    assembled; FIM is applied later, by the loader, at sampling time)."""
     keep = np.load(ctx.path("keep", u, "npy"))
     docs = [d for d, k in zip(read_docs(ctx.path("kept", u, "jsonl.zst")), keep) if k > 0]
     eos = ctx.tokenizer.token_id("<|endoftext|>")
-    ids = [encode_doc(d, ctx.tokenizer, ctx.cfg, eos) if needs_fim(d, ctx.cfg) else None for d in docs]
-    plain = [i for i, x in enumerate(ids) if x is None]
-    if plain:  # the rest in one batch call (parallel in Rust when the tokenizer offers it)
-        enc = getattr(ctx.tokenizer, "encode_batch", None) or (lambda ts: [ctx.tokenizer.encode(t) for t in ts])
-        for i, x in zip(plain, enc([docs[i].text for i in plain])):
-            ids[i] = x + [eos]
+    # one batch call: parallel in Rust when the tokenizer offers it
+    enc = getattr(ctx.tokenizer, "encode_batch", None) or (lambda ts: [ctx.tokenizer.encode(t) for t in ts])
+    ids = [x + [eos] for x in enc([d.text for d in docs])] if docs else []
     offsets = np.zeros(len(ids) + 1, dtype=np.int64)
     np.cumsum([len(x) for x in ids], out=offsets[1:])
     flat = np.fromiter((t for x in ids for t in x), dtype=np.uint32, count=int(offsets[-1]))
-    tmp = ctx.path("tok", u, "bin.tmp")
-    tmp.write_bytes(flat.tobytes())
-    os.replace(tmp, ctx.path("tok", u, "bin"))
+    write_atomic(ctx.path("tok", u, "bin"), flat.tobytes())
     save_npy(ctx.path("tok", u, "idx.npy"), offsets)
     ctx.path("tok", u, "done").write_text("ok")

@@ -8,6 +8,7 @@ forward pass per batch of held-out sequences through the model API in docs/CONTR
     nll = loss_by_position(model, sequences)            # (T-1,) mean negative log-likelihood per position
     ppl = perplexity_by_position(model, sequences)      # exp of the above
     edges, means = position_buckets(nll, n_buckets=8)   # for a table or a short plot
+    seqs = heldout_windows("runs/data/pretrain/eval", seq_len=1024, n=64)   # windows of held-out shards
 """
 
 from __future__ import annotations
@@ -17,6 +18,22 @@ from itertools import pairwise
 
 import torch
 import torch.nn.functional as F
+
+
+def heldout_windows(folder, seq_len: int, n: int) -> torch.Tensor:
+    """`n` windows of `seq_len` tokens spread evenly over a token-shard split (glmstack.data.shards) -> (n, seq_len).
+
+    Windows cross document boundaries like the pre-training stream does; fewer come back when the split is short.
+    """
+    from glmstack.data.shards import TokenShards
+
+    shards = TokenShards(folder)
+    room = shards.n_tokens - seq_len
+    if room < 0:
+        raise ValueError(f"{folder}: {shards.n_tokens} tokens, fewer than one window of {seq_len}")
+    n = min(n, room // seq_len + 1)
+    starts = [round(i * room / max(n - 1, 1)) for i in range(n)]
+    return torch.stack([torch.from_numpy(shards.span(s, s + seq_len)) for s in starts])
 
 
 @torch.no_grad()

@@ -1,13 +1,14 @@
 """`glmstack generate` and `glmstack chat`: the engine on a checkpoint folder, from the terminal.
 
 Both load any glmstack or released GLM checkpoint folder (config.json + safetensors + tokenizer.json) with
-`load_hf` and `Tokenizer.load`. `generate` continues raw prompts (or, with --chat, answers them as a user turn);
+`Tokenizer.load` and `load_hf` (in that order: a missing tokenizer fails before a large model is read). `generate` continues raw prompts (or, with --chat, answers them as a user turn);
 `chat` keeps a conversation in GLM's chat format (glmstack.chat.render with add_generation_prompt), streams the
 reply through StreamParser, shows reasoning dimmed and apart, and tool calls parsed.
 
     glmstack generate CKPT --prompt "def fib(n):" --max-new-tokens 64 --speculative mtp --draft 3
     glmstack generate CKPT --prompt "a" --prompt "b" --temperature 0.7 --top-p 0.9 --seed 0 --stats
     glmstack chat CKPT [--system "..."] [--tools tools.json] [--no-think]      # /reset, /exit
+    glmstack generate CKPT --quantize int4 --prompt "..."    # or fp8 (glmstack.inference.quant)
     echo "Use Python to reverse the word rocket." | glmstack chat CKPT --tools builtin --run-tools --temperature 0
 """
 
@@ -20,7 +21,9 @@ from pathlib import Path
 
 import torch
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from glmstack.errors import ConfigError
+from glmstack.model.hf import DTYPES
+
 DIM, RESET = "\x1b[2m", "\x1b[0m"
 
 
@@ -39,18 +42,29 @@ def _common(ap: argparse.ArgumentParser, temperature: float, top_p: float, max_n
     )
     ap.add_argument("--speculative", choices=["none", "mtp"], default="none", help="MTP speculative decoding")
     ap.add_argument("--draft", type=int, default=2, help="draft tokens per verify step with --speculative mtp")
-    ap.add_argument("--dtype", choices=list(DTYPES), default=None, help="default: the checkpoint's")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: the checkpoint's")
+    ap.add_argument(
+        "--quantize", choices=["int4", "fp8"], default=None,
+        help="weights to group-wise INT4 or block-wise FP8 after loading (glmstack.inference.quant.quantize_)",
+    )
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--style", choices=["auto", "glm-4.5", "glm-4.7"], default="auto", help="chat format")
 
 
 def _load(args):
+    """Tokenizer first (a missing tokenizer.json fails in a second, not after loading a large model), then the model;
+    a checkpoint without its MTP layer (written by transformers) loads without MTP, with a warning. Bad files raise
+    a GlmstackError that `glmstack` prints as one line."""
     from glmstack.inference import Engine
+    from glmstack.inference.quant import quantize_
     from glmstack.model import load_hf
     from glmstack.tokenizer import Tokenizer
 
-    model = load_hf(args.checkpoint, dtype=DTYPES.get(args.dtype), device=args.device)
-    return Engine(model, Tokenizer.load(args.checkpoint))
+    tokenizer = Tokenizer.load(args.checkpoint)
+    model = load_hf(args.checkpoint, dtype=DTYPES.get(args.dtype), device=args.device, missing_mtp="drop")
+    if args.quantize:  # a model it cannot quantize raises QuantError, a GlmstackError: one line from `glmstack`
+        quantize_(model, args.quantize)
+    return Engine(model, tokenizer)
 
 
 def _gen_kwargs(args) -> dict:
@@ -184,7 +198,12 @@ def _tools(spec: str | None):
         from glmstack.posttrain.tools import TOOLS
 
         return TOOLS
-    return json.loads(Path(spec).read_text()) if spec else None
+    if not spec:
+        return None
+    try:
+        return json.loads(Path(spec).read_text())
+    except (OSError, ValueError) as e:  # a missing file, or not JSON: one line naming it
+        raise ConfigError(f"--tools {spec}: not a readable JSON file of tool definitions ({e})") from None
 
 
 def chat_main(argv: list[str] | None = None) -> int:

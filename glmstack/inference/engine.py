@@ -112,6 +112,9 @@ class Engine:
         self.sync_every = 8 if self.device.type == "cuda" else 1
         # plain decoding drops finished rows from the batch once a quarter of it has finished (copies the cache)
         self.compact = True
+        # fast path, speculative="mtp": draft over these token ids only (e.g. speculative.frequent_tokens of the
+        # training data): a smaller draft head, the same output (the verify scores the whole vocabulary)
+        self.draft_vocab: torch.Tensor | None = None
 
     # ---------------------------------------------------------------- public API
     def generate(self, prompts, max_new_tokens: int = 64, **options) -> GenerationResult:
@@ -173,7 +176,7 @@ class Engine:
         cache = KVCache(B, P + budget + slack, start=start_B.to(self.device))
         max_len = P + budget + slack
         run = (
-            FastForward(self.model, max_len, self._expert_cache, self.dense_max_tokens)
+            FastForward(self.model, max_len, self._expert_cache, self.dense_max_tokens, self._draft_vocab(speculative))
             if self.fast
             else ReferenceForward(self.model)
         )
@@ -185,6 +188,14 @@ class Engine:
                 yield from mtp_decode(run, self.cfg, ids_BP, start_B, cache, rows, params, streams, draft_k, stats)
         total, n_new = time.perf_counter() - t0, sum(len(r) for r in rows.out)
         stats.update(new_tokens=n_new, total_s=total, tokens_per_s=n_new / max(total, 1e-9))
+
+    def _draft_vocab(self, speculative):
+        if self.draft_vocab is None or not speculative:
+            return None
+        ids = torch.as_tensor(self.draft_vocab, dtype=torch.long, device=self.device).unique()
+        if ids.numel() == 0 or ids.min() < 0 or ids.max() >= self.cfg.vocab_size:
+            raise ValueError(f"draft_vocab: token ids must be in [0, {self.cfg.vocab_size}) and not empty")
+        return ids
 
     def _plain(
         self, run, ids_BP, start_B, cache, rows, params, streams, stats, sync_every

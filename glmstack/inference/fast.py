@@ -2,27 +2,24 @@
 
 Why: at decode a step processes 1..k+1 tokens per row, so the cost is per-op overhead, not FLOPs. The training
 forward computes the balance loss and expert counts in every MoE layer, recomputes RoPE angles per forward, and
-on CPU `torch._grouped_mm` walks every expert even when 4 of 16 got tokens. Here:
-  - every module's tensors are pulled into per-call "plans" (_BlockPlan), so a step makes no module calls;
-  - projections that read the same input are one GEMM (q/k/v; gate/up of the dense MLP and shared expert), on CPU
-    over contiguous (D, N) copies kept across calls (_Linear; MKL's few-row GEMMs read that layout faster);
-  - RoPE cos/sin come from a table built once per generate call, applied as x cos + (x @ R) sin (R exact), once
-    over the q and k heads together, after one rms_norm for q-norm and k-norm;
-  - decode attention (one query per row) is two batched matmuls per layer (_attend_one), not the SDPA kernel;
-  - RMSNorm is one fused F.rms_norm (fp32), the router skips its training outputs;
-  - routed experts: at one token the K chosen ones from a host list; at 2 tokens a loop over the hit experts
-    (a host sync: free on CPU, cheap next to a forward on GPU); above that the grouped GEMM, on CPU over
-    contiguous (E, D, 2F) / (E, F, D) copies of the banks kept across calls (see _expert_weights);
-    on CPU with oneDNN, from 3 to 64 tokens experts_dense instead: all experts (and the shared one) in 2 GEMMs
-    per layer (4x the FLOPs, but oneDNN's AVX-512 GEMMs on prepacked banks beat MKL's per-expert few-row ones;
-    `dense_max_tokens`), above that one oneDNN GEMM pair per hit expert (experts_packed);
-  - on CPU with oneDNN, the LM head and dense gate/up at 2+ rows and every projection at 16+ rows run on oneDNN
-    over prepacked copies (_Linear): 1.5-3x MKL's AVX2 path on this AMD CPU at those sizes. The price is memory:
-    up to three copies of each expert bank (x @ w[e] layout, dense-packed, per-expert-packed) and two of each
-    projection, each capped at EXPERT_COPY_MAX_BYTES / LINEAR_COPY_MAX_BYTES (above the cap: no copy, slower path);
-  - no aux loss, no expert-load counts; the LM head runs only on the positions the caller needs;
-  - the speculative catch-up (mtp_step(last_B=)) computes K/V at every fed position but the query side, the
-    MoE and the LM head only at the one position each row drafts from.
+makes a module call per projection. Here every module's tensors are pulled into per-call "plans" (_BlockPlan), so
+a step makes no module calls, and the model's own functions do the maths where that is as fast:
+  - routing: moe.Router.forward; RoPE: rope.RopeTable (rope_cos_sin's angles tabulated once per generate call, bit
+    for bit apply_partial_rope); attention: attention.sdpa (its one-query branch, attention.attend_one, is the
+    decode kernel); above 2 tokens without oneDNN: moe.experts_grouped (sorted per-expert GEMMs; grouped_mm on GPU).
+What stays here, each because the model's version is measurably slower at decode sizes (docs/inference.md):
+  - _Linear: projections that read the same input as one GEMM (q/k/v; gate/up) over contiguous (D, N) copies
+    kept across calls (MKL's few-row GEMMs read that layout faster), wide ones on oneDNN-prepacked copies;
+  - _BlockPlan.project: one rms_norm for q-norm and k-norm and one RoPE pass over both (training norms apart);
+  - _norm: RMSNorm as one fused F.rms_norm (the module is ~7 kernels; its autograd form is what training needs);
+  - experts_one_token: at one token the K chosen experts from a host list (no sort, no scatter);
+  - experts_dense: from 3 to 64 tokens all experts (and the shared one) in 2 oneDNN GEMMs on prepacked banks
+    (4x the FLOPs, but oneDNN's AVX-512 beats MKL's per-expert few-row GEMMs; `dense_max_tokens`);
+  - experts_packed: above that one GEMM pair per hit expert on per-expert prepacked weights (~2x at a prefill).
+The price of the copies is memory: up to three copies of each expert bank and two of each projection, each capped
+at EXPERT_COPY_MAX_BYTES / LINEAR_COPY_MAX_BYTES (above the cap: no copy, slower path). No aux loss, no expert-load
+counts; the LM head runs only on the positions the caller needs; the speculative catch-up (mtp_step(last_B=))
+computes K/V at every fed position but the query side, the MoE and the LM head only at the one each row drafts from.
 The reference is `GLM.forward` itself: tests/parity/test_engine_fast.py checks logits (allclose) and greedy
 tokens (equal) with the fast path on and off; `Engine(model, fast=False)` switches it off. MLA models
 (GLM-4.7-Flash, GLM-5) run their attention modules as they are (MLA's absorbed decode, DSA) and everything else
@@ -42,10 +39,10 @@ import torch.nn.functional as F
 
 from glmstack.model.attention import Attention, sdpa
 from glmstack.model.mla import MLAttention
-from glmstack.model.moe import MoE, _grouped_mm_ok
-from glmstack.model.rope import rope_cos_sin
+from glmstack.model.moe import MoE, experts_grouped
+from glmstack.model.rope import RopeTable, rope_cos_sin
 
-HIT_LOOP_MAX_TOKENS = 2  # measured on CPU (bench/decode.py): the hit-expert loop wins for 1-2 tokens
+HIT_LOOP_MAX_TOKENS = 2  # measured on CPU (bench/decode.py): only the chosen experts run for 1-2 tokens
 # experts_dense for HIT_LOOP_MAX_TOKENS < T <= this many tokens where oneDNN runs it (CPU; else off). On MKL it lost
 # at every size tried (2..40 tokens, 1.3-1.9x slower per step, docs/inference.md): it does E/K = 4x the expert FLOPs
 # and MKL's few-row GEMMs are slow here; oneDNN's on prepacked banks win from ~4 to 40+ tokens and lose at 256
@@ -60,22 +57,31 @@ ONEDNN_MIN_ROWS = 16  # and every projection from this many rows (prefills, big 
 
 
 def supported(model) -> bool:
-    """GQA models (all fast) and MLA models (GLM-4.7-Flash, GLM-5: their attention module as it is, the rest fast)."""
+    """GQA models (all fast) and MLA models (GLM-4.7-Flash, GLM-5: their attention module as it is, the rest fast);
+    not quantized ones (inference/quant.py: the fast path's fp weight copies would undo the quantization)."""
+    if getattr(model, "quant_scheme", None) is not None:
+        return False
     kinds = {type(b.self_attn) for b in list(model.layers) + [m.block for m in model.mtp]}
     return kinds in ({Attention}, {MLAttention})
 
 
 class FastForward:
-    def __init__(self, model, max_len: int, expert_cache: dict | None = None, dense_max_tokens: int | None = None):
+    def __init__(
+        self, model, max_len: int, expert_cache: dict | None = None, dense_max_tokens: int | None = None,
+        draft_vocab: torch.Tensor | None = None,
+    ):
         """expert_cache: a dict kept by the caller across calls for the CPU weight copies (expert banks, fused
         projections);
+        draft_vocab: (N,) token ids; mtp_step's logits are then over these ids only (draft_ids[j] is column j), the
+        head a copy of their N rows of the LM head (a frequency-ranked draft vocabulary, FR-Spec: the drafts are
+        cheaper, the verify still scores the whole vocabulary, so the output does not change);
         dense_max_tokens: run all experts densely (experts_dense) from HIT_LOOP_MAX_TOKENS + 1 up to this many tokens
         (None: DENSE_MAX_TOKENS where oneDNN runs it, else 0)."""
         self.model, cfg = model, model.cfg
         dtype, device = model.embed_tokens.weight.dtype, model.embed_tokens.weight.device
         self.mla = type(model.layers[0].self_attn) is MLAttention
         if not self.mla:
-            self._gqa_rope_tables(cfg, max_len, dtype, device)
+            self.rope_table = RopeTable(max_len, cfg.head_dim, cfg.rotary_dim, cfg.rope_theta, dtype, device)
         # Plans: each module's tensors pulled out once per generate call, so a step makes no module calls or
         # attribute walks (those were ~10% of a batch-1 step). They hold the parameters themselves, not copies
         # (except the CPU expert banks, see _expert_weights), so weights updated in place are seen.
@@ -83,12 +89,13 @@ class FastForward:
         dense = dense_max_tokens
         if dense is None:
             dense = DENSE_MAX_TOKENS if _onednn_ok(model.embed_tokens.weight) else 0
-        self.blocks = [_BlockPlan(b, cache, dense) for b in model.layers]
+        rotate = None if self.mla else self.rope_table.rotate
+        self.blocks = [_BlockPlan(b, cache, dense, rotate) for b in model.layers]
         self.mtp = [
             (
                 _in_norms(m.enorm, m.hnorm),
                 _Linear(cache, m.eh_proj),
-                _BlockPlan(m.block, cache, dense),
+                _BlockPlan(m.block, cache, dense, rotate),
                 _norm(m.final_norm),
             )
             for m in model.mtp_by_depth()
@@ -97,28 +104,25 @@ class FastForward:
         # The MTP steps' head reads the verify's oneDNN copy of the LM head even at one row: the verify (k + 1 rows,
         # oneDNN) has just pulled that copy into the cache, where MKL's (D, N) copy has been evicted by then
         self.mtp_head = _Linear(cache, model.lm_head, min_rows=1)
-
-    def _gqa_rope_tables(self, cfg, max_len: int, dtype, device) -> None:
-        pos = torch.arange(max_len, device=device)[None]
-        cos, sin = rope_cos_sin(pos, cfg.rotary_dim, cfg.rope_theta, dtype)  # (1, S, R): rope_cos_sin's values
-        # Full head-width tables: cos 1 and sin 0 on the pass-through dims, so partial RoPE is 4 whole-tensor ops
-        Dh, R = cfg.head_dim, cfg.rotary_dim
-        self.cos_SK = torch.ones(max_len, Dh, dtype=dtype, device=device)
-        self.sin_SK = torch.zeros(max_len, Dh, dtype=dtype, device=device)
-        self.cos_SK[:, :R], self.sin_SK[:, :R] = cos[0], sin[0]
-        # rotate_half on the first R dims as a signed permutation matrix (entries 0/±1: the product is exact)
-        self.rot_KK = torch.zeros(Dh, Dh, dtype=dtype, device=device)
-        half = torch.arange(R // 2, device=device)
-        self.rot_KK[half + R // 2, half] = -1.0  # out[:R/2] = -x[R/2:R]
-        self.rot_KK[half, half + R // 2] = 1.0  # out[R/2:R] = x[:R/2]
+        self.draft_ids = draft_vocab
+        if draft_vocab is not None:
+            w = model.lm_head.weight
+            n, D = len(draft_vocab), w.shape[1]
+            key = ("draft_head", n)  # one module per size, refilled per call: the rows as they are now (RL)
+            if key not in cache:
+                cache[key] = torch.nn.Linear(D, n, bias=False, dtype=w.dtype, device=w.device)
+            sub = cache[key]
+            with torch.no_grad():
+                sub.weight.copy_(w[draft_vocab.to(w.device)])
+            self.mtp_head = _Linear(cache, sub, min_rows=1)
 
     def rope(self, position_ids_BT):
-        """GQA: (cos, sin, rot): (B, T, 1, Dh) tables for the (B, T, H, Dh) layout, and the rotation matrix.
-        MLA: (cos, sin) (B, T, R) as GLM.forward gives its attention modules."""
+        """GQA: (cos, sin) (B, T, 1, Dh) for RopeTable.rotate. MLA: (cos, sin) (B, T, R) as GLM.forward gives its
+        attention modules."""
         if self.mla:
             cfg = self.model.cfg
             return rope_cos_sin(position_ids_BT, cfg.rotary_dim, cfg.rope_theta, self.embed.dtype)
-        return self.cos_SK[position_ids_BT][:, :, None], self.sin_SK[position_ids_BT][:, :, None], self.rot_KK
+        return self.rope_table.at(position_ids_BT)
 
     def forward(self, input_ids_BT, position_ids_BT, cache, last_only: bool = False):
         """-> logits (B, T, V) (or (B, 1, V) with last_only), final-normed hidden (B, T, D)."""
@@ -185,8 +189,10 @@ class _BlockPlan:
     (times the (H + G, Dh) stack of their weights: rms_norm(x, w) == rms_norm(x) * w bit for bit) and RoPE one
     pass over them; the SwiGLU MLPs (dense and shared expert) one GEMM for gate and up."""
 
-    def __init__(self, block, cache: dict, dense_max_tokens: int = 0):
+    def __init__(self, block, cache: dict, dense_max_tokens: int = 0, rotate=None):
+        """rotate: RopeTable.rotate (GQA blocks)."""
         a = block.self_attn
+        self.rotate = rotate
         self.ln1, self.ln2 = _norm(block.input_layernorm), _norm(block.post_attention_layernorm)
         self.mla = a if isinstance(a, MLAttention) else None  # MLA runs as its module (its absorbed decode)
         if self.mla is None:
@@ -264,30 +270,14 @@ class _BlockPlan:
         qk_BTNK = qkv_BTNK[:, :, : H + G]
         if self.qkn is not None:
             qk_BTNK = self.qkn(qk_BTNK)
-        qk_BTNK = _rope(qk_BTNK, *rope)
+        qk_BTNK = self.rotate(qk_BTNK, *rope)
         return qk_BTNK[:, :, :H], qk_BTNK[:, :, H:], qkv_BTNK[:, :, H + G :]
 
     def attend(self, q_BTHK, k_BGSK, v_BGSK, mask):
         """Attention of the (rotated) queries over the cached keys, then the output projection."""
         B, T, H, Dh = q_BTHK.shape
-        if T == 1:
-            o_BHK = _attend_one(q_BTHK[:, 0], k_BGSK, v_BGSK, mask)
-        else:
-            o_BHK = sdpa(q_BTHK.transpose(1, 2), k_BGSK, v_BGSK, mask).transpose(1, 2)
-        return self.wo(o_BHK.reshape(B, T, H * Dh))
-
-
-def _attend_one(q_BHK, k_BGSK, v_BGSK, mask):
-    """One query per row (decode): softmax(q k^T / sqrt(Dh)) v as two batched matmuls over the G kv groups, each
-    with its H / G query heads as rows (GQA without repeating K/V). F.scaled_dot_product_attention's CPU kernel
-    costs ~1.6x this at these sizes (bench/decode.py); the sums differ only in rounding (parity test)."""
-    B, H, Dh = q_BHK.shape
-    G = k_BGSK.shape[1]
-    q_BGhK = q_BHK.reshape(B, G, H // G, Dh) * Dh**-0.5
-    s_BGhS = torch.matmul(q_BGhK, k_BGSK.transpose(-1, -2))
-    if mask is not None:  # (B, 1, 1, S): the same keys for every head
-        s_BGhS = s_BGhS.masked_fill(mask.logical_not(), float("-inf"))
-    return torch.matmul(s_BGhS.softmax(-1), v_BGSK).view(B, H, Dh)
+        o_BTHK = sdpa(q_BTHK.transpose(1, 2), k_BGSK, v_BGSK, mask).transpose(1, 2)
+        return self.wo(o_BTHK.reshape(B, T, H * Dh))
 
 
 def _qk_norm(q_norm, k_norm, H: int, G: int):
@@ -449,41 +439,27 @@ def _linear(x, w):
     return F.linear(x, w)
 
 
-def _rope(x_BTHK, cos_BT1K, sin_BT1K, rot_KK):
-    """apply_partial_rope in (B, T, H, Dh) layout: x cos + rotate_half(x) sin on the first R dims, x elsewhere."""
-    return x_BTHK * cos_BT1K + torch.matmul(x_BTHK, rot_KK) * sin_BT1K
-
-
 def moe_routed(router, x_BTD, w1, w2, packed=None):
     """The routed experts (w1 (E, D, 2F), w2 (E, F, D): the x @ w[e] layout); the caller adds the shared one.
     (_BlockPlan.ffn takes experts_dense itself for HIT_LOOP_MAX_TOKENS < T <= dense_max.) packed: per-expert
-    oneDNN weights (_packed_experts), used from ONEDNN_MIN_ROWS tokens instead of the grouped GEMM."""
+    oneDNN weights (_packed_experts), used from ONEDNN_MIN_ROWS tokens; else the model's own grouped experts."""
     B, T, D = x_BTD.shape
     x_TD = x_BTD.reshape(B * T, D)
     idx_TK, w_TK = route(router, x_TD)
     N = x_TD.shape[0]
     if N == 1:
         y_TD = experts_one_token(x_TD, idx_TK, w_TK, w1, w2)
-    elif N <= HIT_LOOP_MAX_TOKENS or not _grouped_mm_ok(x_TD):
-        y_TD = experts_hit(x_TD, idx_TK, w_TK, w1, w2)
     elif packed is not None and N >= ONEDNN_MIN_ROWS:
         y_TD = experts_packed(x_TD, idx_TK, w_TK, *packed)
-    else:  # many tokens hit most experts: one C++ grouped GEMM beats a Python loop over them
-        y_TD = experts_grouped_t(x_TD, idx_TK, w_TK, w1, w2)
+    else:  # moe.py's kernels, on the (E, 2F, D) / (E, D, F) views of the copies (MKL reads their x @ w[e] layout)
+        y_TD = experts_grouped(x_TD, idx_TK, w_TK, w1.transpose(1, 2), w2.transpose(1, 2))
     return y_TD.view(B, T, D)
 
 
 def route(router, x_TD):
-    """moe.Router without the training outputs: -> (expert ids (T, K), gate values (T, K) fp32)."""
-    if router.n_group > 1 or router.weight.dtype != torch.float32:
-        _, idx_TK, w_TK = router(x_TD)
-        return idx_TK, w_TK
-    scores_TE = F.linear(x_TD if x_TD.dtype == torch.float32 else x_TD.float(), router.weight).sigmoid()
-    idx_TK = (scores_TE + router.e_score_correction_bias).topk(router.top_k, dim=-1, sorted=False).indices
-    w_TK = scores_TE.gather(1, idx_TK)
-    if router.norm_topk_prob:
-        w_TK = w_TK / (w_TK.sum(-1, keepdim=True) + 1e-20)
-    return idx_TK, w_TK * router.scale
+    """The model's router (moe.Router.forward, called directly: no module-call overhead) -> (ids, gates) (T, K)."""
+    _, idx_TK, w_TK = router.forward(x_TD)
+    return idx_TK, w_TK
 
 
 def experts_one_token(x_1D, idx_1K, w_1K, w1_EDF, w2_EFD):
@@ -493,20 +469,6 @@ def experts_one_token(x_1D, idx_1K, w_1K, w1_EDF, w2_EFD):
         gate_1F, up_1F = torch.matmul(x_1D, w1_EDF[e]).chunk(2, dim=-1)
         outs.append(torch.matmul(F.silu(gate_1F) * up_1F, w2_EFD[e]))
     return torch.matmul(w_1K.to(x_1D.dtype), torch.cat(outs))
-
-
-def experts_grouped_t(x_TD, idx_TK, w_TK, w1_EDF, w2_EFD):
-    """moe.experts_sorted's order on (E, D, 2F) / (E, F, D) banks: sort the pairs by expert, two grouped GEMMs, the
-    gate weight on each row's activation (F wide), the K rows of a token summed by one index_add."""
-    K, E = idx_TK.shape[1], w1_EDF.shape[0]
-    flat_N, order_N = idx_TK.reshape(-1).sort(stable=True)
-    # group ends: the number of pairs with expert <= e (bincount + cumsum in one op)
-    offs_E = torch.searchsorted(flat_N, torch.arange(E, device=flat_N.device), right=True, out_int32=True)
-    tok_N = order_N // K
-    gate_NF, up_NF = torch._grouped_mm(x_TD[tok_N], w1_EDF, offs=offs_E).chunk(2, dim=-1)
-    wk_N1 = w_TK.reshape(-1)[order_N, None].to(x_TD.dtype)
-    y_ND = torch._grouped_mm(F.silu(gate_NF) * up_NF * wk_N1, w2_EFD, offs=offs_E)
-    return torch.zeros_like(x_TD).index_add_(0, tok_N, y_ND)
 
 
 def experts_packed(x_TD, idx_TK, w_TK, w1_E, w2_E):
@@ -524,22 +486,6 @@ def experts_packed(x_TD, idx_TK, w_TK, w1_E, w2_E):
             outs.append(_linear(F.silu(gate_cF) * up_cF * wk_N1[s : s + c], w2_E[e]))
         s += c
     return torch.zeros_like(x_TD).index_add_(0, tok_N, torch.cat(outs))
-
-
-def experts_hit(x_TD, idx_TK, w_TK, w1_EDF, w2_EFD):
-    """Only the experts that some token chose: sort the T*K pairs by expert, one SwiGLU per hit expert."""
-    K = idx_TK.shape[1]
-    order_N = idx_TK.reshape(-1).argsort()
-    experts, counts = torch.unique_consecutive(idx_TK.reshape(-1)[order_N], return_counts=True)
-    tok_N = order_N // K
-    x_ND = x_TD[tok_N]
-    outs, s = [], 0
-    for e, c in zip(experts.tolist(), counts.tolist()):
-        gate_cF, up_cF = torch.matmul(x_ND[s : s + c], w1_EDF[e]).chunk(2, dim=-1)
-        outs.append(torch.matmul(F.silu(gate_cF) * up_cF, w2_EFD[e]))
-        s += c
-    y_ND = torch.cat(outs) * w_TK.reshape(-1)[order_N, None].to(x_TD.dtype)
-    return torch.zeros_like(x_TD).index_add_(0, tok_N, y_ND)
 
 
 class ReferenceForward:

@@ -167,3 +167,63 @@ class KVCache:
             self._len[i] -= drop_t
             self._set_host(i, new[i])
             self._advance(i, ("rewind", self._n_rewinds))
+
+    # ---- continuous batching (glmstack.serve.scheduler): rows join and the front is reclaimed ------------
+    def append_rows(self, other: KVCache, max_len: int | None = None) -> int:
+        """Add `other`'s rows after ours. Both must hold one length over all rows and layers (plain decoding
+        does). Rows are right-aligned: the shorter side's rows move right and their `start` grows to match, so each
+        row still attends exactly its own positions; the leading positions none of our rows attends are dropped on
+        the way. New buffers of `max_len` (default: unchanged). Returns how many leading positions were dropped."""
+        front = int(self.start.min()) if self.batch_size else 0
+        ours, theirs = self._common_len() - front, other._common_len()
+        n = max(ours, theirs)
+        if max_len is not None:
+            self.max_len = max_len
+        self._rebuild([(self, n - ours - front), (other, n - theirs)], n)
+        return front
+
+    def drop_front(self) -> int:
+        """Forget the leading positions that no row attends (min over rows of `start`); returns how many."""
+        n = int(self.start.min()) if self.batch_size else 0
+        if n:
+            self._rebuild([(self, -n)], self._common_len() - n)
+        return n
+
+    def _common_len(self) -> int:
+        lens = set(self._max.values())
+        if len(lens) > 1 or any(not u for u in self._uniform.values()):
+            raise ValueError("rows or layers at different lengths: only plain-decoding caches can be re-batched")
+        return lens.pop() if lens else 0
+
+    def _rebuild(self, parts: list[tuple[KVCache, int]], new_len: int) -> None:
+        """New buffers of `self.max_len` holding each part's rows, positions moved by its shift."""
+        if new_len > self.max_len:
+            raise ValueError(f"KV cache full: {new_len} positions > max_len {self.max_len}")
+        parts = [(c, s) for c, s in parts if c.batch_size]
+        B = sum(c.batch_size for c, _ in parts)
+        layers = sorted({i for c, _ in parts for i in c._k})
+        device = next(c.start.device for c, _ in parts) if parts else self.start.device
+        starts = [(c.start.to(device) + s).clamp_min(0) for c, s in parts]
+        for i in layers:
+            src = next(c for c, _ in parts if i in c._k)
+            k0, v0 = src._k[i], src._v[i]
+            k = torch.zeros(B, k0.shape[1], self.max_len, k0.shape[3], dtype=k0.dtype, device=k0.device)
+            v = torch.zeros(B, v0.shape[1], self.max_len, v0.shape[3], dtype=v0.dtype, device=v0.device)
+            row = 0
+            for c, s in parts:
+                n_src = c._max[i]
+                lo = max(0, -s)  # source positions moved before index 0 are dropped
+                k[row : row + c.batch_size, :, lo + s : n_src + s] = c._k[i][:, :, lo:n_src]
+                v[row : row + c.batch_size, :, lo + s : n_src + s] = c._v[i][:, :, lo:n_src]
+                row += c.batch_size
+            self._k[i], self._v[i] = k, v
+            self._len[i] = torch.full((B,), new_len, dtype=torch.long, device=k.device)
+            self._set_host(i, [new_len] * B)
+            self._sig.setdefault(i, -1)
+        self.batch_size = B
+        self.start = torch.cat(starts) if starts else self.start[:0]
+        self.padded = bool((self.start > 0).any())
+        self._n_rewinds += 1
+        self._masks.clear()
+        for i in layers:
+            self._advance(i, ("rebatch", self._n_rewinds))

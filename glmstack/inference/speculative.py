@@ -5,7 +5,7 @@ reports 2.76 accepted tokens per step with 4 draft steps). The output is exactly
 drafts are accepted only when they equal the target argmax, sampled drafts by the rejection rule (accept.py), so the
 output distribution is unchanged (tests/parity/test_speculative*.py).
 
-How (research/arch-math.md §4.3; the same recursion as vLLM's MTP / EAGLE drafting). The MTP layer at position t
+How (DeepSeek-V3 §2.2 MTP; the same recursion as vLLM's MTP / EAGLE drafting). The MTP layer at position t
 reads (h_t, x_{t+1}): the main model's final-normed hidden state there (out.hidden) and the NEXT token, and
 predicts x_{t+2}. One step:
   1. catch up: feed the MTP layer the positions the main model confirmed since the last step (true h, true x);
@@ -45,6 +45,7 @@ class _Draft:
 
     def __init__(self, run, cfg, cache, params, k: int):
         self.run, self.cache, self.params, self.k = run, cache, params, k
+        self.vocab = cfg.vocab_size
         n, D = cfg.num_hidden_layers, cfg.num_nextn_predict_layers
         if D < 1:
             raise ValueError("speculative='mtp' needs a checkpoint with MTP layers (num_nextn_predict_layers >= 1)")
@@ -71,8 +72,13 @@ class _Draft:
         return g_BD, logits_BV
 
     def _pick(self, logits_BV, key_B):
+        ids_N = getattr(self.run, "draft_ids", None)  # logits over a draft vocabulary (FastForward draft_vocab)
         if self.params.greedy:
-            return logits_BV.argmax(-1), None
+            best_B = logits_BV.argmax(-1)
+            return best_B if ids_N is None else ids_N[best_B], None
+        if ids_N is not None:  # q is 0 outside the draft vocabulary: rejection sampling stays exact
+            full_BV = logits_BV.new_full((logits_BV.shape[0], self.vocab), float("-inf"))
+            logits_BV = full_BV.index_copy_(1, ids_N, logits_BV)
         q_BV = probs(logits_BV, self.params)
         return sample_from_probs(q_BV, key_B), q_BV
 
@@ -165,6 +171,15 @@ def mtp_decode(
         mean_accepted_length=sum(accepted) / max(len(accepted), 1),
         acceptance_per_depth=[h / max(steps, 1) for h in depth_hits],
     )
+
+
+def frequent_tokens(token_ids, n: int) -> torch.Tensor:
+    """The n most frequent ids of a sample of text (an int tensor, or lists of ids of any lengths): a draft
+    vocabulary for Engine.draft_vocab (FR-Spec, Zhao et al. 2025: most drafted tokens are frequent ones)."""
+    if not isinstance(token_ids, torch.Tensor):
+        token_ids = [t for seq in token_ids for t in (seq if isinstance(seq, (list, tuple)) else [seq])]
+    counts = torch.bincount(torch.as_tensor(token_ids).flatten())
+    return counts.topk(min(n, int((counts > 0).sum()))).indices.sort().values
 
 
 def _sample_one(logits_BV, params, keys_BL):

@@ -59,11 +59,27 @@ class Attention(nn.Module):
 def sdpa(q_BHTK, k_BGSK, v_BGSK, mask=None):
     """Causal (bottom-right aligned when S > T) or masked attention with GQA head sharing."""
     T, S = q_BHTK.shape[2], k_BGSK.shape[2]
+    if T == 1 and q_BHTK.device.type == "cpu":
+        return attend_one(q_BHTK[:, :, 0], k_BGSK, v_BGSK, mask)[:, :, None]
     if mask is None and T not in (1, S):
         mask = causal_mask(T, S, q_BHTK.device)
     causal = mask is None and T > 1
     return F.scaled_dot_product_attention(q_BHTK, k_BGSK, v_BGSK, attn_mask=mask, is_causal=causal,
                                           enable_gqa=k_BGSK.shape[1] != q_BHTK.shape[1])
+
+
+def attend_one(q_BHK, k_BGSK, v_BGSK, mask=None):
+    """One query per row (a decode step): softmax(q k^T / sqrt(Dh)) v as two batched matmuls over the G kv groups,
+    each with its H / G query heads as rows (GQA without repeating K/V). On CPU F.scaled_dot_product_attention's
+    kernel costs ~1.6x this at decode sizes (docs/inference.md); the sums differ only in rounding
+    (tests/unit/test_model_rope.py). mask: None or bool (B, 1, 1, S), True = attend. -> (B, H, Dh)."""
+    B, H, Dh = q_BHK.shape
+    G = k_BGSK.shape[1]
+    q_BGhK = q_BHK.reshape(B, G, H // G, Dh) * Dh**-0.5
+    s_BGhS = torch.matmul(q_BGhK, k_BGSK.transpose(-1, -2))
+    if mask is not None:  # the same keys for every head
+        s_BGhS = s_BGhS.masked_fill(mask.logical_not(), float("-inf"))
+    return torch.matmul(s_BGhS.softmax(-1), v_BGSK).view(B, H, Dh)
 
 
 def causal_mask(T: int, S: int, device) -> torch.Tensor:

@@ -7,7 +7,7 @@ Field names are exactly those of `config.json` (`transformers.Glm4MoeConfig`), s
 map; RoPE is kept flat here (`rope_theta`, `partial_rotary_factor`) and folded into transformers 5's
 `rope_parameters` on the way out. A few glmstack-only training fields (`mtp_loss_weight`, ...) follow the HF
 fields and never reach `config.json`. Released values: arXiv 2508.06471 Table 1 and the zai-org config files
-(see /work/shared/research/glm-formats.md §6.1).
+(config.json of zai-org/GLM-4.5, GLM-4.5-Air, GLM-4.7-Flash and GLM-5 on the Hugging Face Hub).
 
     cfg = ModelConfig.preset("glm-4.5-air")
     cfg = ModelConfig.from_hf("path/to/checkpoint")      # folder, config.json path or dict
@@ -38,6 +38,11 @@ HF_FIXED_KEYS = {
     "moe_router_dtype": "float32", "rope_scaling": None, "moe_layer_freq": 1, "ep_size": 1, "pretraining_tp": 1,
 }
 HF_ALIASES = {"num_mtp_layers": "num_nextn_predict_layers", "num_local_experts": "n_routed_experts"}
+HF_ALIAS_OF = {v: k for k, v in HF_ALIASES.items()}
+# Fields a config.json must state (transformers' defaults for them describe some other model): the shape of every
+# tensor depends on them, so a default would only fail later, on tensor shapes, naming no field.
+REQUIRED_HF_FIELDS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
+                      "num_hidden_layers", "num_attention_heads", "n_routed_experts", "num_experts_per_tok")
 MODEL_TYPES = ("glm4_moe", "glm4_moe_lite", "glm_moe_dsa")  # GQA / MLA (mla.py) / MLA + DSA (mla.py, dsa.py)
 MLA_TYPES = ("glm4_moe_lite", "glm_moe_dsa")
 TRAINING_FIELDS = ("mtp_loss_weight", "aux_loss_weight", "use_grouped_mm", "num_mtp_depths", "dsa_stage",
@@ -208,10 +213,10 @@ class ModelConfig:
     # ---------------------------------------------------------------- HF conversion
     @classmethod
     def from_hf(cls, source: str | Path | dict, **overrides) -> ModelConfig:
-        """Read an HF `config.json` (dict, file or checkpoint folder); harmless metadata is kept in hf_metadata."""
+        """Read an HF `config.json` (dict, file or checkpoint folder); harmless metadata is kept in hf_metadata.
+        A file must name every REQUIRED_HF_FIELDS entry: the defaults describe one GLM, never the file's."""
         if not isinstance(source, dict):
-            path = Path(source)
-            source = json.loads((path / "config.json" if path.is_dir() else path).read_text())
+            source = read_hf_config(source)
         data, meta = _split_hf_dict(copy.deepcopy(source))
         data["hf_metadata"] = meta
         return from_dict(cls, {**data, **overrides})
@@ -242,6 +247,25 @@ class ModelConfig:
         if name not in PRESETS:
             raise ConfigError(f"unknown model preset {name!r}; presets: {', '.join(PRESETS)}")
         return cls.from_hf(PRESETS[name], **overrides)
+
+
+def read_hf_config(source: str | Path) -> dict:
+    """The dict of a `config.json` (or a folder holding one); not JSON, not a mapping or a missing required field
+    -> ConfigError naming the file and the field."""
+    path = Path(source)
+    path = path / "config.json" if path.is_dir() else path
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file (a checkpoint folder needs config.json)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    absent = [k for k in REQUIRED_HF_FIELDS if k not in data and HF_ALIAS_OF.get(k) not in data]
+    if absent:
+        raise ConfigError(f"{path}: missing required field(s) {', '.join(absent)}")
+    return data
 
 
 def _split_hf_dict(d: dict) -> tuple[dict, dict]:
@@ -343,7 +367,7 @@ _TINY = dict(
     routed_scaling_factor=2.5, first_k_dense_replace=1, num_nextn_predict_layers=1, tie_word_embeddings=False,
     max_position_embeddings=4096, initializer_range=0.02,
 )
-# GLM-5: /work/shared/reference/configs/glm-5.json (zai-org/GLM-5 config.json); 744B total / 40B active
+# GLM-5: zai-org/GLM-5's config.json (arXiv 2602.15763); 744B total / 40B active
 _GLM5 = dict(
     model_type="glm_moe_dsa", vocab_size=154880, hidden_size=6144, intermediate_size=12288, moe_intermediate_size=2048,
     num_hidden_layers=78, num_attention_heads=64, num_key_value_heads=64, head_dim=64, rope_theta=1000000,
@@ -359,7 +383,7 @@ _TINY_GLM5 = {**{k: v for k, v in _GLM5.items() if k not in ("eos_token_id", "pa
               "rope_theta": 10000, "n_routed_experts": 8, "num_experts_per_tok": 2, "first_k_dense_replace": 1,
               "max_position_embeddings": 4096, "q_lora_rank": 32, "kv_lora_rank": 16, "qk_nope_head_dim": 16,
               "qk_rope_head_dim": 8, "v_head_dim": 16, "index_topk": 8, "index_head_dim": 16, "index_n_heads": 4}
-# GLM-4.7-Flash: /work/shared/reference/configs/glm-4.7-flash.json (zai-org/GLM-4.7-Flash config.json); "30B-A3B"
+# GLM-4.7-Flash: zai-org/GLM-4.7-Flash's config.json; "30B-A3B"
 _GLM47_FLASH = dict(
     model_type="glm4_moe_lite", vocab_size=154880, hidden_size=2048, intermediate_size=10240,
     moe_intermediate_size=1536, num_hidden_layers=47, num_attention_heads=20, num_key_value_heads=20,

@@ -11,12 +11,8 @@ from __future__ import annotations
 import argparse
 import re
 
-import torch
+from glmstack.model.hf import DTYPES, load_hf, save_hf
 
-from glmstack.model.hf import load_hf, save_hf
-
-DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32,
-          "fp16": torch.float16, "float16": torch.float16}
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 

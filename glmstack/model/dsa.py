@@ -2,10 +2,10 @@
 
 What: a small multi-head scorer (`index_n_heads` x `index_head_dim`, one key shared by its heads) rates every
 earlier token s for query t,  I[t,s] = Σ_j w[t,j] · ReLU(q[t,j]·k[s] / sqrt(E)),  and the main MLA attends only
-to the `index_topk` best (DeepSeek-V3.2 Eq. 1–2; research/arch-math.md §1). Names and maths follow transformers'
+to the `index_topk` best (DeepSeek-V3.2 Eq. 1–2). Names and maths follow transformers'
 `GlmMoeDsaIndexer` (interleaved RoPE on the first `qk_rope_head_dim` dims, LayerNorm'd key, no Hadamard/FP8).
 
-Why a training mode (HF's indexer is `@torch.no_grad` and cannot learn; arch-math.md §1.3–1.4):
+Why a training mode (HF's indexer is `@torch.no_grad` and cannot learn; DeepSeek-V3.2 §2.1.1):
   * "dense"   dense MLA, indexer unused (pre-/mid-training before DSA, as GLM-5 starts from a dense checkpoint);
   * "warmup"  dense warm-up: attention stays dense, the indexer learns KL(p ‖ softmax(I)) where p is the main
               attention summed over heads and L1-normalised; the recipe freezes everything else.
@@ -14,8 +14,10 @@ Why a training mode (HF's indexer is `@torch.no_grad` and cannot learn; arch-mat
   * "select"  (default, also inference and GLM-5 RL) selection without any indexer loss; stage "frozen"
               (`freeze_indexers`) also turns its gradients off, as GLM-5 does in RL.
 ModelConfig.dsa_stage names the stage; GLM applies it at construction (`apply_dsa_stage`).
-The KL is added to the gradient by `attach_loss` (the value never enters the LM loss, so the training loop needs
-no change; the indexer's `last_loss` holds it for logging). Selection is deterministic torch.topk (GLM-5 found a
+The KL joins the model's loss through `add_indexer_losses` as coeff·(KL − KL.detach()): its value adds 0 (the
+indexer's `last_loss` holds it for logging) and its gradient is scaled by whatever scales the loss in backward,
+like every other loss term (gradient accumulation's weights; Megatron's indexer-loss auto-scaler multiplies by the
+main loss's backward scale for the same reason). Selection is deterministic torch.topk (GLM-5 found a
 non-deterministic top-k collapsed RL); `stable_ties` also makes exact ties independent of shapes (select_topk).
 
 IndexShare (IndexCache, arXiv 2603.12201; GLM-5.2): "full" layers run their indexer and publish top-k, "shared"
@@ -82,20 +84,6 @@ def sparse_mask(topk_BTK: torch.Tensor, mask_B1TS: torch.Tensor) -> torch.Tensor
     S = mask_B1TS.shape[-1]
     selected_BTS = torch.zeros(B, T, S, dtype=torch.bool, device=topk_BTK.device).scatter(-1, topk_BTK.long(), True)
     return mask_B1TS & selected_BTS[:, None]
-
-
-class _AttachLoss(torch.autograd.Function):
-    """Identity on `out`; in backward, gives `loss` the gradient `coeff` (MCORE's DSAIndexerLossAutoScaler)."""
-
-    @staticmethod
-    def forward(ctx, out, loss, coeff: float):
-        ctx.coeff = coeff
-        ctx.loss_shape = loss.shape
-        return out.view_as(out)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        return grad_out, torch.full(ctx.loss_shape, ctx.coeff, device=grad_out.device), None
 
 
 class Indexer(nn.Module):
@@ -177,11 +165,6 @@ class Indexer(nn.Module):
         scores_BTS = self.scores(x_BTD, q_resid_BTQ, cos_sin, k_BSE)
         self.last_recall = topk_recall(teacher(mask_B1TS), scores_BTS, mask_B1TS, self.recall_k)
 
-    def attach_loss(self, out: torch.Tensor) -> torch.Tensor:
-        """Route the pending KL's gradient (× loss_coeff) through `out`, then clear it."""
-        loss, self.pending_loss = self.pending_loss, None
-        return _AttachLoss.apply(out, loss, float(self.loss_coeff))
-
 
 # ---------------------------------------------------------------------------------------------------- stages
 
@@ -258,3 +241,17 @@ def indexer_loss(model: nn.Module) -> torch.Tensor | None:
     """Mean of the last forward's indexer KLs over layers (detached, for logging); None if none was computed."""
     losses = [ix.last_loss for ix in indexers(model) if ix.last_loss is not None]
     return torch.stack(losses).mean() if losses else None
+
+
+def add_indexer_losses(loss: torch.Tensor | None, model: nn.Module) -> torch.Tensor | None:
+    """loss + Σ_layers coeff·(KL − KL.detach()) over the KLs the last forward left pending (then cleared): the value
+    is unchanged, the indexers' gradient is coeff·∇KL times the backward scale of `loss` ((loss·c).backward() gives
+    c·coeff·∇KL). With no loss (no labels) the pending KLs are only cleared."""
+    terms = []
+    for ix in indexers(model):
+        if ix.pending_loss is not None:
+            terms.append(ix.loss_coeff * (ix.pending_loss - ix.pending_loss.detach()))
+            ix.pending_loss = None
+    if loss is None or not terms:
+        return loss
+    return loss + torch.stack(terms).sum().to(loss.dtype)

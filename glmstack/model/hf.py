@@ -1,15 +1,18 @@
 """Hugging Face checkpoints in and out: `config.json` + safetensors in the layout zai-org releases (`glm4_moe`; the
 MLA models `glm4_moe_lite` and `glm_moe_dsa` use the same map, their attention names being transformers' too).
 
-The map is flat (/work/shared/research/glm-formats.md §7): `model.` + our name for the trunk, per-expert tensors
+The map is flat (zai-org's released names): `model.` + our name for the trunk, per-expert tensors
 `mlp.experts.{e}.{gate,up,down}_proj.weight` <-> slices of our 3-D banks, and MTP layer d stored as decoder layer
 `model.layers.{num_hidden_layers + d}` (`enorm`, `hnorm`, `eh_proj`, `shared_head.norm` + a full MoE block). The MTP
 layer's `embed_tokens` / `shared_head.head` copies may be absent (GLM-4.6, GLM-5): they are tied to the main
 embedding / LM head, the ONLY implicit tie. transformers' packed banks (`mlp.experts.gate_up_proj`) load too.
-Router weights and balancing biases stay fp32.
+Router weights and balancing biases stay fp32. One exception to strictness: transformers' `save_pretrained` drops
+the MTP layer but keeps `num_nextn_predict_layers: 1`; `load_hf(..., missing_mtp="drop")` (generate, chat) loads such
+a folder without MTP and `checkpoint_tensors(..., missing_mtp="init")` (a stage's init_from) initialises the MTP
+layer afresh, each with a one-line warning.
 
-Loading is strict (missing, unexpected or mis-shaped tensors -> one CheckpointError naming them, checked from the
-headers before any allocation) and streams: the model is built on meta, materialised once, and each tensor is
+Loading is strict (missing, unexpected or mis-shaped tensors, or a truncated file -> one CheckpointError naming them
+and the file, checked from the headers before any allocation) and streams: the model is built on meta, materialised once, and each tensor is
 read with `safe_open` and copied into place, so peak memory is about the model's size. Saving writes a temp
 folder, shards above `max_shard_bytes` (with `model.safetensors.index.json`), then renames it into place.
 
@@ -20,25 +23,26 @@ folder, shards above `max_shard_bytes` (with `model.safetensors.index.json`), th
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from glmstack.errors import CheckpointError
 from glmstack.model.config import ModelConfig
 from glmstack.model.model import GLM
 
 INDEX_NAME = "model.safetensors.index.json"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# dtype names as config.json (`dtype` / `torch_dtype`) and the CLIs' --dtype spell them
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _EXPERT_PROJ = ("gate_proj", "up_proj", "down_proj")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint's tensors do not match the model its config describes; the message names them."""
 
 
 # ---------------------------------------------------------------- the name map
@@ -100,25 +104,68 @@ def _packed_entries(model: GLM) -> dict[str, str]:
 def checkpoint_files(folder: Path) -> dict[str, Path]:
     """Tensor name -> safetensors file, from the index when sharded."""
     if (folder / INDEX_NAME).exists():
-        weight_map = json.loads((folder / INDEX_NAME).read_text())["weight_map"]
+        try:
+            weight_map = json.loads((folder / INDEX_NAME).read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise CheckpointError(f"{folder / INDEX_NAME}: not a safetensors index ({e!r})") from None
+        missing = sorted({v for v in weight_map.values() if not (folder / v).is_file()})
+        if missing:
+            raise CheckpointError(f"{folder / INDEX_NAME} names shard(s) that do not exist: {', '.join(missing)}")
         return {k: folder / v for k, v in weight_map.items()}
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"{folder}: no *.safetensors files")
     out = {}
     for path in files:
-        with safe_open(str(path), framework="pt") as f:
+        with open_safetensors(path) as f:
             out.update({k: path for k in f.keys()})
     return out
 
 
-def load_hf(folder: str | os.PathLike, dtype: torch.dtype | None = None, device="cpu", **overrides) -> GLM:
-    """Read an HF checkpoint into GLM; dtype None = the dtype in config.json (else fp32). overrides: cfg fields."""
+@contextlib.contextmanager
+def open_safetensors(path: Path):
+    """safe_open, with a truncated or corrupt file reported by name (safetensors' own error names no file)."""
+    try:
+        handle = safe_open(str(path), framework="pt")
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{path}: truncated or corrupt safetensors file ({e}); re-download or re-save it") from None
+    with handle as f:
+        yield f
+
+
+def mtp_missing(folder: str | os.PathLike, cfg: ModelConfig) -> bool:
+    """True when config.json promises MTP layers but no MTP tensor is stored (what transformers writes)."""
+    if not cfg.num_nextn_predict_layers:
+        return False
+    prefix = f"model.layers.{cfg.num_hidden_layers}."
+    return not any(k.startswith(prefix) for k in checkpoint_files(Path(folder)))
+
+
+def _warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def load_hf(folder: str | os.PathLike, dtype: torch.dtype | None = None, device="cpu", *, missing_mtp: str = "error",
+            **overrides) -> GLM:
+    """Read an HF checkpoint into GLM; dtype None = the dtype in config.json (else fp32). overrides: cfg fields.
+    missing_mtp="drop": a checkpoint without its MTP layer loads without MTP (warned), for decoding."""
     folder = Path(folder)
     cfg = ModelConfig.from_hf(folder, **overrides)
+    if missing_mtp == "drop" and mtp_missing(folder, cfg):
+        _warn(f"{folder} has no MTP layer although config.json says num_nextn_predict_layers="
+              f"{cfg.num_nextn_predict_layers} (e.g. written by transformers): loaded without MTP, so no MTP "
+              f"speculative decoding")
+        cfg = ModelConfig.from_hf(folder, **{**overrides, "num_nextn_predict_layers": 0, "num_mtp_depths": 0})
     if dtype is None:
         dtype = DTYPES.get(cfg.hf_metadata.get("dtype") or cfg.hf_metadata.get("torch_dtype"), torch.float32)
     model = GLM(cfg, dtype=dtype)
+    if cfg.hf_metadata.get("quantization_config"):  # a released-style FP8 folder: keep the weights as stored
+        from glmstack.inference.quant import QuantError, fp8_skeleton_
+
+        try:
+            fp8_skeleton_(model, set(checkpoint_files(folder)))
+        except QuantError as e:
+            raise CheckpointError(f"{folder / 'config.json'}: {e}") from None
     tensors = checkpoint_tensors(model, folder)  # checked here, before anything is allocated
     model.materialize(device)
     state = model.state_dict()
@@ -127,19 +174,25 @@ def load_hf(folder: str | os.PathLike, dtype: torch.dtype | None = None, device=
     return model
 
 
-def checkpoint_tensors(model: GLM, folder: str | os.PathLike):
+def checkpoint_tensors(model: GLM, folder: str | os.PathLike, *, missing_mtp: str = "error", seed: int = 0):
     """The checkpoint in `folder` as a stream of (our state-dict name, full tensor in the model's dtype), for the
     (meta) `model` its config describes. Checked now (one CheckpointError naming every problem); the stream then
     reads one of our tensors at a time (a bank gathers its experts' slices), so a sharded model can keep its part
-    of each (train/dist.py: materialize) and no process holds the whole checkpoint."""
+    of each (train/dist.py: materialize) and no process holds the whole checkpoint.
+    missing_mtp="init": a checkpoint without its MTP layer gets a freshly initialised one (`seed`), warned."""
     files = checkpoint_files(Path(folder))
-    plan = _check(model, files)
+    fresh = None
+    if missing_mtp == "init" and len(model.mtp) and mtp_missing(folder, model.cfg):
+        _warn(f"{folder} has no MTP layer (e.g. written by transformers): training starts from a freshly "
+              f"initialised MTP layer")
+        fresh = model.initial_tensors(seed=seed, only="mtp.")
+    plan = _check(model, files, allow_missing_mtp=fresh is not None)
     state = model.state_dict()
     by_ours: dict[str, list] = {}
     for key, (ours, idx) in plan.items():
         by_ours.setdefault(ours, []).append((key, idx))
     targets = [(ours, state[ours].shape, state[ours].dtype, by_ours[ours]) for ours in sorted(by_ours)]
-    return _read(targets, files)
+    return _read(targets, files) if fresh is None else itertools.chain(_read(targets, files), fresh)
 
 
 @torch.no_grad()
@@ -151,12 +204,15 @@ def _read(targets, files: dict[str, Path]):
             for key, idx in pieces:
                 path = files[key]
                 if path not in handles:
-                    handles[path] = stack.enter_context(safe_open(str(path), framework="pt"))
-                full[idx].copy_(handles[path].get_tensor(key))
+                    handles[path] = stack.enter_context(open_safetensors(path))
+                try:
+                    full[idx].copy_(handles[path].get_tensor(key))
+                except SafetensorError as e:
+                    raise CheckpointError(f"{path}: cannot read {key} ({e}); the file is corrupt") from None
             yield ours, full
 
 
-def _check(model: GLM, files: dict[str, Path]) -> dict[str, tuple[str, tuple]]:
+def _check(model: GLM, files: dict[str, Path], allow_missing_mtp: bool = False) -> dict[str, tuple[str, tuple]]:
     """Match checkpoint names/shapes to the model from the headers only; raise one error listing every problem."""
     entries, optional, packed = hf_entries(model), _optional_entries(model), _packed_entries(model)
     shapes = _shapes(files)
@@ -184,6 +240,8 @@ def _check(model: GLM, files: dict[str, Path]) -> dict[str, tuple[str, tuple]]:
     hint = ""
     mtp_prefixes = tuple(f"model.layers.{model.cfg.num_hidden_layers + d}." for d in range(len(model.mtp)))
     if missing and mtp_prefixes and all(k.startswith(mtp_prefixes) for k in missing):
+        if allow_missing_mtp:
+            missing = []
         hint = " (no MTP layer in the checkpoint, e.g. written by transformers: load with num_nextn_predict_layers=0)"
     _raise_if(missing, unexpected, bad_shape, hint)
     return plan
@@ -195,7 +253,7 @@ def _shapes(files: dict[str, Path]) -> dict[str, tuple]:
         by_file.setdefault(p, []).append(k)
     shapes = {}
     for path, keys in by_file.items():
-        with safe_open(str(path), framework="pt") as f:
+        with open_safetensors(path) as f:
             shapes.update({k: tuple(f.get_slice(k).get_shape()) for k in keys})
     return shapes
 
@@ -211,13 +269,14 @@ def _raise_if(missing: list[str], unexpected: list[str], bad_shape: list[str], h
         raise CheckpointError("checkpoint does not match the config: " + "; ".join(parts) + hint)
 
 
-@torch.no_grad()
 # ---------------------------------------------------------------- save
 @torch.no_grad()
 def save_hf(model: GLM, folder: str | os.PathLike, dtype: torch.dtype | None = None,
             max_shard_bytes: int = 5 * 2**30) -> Path:
     """Write config.json + safetensors (sharded above max_shard_bytes) atomically; returns the folder."""
     folder = Path(folder)
+    if getattr(model, "quant_scheme", None) == "int4":
+        raise CheckpointError("save_hf: int4 weights have no checkpoint format here (fp8 has: the released one)")
     dtype = dtype or model.embed_tokens.weight.dtype
     state = model.state_dict()
     entries = hf_entries(model)
@@ -243,8 +302,15 @@ def save_hf(model: GLM, folder: str | os.PathLike, dtype: torch.dtype | None = N
 
 def _hf_tensor(state, ours: str, idx: tuple, dtype) -> torch.Tensor:
     t = state[ours][idx]
+    if _keep_as_is(t, ours):
+        return t.to("cpu").contiguous()
     keep_fp32 = _keep_fp32(ours)
     return t.to("cpu", torch.float32 if keep_fp32 else dtype).contiguous()
+
+
+def _keep_as_is(t: torch.Tensor, ours: str) -> bool:
+    """FP8 weights and their block scales (inference/quant.py) are written in their own dtypes."""
+    return t.dtype == torch.float8_e4m3fn or ours.endswith("weight_scale_inv")
 
 
 def _keep_fp32(ours: str) -> bool:
@@ -254,8 +320,11 @@ def _keep_fp32(ours: str) -> bool:
 
 
 def _nbytes(state, ours: str, idx: tuple, dtype) -> int:
+    t = state[ours][idx]
+    if _keep_as_is(t, ours):
+        return t.numel() * t.element_size()
     keep_fp32 = _keep_fp32(ours)
-    return state[ours][idx].numel() * (4 if keep_fp32 else torch.empty((), dtype=dtype).element_size())
+    return t.numel() * (4 if keep_fp32 else torch.empty((), dtype=dtype).element_size())
 
 
 def _plan_shards(entries, state, dtype, max_bytes: int) -> list[list[str]]:

@@ -3,9 +3,9 @@
 What: queries go through a low-rank latent (`q_a_proj` -> RMSNorm -> `q_b_proj`); keys and values are compressed
 into one latent c_kv of `kv_lora_rank` dims plus a single decoupled RoPE key k_r shared by all heads
 (`kv_a_proj_with_mqa`), and decompressed per head by `kv_b_proj`. Only [c_kv ; k_r] (512 + 64 dims for GLM-5) is
-cached, so a token costs 576 elements per layer instead of 2048 for GLM-4.5's GQA-8 (research/arch-math.md §2.3).
+cached, so a token costs 576 elements per layer instead of 2048 for GLM-4.5's GQA-8 (8 heads x 128 x k, v).
 
-Why two paths (DeepSeek-V2 §2.1, V3.2 App. A; arch-math.md §2.2):
+Why two paths (DeepSeek-V2, arXiv 2405.04434 §2.1; DeepSeek-V3.2 App. A):
   * plain ("MHA mode", the reference, used for training and prefill): decompress K and V for every head;
   * absorbed ("MQA mode", the fast decode path): fold W_UK into the query and W_UV into the output, so attention
     runs directly over the cached latent as MQA with one 576-dim key and one 512-dim value shared by all heads;
@@ -208,10 +208,7 @@ class MLAttention(nn.Module):
                 o_BHTV = self.attend_absorbed(*main_qk, attn_mask_B1TS)
             else:
                 o_BHTV = self.attend_plain(*main_qk, attn_mask_B1TS, sdpa=self.sdpa and cache is None)
-        out_BTD = self.o_proj(o_BHTV.transpose(1, 2).reshape(B, T, -1))
-        if self.indexer is not None and self.indexer.pending_loss is not None:
-            out_BTD = self.indexer.attach_loss(out_BTD)
-        return out_BTD
+        return self.o_proj(o_BHTV.transpose(1, 2).reshape(B, T, -1))
 
     def _cache_update(self, cache, ckv_B1TC, k_rope_B1TR, idx_k_B1TE):
         """The cache holds the latent as `k` and [rope key ; indexer key] as `v` (one update call per layer)."""
@@ -253,12 +250,16 @@ class MLAttention(nn.Module):
 
         return probs
 
-    def muon_split(self) -> dict[str, int]:
-        """GLM-5 Muon Split (arXiv 2602.15763 §2.1): Muon orthogonalises each head's rows of the up-projections
-        W_UQ (q_b_proj) and [W_UK ; W_UV] (kv_b_proj) as separate matrices, so heads update at their own scale.
-        Read by glmstack.optim.groups (param-name suffix -> heads); OptimConfig.muon_split overrides (0 = off)."""
+    def muon_blocks(self) -> dict[str, tuple]:
+        """Muon blocks (glmstack.optim: one per matrix the papers name): [W^DKV; W^KR] of kv_a_proj_with_mqa apart,
+        and GLM-5's Muon Split (arXiv 2602.15763 §2.1) of the up-projections per head: [W^UQ; W^QR] of q_b_proj and
+        [W^UK; W^UV] of kv_b_proj, so heads update at their own scale. OptimConfig.muon_split overrides (0 = off)."""
         q_up = "q_proj.weight" if self.q_lora_rank is None else "q_b_proj.weight"
-        return {q_up: self.n_heads, "kv_b_proj.weight": self.n_heads}
+        return {
+            q_up: (self.n_heads, (self.nope_dim, self.rope_dim)),
+            "kv_b_proj.weight": (self.n_heads, (self.nope_dim, self.v_dim)),
+            "kv_a_proj_with_mqa.weight": (1, (self.kv_lora_rank, self.rope_dim)),
+        }
 
     def cache_dims(self) -> tuple[int, int]:
         """(k, v) widths this layer stores through `cache.update` with H_kv = 1: latent, [rope key ; indexer key]."""

@@ -25,7 +25,7 @@ from torch import nn
 from glmstack.model.gemm import Linear
 from glmstack.model.attention import Attention, segment_mask
 from glmstack.model.config import ModelConfig
-from glmstack.model.dsa import apply_dsa_stage, indexer_loss
+from glmstack.model.dsa import add_indexer_losses, apply_dsa_stage, indexer_loss
 from glmstack.model.layers import MLP, RMSNorm
 from glmstack.model.loss import cross_entropy, linear_cross_entropy
 from glmstack.model.mla import MLAttention
@@ -79,12 +79,12 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MoE(cfg) if moe else MLP(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, x_BTD, cos, sin, mask=None, cache=None):
-        """-> (x_BTD, aux loss or None, expert load (E,) or None)."""
+    def forward(self, x_BTD, cos, sin, mask=None, cache=None, valid_BT=None):
+        """-> (x_BTD, aux loss or None, expert load (E,) or None); valid_BT: False on padding (not counted)."""
         x_BTD = x_BTD + self.self_attn(self.input_layernorm(x_BTD), cos, sin, mask, cache)
         h_BTD = self.post_attention_layernorm(x_BTD)
         if isinstance(self.mlp, MoE):
-            y_BTD, aux, load_E = self.mlp(h_BTD)
+            y_BTD, aux, load_E = self.mlp(h_BTD, valid_BT)
             return x_BTD + y_BTD, aux, load_E
         return x_BTD + self.mlp(h_BTD), None, None
 
@@ -150,13 +150,13 @@ class GLM(nn.Module):
             state[name].copy_(full)
         return self
 
-    def initial_tensors(self, seed: int = 0, device="cpu"):
+    def initial_tensors(self, seed: int = 0, device="cpu", only: str = ""):
         """init_weights' values as a stream of (state-dict name, full tensor), one tensor alive at a time.
 
         Names, shapes and rules are read now, so the stream stays valid after the model is sharded: a sharded copy
         (FSDP2, expert parallel) draws the same stream on every rank and keeps its part of each tensor
         (train/dist.py: materialize), starting bit-identical to the unsharded init with no rank holding the whole
-        model."""
+        model. `only`: just the tensors whose names start with it (a fresh MTP layer for an MTP-less checkpoint)."""
         std = self.cfg.initializer_range
         plan = []  # (name, shape, dtype, rule)
         for name, p in sorted(self.named_parameters(), key=lambda kv: kv[0]):
@@ -166,7 +166,7 @@ class GLM(nn.Module):
                 rule = "zeros" if name.endswith(".bias") else "normal"
             plan.append((name, p.shape, p.dtype, rule))
         plan += [(n, b.shape, b.dtype, "zeros") for n, b in self.named_buffers() if n.endswith("e_score_correction_bias")]
-        return _draw(plan, std, seed, device)
+        return _draw([p for p in plan if p[0].startswith(only)], std, seed, device)
 
     # ---------------------------------------------------------------- forward
     def forward(self, input_ids, labels=None, position_ids=None, segment_ids=None, cache=None,
@@ -178,11 +178,12 @@ class GLM(nn.Module):
         if segment_ids is not None and cache is not None:
             raise ValueError("segment_ids with a KV cache: give the mask through cache.attention_mask instead")
         mask = segment_mask(segment_ids) if segment_ids is not None else None
+        valid_BT = segment_ids != 0 if segment_ids is not None else None  # segment 0 = padding (data contract)
         x_BTD = self.embed_tokens(input_ids)
         cos, sin = rope_cos_sin(position_ids, self.cfg.rotary_dim, self.cfg.rope_theta, x_BTD.dtype)
         auxes, loads = [], []
         for layer in self.layers:
-            x_BTD, aux, load_E = layer(x_BTD, cos, sin, mask, cache)
+            x_BTD, aux, load_E = layer(x_BTD, cos, sin, mask, cache, valid_BT)
             if aux is not None:
                 auxes.append(aux)
                 loads.append(load_E)
@@ -192,20 +193,22 @@ class GLM(nn.Module):
             out._logits = self.lm_head(h_BTD)
         if labels is not None:
             out.lm_loss = self.lm_loss(h_BTD, labels, out._logits)
-            out.mtp_loss = self._mtp_losses(input_ids, labels, h_BTD, cos, sin, mask, segment_ids, auxes, loads)
+            out.mtp_loss = self._mtp_losses(input_ids, labels, h_BTD, cos, sin, mask, segment_ids, auxes, loads,
+                                            valid_BT)
         out.aux_loss = torch.stack(auxes).sum() if auxes else x_BTD.new_zeros((), dtype=torch.float32)
         out.expert_load = self._stack_loads(loads, x_BTD.device)
         if labels is not None:
             out.loss = self._total_loss(out, mtp_weight, aux_loss_weight)
-        if self.cfg.has_dsa:  # the KL's gradient already flows through the attention outputs (dsa.attach_loss)
+        if self.cfg.has_dsa:  # the indexer KL's gradient joins out.loss, its value is logged apart
             out.indexer_loss = indexer_loss(self)
+            out.loss = add_indexer_losses(out.loss, self)
         return out
 
-    def _mtp_losses(self, input_ids, labels, h_BTD, cos, sin, mask, segment_ids, auxes, loads):
+    def _mtp_losses(self, input_ids, labels, h_BTD, cos, sin, mask, segment_ids, auxes, loads, valid_BT=None):
         losses = []
         for d, layer in enumerate(self.mtp_by_depth(), start=1):
             ids_d, labels_d = mtp_targets(input_ids, labels, d, segment_ids)
-            h_BTD, aux, load_E = layer(self.embed_tokens(ids_d), h_BTD, cos, sin, mask)
+            h_BTD, aux, load_E = layer(self.embed_tokens(ids_d), h_BTD, cos, sin, mask, valid_BT=valid_BT)
             auxes.append(aux)
             if d <= len(self.mtp):
                 loads.append(load_E)
@@ -290,7 +293,7 @@ class GLM(nn.Module):
                                  include_indexer: bool = True) -> int:
         """Cached values of every attention layer. GQA: K and V, 2 * kv_heads * head_dim per layer. MLA: the latent
         and the rope key, kv_lora_rank + qk_rope_head_dim per layer, plus the DSA indexer key (index_head_dim) on
-        layers with their own indexer when include_indexer (arXiv 2412.19437 §2.1.1; arch-math.md §2.3)."""
+        layers with their own indexer when include_indexer (DeepSeek-V3, arXiv 2412.19437 §2.1.1)."""
         cfg = self.cfg
         n = cfg.num_hidden_layers + (cfg.num_nextn_predict_layers if include_mtp else 0)
         size = torch.empty((), dtype=dtype).element_size()

@@ -66,6 +66,11 @@ class Experts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(E, 2 * F_, D))  # per expert [gate; up] rows
         self.down_proj = nn.Parameter(torch.empty(E, D, F_))
 
+    def muon_blocks(self) -> dict[str, tuple]:
+        """Muon orthogonalises each expert's W_gate and W_up apart, as the dense MLP's gate_proj and up_proj."""
+        F_ = self.gate_up_proj.shape[1] // 2
+        return {"experts.gate_up_proj": (1, (F_, F_))}
+
     def forward(self, x_TD, topk_idx_TK, topk_w_TK):
         fn = experts_grouped if self.use_grouped_mm and _grouped_mm_ok(x_TD) else experts_loop
         return fn(x_TD, topk_idx_TK, topk_w_TK, self.gate_up_proj, self.down_proj)
@@ -176,10 +181,11 @@ def _swiglu(h_NF2: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def expert_counts(expert_N: torch.Tensor, n_experts: int) -> torch.Tensor:
-    """(E,) pairs per expert. Not torch.bincount: its output size depends on the data, which breaks a compiled
-    graph (torch.compile) at every MoE layer; this one's is always E."""
-    return expert_N.new_zeros(n_experts).scatter_add_(0, expert_N, torch.ones_like(expert_N))
+def expert_counts(expert_N: torch.Tensor, n_experts: int, weight_N: torch.Tensor | None = None) -> torch.Tensor:
+    """(E,) pairs per expert (only pairs whose weight_N is True, if given). Not torch.bincount: its output size
+    depends on the data, which breaks a compiled graph (torch.compile) at every MoE layer; this one's is always E."""
+    ones_N = torch.ones_like(expert_N) if weight_N is None else weight_N.to(expert_N.dtype)
+    return expert_N.new_zeros(n_experts).scatter_add_(0, expert_N, ones_N)
 
 
 @torch.compiler.disable  # data-dependent loop over experts: the reference, not a compile target
@@ -206,28 +212,39 @@ class MoE(nn.Module):
         shared = cfg.moe_intermediate_size * cfg.n_shared_experts
         self.shared_experts = MLP(cfg.hidden_size, shared) if shared else None
 
-    def forward(self, x_BTD: torch.Tensor):
-        """-> (y_BTD, aux_loss scalar, load_E token counts)."""
+    def forward(self, x_BTD: torch.Tensor, valid_BT: torch.Tensor | None = None):
+        """-> (y_BTD, aux_loss scalar, load_E token counts); tokens where valid_BT is False (padding) are routed but
+        count in neither the aux loss nor the load that drives the balancing bias."""
         B, T, D = x_BTD.shape
         x_TD = x_BTD.reshape(B * T, D)
         scores_TE, idx_TK, w_TK = self.gate(x_TD)
         y_TD = self.experts(x_TD, idx_TK, w_TK)
         if self.shared_experts is not None:
             y_TD = y_TD + self.shared_experts(x_TD)
-        load_E = expert_counts(idx_TK.reshape(-1), scores_TE.shape[1]).float()
-        aux = sequence_balance_loss(scores_TE.view(B, T, -1), idx_TK.view(B, T, -1))
-        return y_TD.view(B, T, D), aux, load_E
+        valid_T = valid_BT.reshape(B * T) if valid_BT is not None else None
+        load_E = expert_counts(idx_TK.reshape(-1), scores_TE.shape[1], _per_pair(valid_T, idx_TK.shape[1]))
+        aux = sequence_balance_loss(scores_TE.view(B, T, -1), idx_TK.view(B, T, -1), valid_BT)
+        return y_TD.view(B, T, D), aux, load_E.float()
 
 
-def sequence_balance_loss(scores_BTE: torch.Tensor, idx_BTK: torch.Tensor) -> torch.Tensor:
+def _per_pair(valid_T: torch.Tensor | None, K: int) -> torch.Tensor | None:
+    return None if valid_T is None else valid_T[:, None].expand(-1, K).reshape(-1)
+
+
+def sequence_balance_loss(scores_BTE: torch.Tensor, idx_BTK: torch.Tensor, valid_BT=None) -> torch.Tensor:
     """DeepSeek-V3 Eq. 17-20 per sequence, averaged over the batch: sum_i f_i P_i (1.0 when perfectly balanced).
 
-    f_i = E/(K T) * #tokens routed to i (no gradient), P_i = mean_t s_it / sum_j s_jt.
+    f_i = E/(K T) * #tokens routed to i (no gradient), P_i = mean_t s_it / sum_j s_jt, over the T valid (non-padding)
+    tokens of the sequence; a row of padding only is left out of the mean.
     """
     B, T, E = scores_BTE.shape
     K = idx_BTK.shape[-1]
+    valid_BT = torch.ones(B, T, dtype=torch.bool, device=scores_BTE.device) if valid_BT is None else valid_BT
+    v_BT = valid_BT.to(scores_BTE.dtype)
+    n_B = v_BT.sum(1)  # valid tokens per row
     counts_BE = torch.zeros(B, E, device=scores_BTE.device).scatter_add_(
-        1, idx_BTK.reshape(B, T * K), torch.ones(B, T * K, device=scores_BTE.device))
-    f_BE = counts_BE * (E / (K * T))
-    p_BE = (scores_BTE / scores_BTE.sum(-1, keepdim=True)).mean(1)
-    return (f_BE * p_BE).sum(-1).mean()
+        1, idx_BTK.reshape(B, T * K), v_BT[..., None].expand(B, T, K).reshape(B, T * K))
+    f_BE = counts_BE * (E / (K * n_B.clamp_min(1)[:, None]))
+    p_BE = ((scores_BTE / scores_BTE.sum(-1, keepdim=True)) * v_BT[..., None]).sum(1) / n_B.clamp_min(1)[:, None]
+    rows_B = (n_B > 0).to(scores_BTE.dtype)
+    return ((f_BE * p_BE).sum(-1) * rows_B).sum() / rows_B.sum().clamp_min(1)

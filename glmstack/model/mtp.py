@@ -29,10 +29,10 @@ class MTPLayer(nn.Module):
         self.block = block  # a full MoE decoder block (HF: the rest of model.layers.{num_hidden_layers + d})
         self.final_norm = RMSNorm(d, cfg.rms_norm_eps)  # HF: shared_head.norm
 
-    def forward(self, emb_BTD, h_BTD, cos, sin, mask=None, cache=None):
+    def forward(self, emb_BTD, h_BTD, cos, sin, mask=None, cache=None, valid_BT=None):
         """-> (normed hidden (B, T, D) for the LM head and the next depth, aux loss, expert load)."""
         x_BTD = self.eh_proj(torch.cat([self.enorm(emb_BTD), self.hnorm(h_BTD)], dim=-1))
-        x_BTD, aux, load_E = self.block(x_BTD, cos, sin, mask, cache)
+        x_BTD, aux, load_E = self.block(x_BTD, cos, sin, mask, cache, valid_BT)
         return self.final_norm(x_BTD), aux, load_E
 
 

@@ -10,9 +10,10 @@ RMSNorm". Two matrices are left open by that sentence and are options here (Opti
 - router (`mlp.gate.weight`, (E, D)): default **Muon**, as the paper's wording says; it is a hidden matrix.
   Its balancing bias `e_score_correction_bias` is a buffer moved by glmstack.train.balance, never by an optimiser.
 
-3-D expert banks (E, out, in) go to Muon and are orthogonalised per expert. `muon_split` names matrices to be
-orthogonalised per head (GLM-5's Muon Split for MLA up-projections), e.g. {"q_b_proj.weight": 64}; modules may
-declare their own (`muon_split()`, MLA does), which is how Muon Split is on by default for GLM-5.
+3-D expert banks (E, out, in) go to Muon and are orthogonalised per expert. Which blocks NS sees follows one rule
+(docs/training.md, Muon blocks): one block per matrix the papers name. Modules declare how their fused parameters
+cut back into those (`muon_blocks()`: routed experts' gate_up, MLA's kv_a / q_b / kv_b, the last two per head as
+GLM-5's Muon Split); OptimConfig.muon_split overrides per param-name suffix (0 = whole matrix, H = H heads).
 
     opt, groups = build_optimizer(model, OptimConfig())   # groups: name -> "muon" | "adamw"
 """
@@ -71,19 +72,32 @@ def assign_groups(model: nn.Module, *, lm_head: str = "adamw", router: str = "mu
     return out
 
 
-def default_muon_split(model: nn.Module) -> dict[str, int]:
-    """Splits the modules declare (MLA: its up-projections per head, GLM-5's Muon Split, on by default)."""
-    out: dict[str, int] = {}
+def default_muon_blocks(model: nn.Module) -> dict[str, tuple]:
+    """The Muon blocks modules declare (`muon_blocks()`: param-name suffix -> (heads, rows per head's pieces)):
+    routed experts cut gate_up into gate and up, MLA its fused projections into the paper's matrices, per head."""
+    out: dict[str, tuple] = {}
     for m in model.modules():
-        if hasattr(m, "muon_split"):
-            out.update(m.muon_split())
+        if hasattr(m, "muon_blocks"):
+            out.update(m.muon_blocks())
     return out
 
 
-def _split_of(name: str, muon_split: dict[str, int]) -> int | None:
-    hits = [n for suffix, n in muon_split.items() if name.endswith(suffix)]
-    assert len(hits) <= 1, f"{name} matches several muon_split entries"
-    return hits[0] if hits else None
+def blocks_for(name: str, p: torch.Tensor, declared: dict[str, tuple], muon_split: dict[str, int]) -> tuple | None:
+    """The `blocks` spec of one Muon parameter: the declared one, unless OptimConfig.muon_split names it
+    (0 = the whole matrix, the pre-GLM-5 baseline; H = H equal row blocks unless the declaration has H heads)."""
+    def match(table):
+        hits = [v for suffix, v in table.items() if name.endswith(suffix)]
+        assert len(hits) <= 1, f"{name} matches several Muon block entries"
+        return hits[0] if hits else None
+
+    spec, heads = match(declared), match(muon_split)
+    if heads is None:
+        return spec
+    if heads == 0:
+        return None
+    if spec and spec[0] == heads:
+        return spec
+    return (heads, (p.shape[-2] // heads,))
 
 
 class Optimizers:
@@ -113,19 +127,28 @@ class Optimizers:
             opt.load_state_dict(state[k])
 
 
+def _fastest_adamw(groups: list[dict]) -> dict:
+    """torch's fused AdamW (one kernel over all tensors, CPU and CUDA) where it takes these parameters; foreach
+    for sharded ones (DTensors), whose fused support varies by torch version."""
+    params = [p for g in groups for p in g["params"]]
+    if any(hasattr(p, "full_tensor") for p in params):
+        return {"foreach": True}
+    return {"fused": True}
+
+
 def build_optimizer(model: nn.Module, cfg) -> tuple[Optimizers, dict[str, str]]:
     """Muon and AdamW over `model` per `cfg` (an OptimConfig); every group remembers its peak lr as initial_lr."""
     groups = assign_groups(model, lm_head=cfg.lm_head, router=cfg.router)
     if not cfg.muon:  # the all-AdamW baseline
         groups = {name: "adamw" for name in groups}
     params = dict(model.named_parameters())
-    muon_split = {**default_muon_split(model), **cfg.muon_split}  # a 0 in cfg turns a default split off
-    muon_groups: dict[int | None, list] = defaultdict(list)
+    declared = default_muon_blocks(model)
+    muon_groups: dict[tuple | None, list] = defaultdict(list)
     adam_decay, adam_no_decay = [], []
     for name, kind in groups.items():
         p = params[name]
         if kind == "muon":
-            muon_groups[_split_of(name, muon_split)].append(p)
+            muon_groups[blocks_for(name, p, declared, cfg.muon_split)].append(p)
         elif p.ndim >= 2:
             adam_decay.append(p)
         else:
@@ -133,7 +156,7 @@ def build_optimizer(model: nn.Module, cfg) -> tuple[Optimizers, dict[str, str]]:
     opts = {}
     if muon_groups:
         opts["muon"] = Muon(
-            [{"params": ps, "split": s} for s, ps in muon_groups.items()],
+            [{"params": ps, "blocks": spec} for spec, ps in muon_groups.items()],
             lr=cfg.lr,
             weight_decay=cfg.weight_decay,
             momentum=cfg.momentum,
@@ -149,7 +172,9 @@ def build_optimizer(model: nn.Module, cfg) -> tuple[Optimizers, dict[str, str]]:
     adam_groups = [g for g in adam_groups if g["params"]]
     if adam_groups:
         lr = cfg.adamw_lr if cfg.adamw_lr is not None else cfg.lr
-        opts["adamw"] = torch.optim.AdamW(adam_groups, lr=lr, betas=tuple(cfg.adamw_betas), eps=cfg.adamw_eps)
+        opts["adamw"] = torch.optim.AdamW(
+            adam_groups, lr=lr, betas=tuple(cfg.adamw_betas), eps=cfg.adamw_eps, **_fastest_adamw(adam_groups)
+        )
     opt = Optimizers(**opts)
     for g in opt.param_groups:
         g["initial_lr"] = g["lr"]

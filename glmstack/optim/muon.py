@@ -7,13 +7,18 @@ N = 5, μ = 0.95 (Nesterov), decoupled weight decay 0.1 and scales the update to
 
 Why our own class rather than `torch.optim.Muon`: torch's rejects 3-D parameters, and expert banks (E, out, in)
 must be orthogonalised per expert as a batch; GLM-5's Muon Split orthogonalises each head's slice of a matrix
-(the `split` option of a parameter group); and FSDP2 shards parameters, so the NS step must see the full
+(the `blocks` option of a parameter group); and FSDP2 shards parameters, so the NS step must see the full
 matrix: one owner rank per matrix gathers it, runs NS and scatters the rows back (muon_sharded.py), while banks
 sharded over whole experts run NS where they are. On plain 2-D parameters this class runs the exact op sequence of torch 2.13's Muon and
 `tests/unit/test_optim_muon.py` checks they agree bit for bit.
 
-Shapes: A, B = rows, cols of one matrix (for nn.Linear: out, in); a bank is (E, A, B); a split matrix
-(H·A_h, B) is orthogonalised as (H, A_h, B).
+Which matrices Newton–Schulz sees is the Muon block rule (docs/training.md, "Muon blocks"): one block per matrix
+the papers name, so a fused parameter is cut back into its parts (a group's `blocks` spec, see `blocks_of`):
+routed experts' [W_gate; W_up] bank rows, MLA's [W^DKV; W^KR], and per head GLM-5's Muon Split of the MLA
+up-projections, [W^UQ; W^QR] and [W^UK; W^UV]. Each block gets its own RMS-matching lr scale.
+
+Shapes: A, B = rows, cols of one matrix (for nn.Linear: out, in); a bank is (E, A, B); a blocked matrix
+(H·Σr, B) is orthogonalised as H·len(r) matrices (r_i, B).
 """
 
 from __future__ import annotations
@@ -72,33 +77,69 @@ def lr_scale(shape: tuple[int, int], adjust_lr_fn: str | None) -> float:
     raise ValueError(f"adjust_lr_fn must be 'original' or 'match_rms_adamw', got {adjust_lr_fn!r}")
 
 
+def blocks_of(shape: tuple, spec) -> list[tuple[int, int, int]]:
+    """(heads, row offset within a head, rows) of every Newton–Schulz block of a (..., R, C) matrix.
+
+    spec = None: the whole matrix; (H, (r1, r2, ...)): R = H·Σr, each head's rows are [r1; r2; ...] and every
+    (head, piece) is its own matrix (the Muon block rule, docs/training.md: one block per matrix the papers name)."""
+    if not spec:
+        return [(1, 0, shape[-2])]
+    heads, rows = spec
+    assert shape[-2] == heads * sum(rows), f"cannot cut {tuple(shape)} into {heads} heads of rows {rows}"
+    offsets = [sum(rows[:i]) for i in range(len(rows))]
+    return [(heads, off, r) for off, r in zip(offsets, rows)]
+
+
+def _piece(t: Tensor, spec, heads: int, off: int, rows: int) -> Tensor:
+    """The (..., heads, rows, C) view of one block kind of `t` (..., R, C)."""
+    if not spec:
+        return t.unsqueeze(-3)
+    return t.unflatten(-2, (heads, t.shape[-2] // heads))[..., off : off + rows, :]
+
+
+def orthogonalize_many(items: list[tuple[Tensor, dict]]) -> list[Tensor]:
+    """NS of every block of every (update, group): blocks of one shape (and NS settings) from all parameters are
+    stacked into one batch, so a step runs one Newton–Schulz per block shape instead of one per parameter. The
+    batched iteration gives each matrix the bits the 2-D one gives it (tests/unit/test_optim_muon.py)."""
+    buckets: dict[tuple, list] = {}
+    outs = []
+    for update, group in items:
+        spec = group.get("blocks")
+        dtype = group.get("ns_dtype", torch.bfloat16)
+        out = torch.empty(update.shape, dtype=dtype, device=update.device)
+        outs.append(out)
+        for heads, off, rows in blocks_of(update.shape, spec):
+            src = _piece(update, spec, heads, off, rows)
+            key = (rows, update.shape[-1], group["ns_steps"], group["ns_coefficients"], group["eps"], dtype)
+            buckets.setdefault(key, []).append((src, _piece(out, spec, heads, off, rows)))
+    for (rows, cols, steps, coefficients, eps, dtype), pairs in buckets.items():
+        stacked = torch.cat([src.reshape(-1, rows, cols).to(dtype) for src, _ in pairs])  # (N, rows, cols)
+        ortho = zeropower_via_newtonschulz(stacked, steps, coefficients, eps, dtype)
+        for (src, dst), part in zip(pairs, ortho.split([src[..., 0, 0].numel() for src, _ in pairs])):
+            dst.copy_(part.view(dst.shape))
+    return outs
+
+
 def _orthogonalize(update: Tensor, group: dict) -> Tensor:
-    """NS of a 2-D matrix, a (E, A, B) bank, or a matrix split into `group['split']` row blocks (Muon Split)."""
-    split = group.get("split")
-    shape = update.shape
-    if split:  # (H·A_h, B) -> (H, A_h, B): each head's slice is its own matrix (GLM-5 §2.1 Muon Split)
-        assert update.ndim == 2 and shape[0] % split == 0, f"cannot split {tuple(shape)} into {split} heads"
-        update = update.view(split, shape[0] // split, shape[1])
-    out = zeropower_via_newtonschulz(
-        update, group["ns_steps"], group["ns_coefficients"], group["eps"], group.get("ns_dtype", torch.bfloat16)
-    )
-    return out.reshape(shape)
+    """NS of one 2-D matrix or (E, A, B) bank, block by block (muon_sharded's owner rank calls this)."""
+    return orthogonalize_many([(update, group)])[0]
 
 
-def _scale(shape: tuple, group: dict) -> float:
-    """lr_scale of the (A, B) matrices NS sees in a parameter of this (full) shape."""
-    A, B = shape[-2:]
-    return lr_scale((A // group["split"] if group.get("split") else A, B), group["adjust_lr_fn"])
+def _scales(shape: tuple, group: dict) -> list[float]:
+    """lr_scale of each block kind of a parameter of this (full) shape."""
+    return [lr_scale((rows, shape[-1]), group["adjust_lr_fn"]) for _, _, rows in blocks_of(shape, group.get("blocks"))]
 
 
 class Muon(Optimizer):
-    """Muon over 2-D matrices and 3-D banks; per-group options `split` (heads), `adjust_lr_fn`, `ns_dtype`.
+    """Muon over 2-D matrices and 3-D banks; per-group options `blocks` (Muon block rule), `adjust_lr_fn`, `ns_dtype`.
 
     `ns_dtype` is bf16 as in torch and Keller Jordan's code; float32 makes NS insensitive to last-bit differences
     of the gradient (used where two parallel layouts are compared, tests/dist).
 
     Defaults are GLM-4.5's: momentum 0.95 Nesterov, wd 0.1 (decoupled, un-scaled lr), 5 NS steps, update RMS
     matched to AdamW. Momentum is elementwise, so with FSDP2 it stays sharded; only NS sees the full matrix.
+    One step: momentum of every parameter with foreach ops, NS once per block shape (orthogonalize_many), the
+    update applied with foreach ops per (lr, scale): no per-parameter Python loop of small kernels.
     """
 
     def __init__(
@@ -112,7 +153,7 @@ class Muon(Optimizer):
         eps: float = EPS,
         ns_steps: int = 5,
         adjust_lr_fn: str | None = "match_rms_adamw",
-        split: int | None = None,
+        blocks=None,
         ns_dtype: torch.dtype = torch.bfloat16,
     ):
         defaults = {
@@ -124,7 +165,7 @@ class Muon(Optimizer):
             "eps": eps,
             "ns_steps": ns_steps,
             "adjust_lr_fn": adjust_lr_fn,
-            "split": split,
+            "blocks": blocks,
             "ns_dtype": ns_dtype,
         }
         super().__init__(params, defaults)
@@ -132,6 +173,7 @@ class Muon(Optimizer):
             for p in group["params"]:
                 if p.ndim not in (2, 3):
                     raise ValueError(f"Muon takes 2-D matrices or 3-D banks, got a parameter of shape {tuple(p.shape)}")
+                blocks_of(p.shape, group["blocks"])  # fails early on a spec that does not fit
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -139,36 +181,53 @@ class Muon(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        sharded = []  # FSDP2 rows of matrices: NS needs the whole matrix, computed once by an owner rank
+        local, sharded = [], []  # sharded: FSDP2 rows of matrices; NS needs the whole matrix, run by an owner rank
         for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                update = self._momentum(p, group)
+            params = [p for p in group["params"] if p.grad is not None]
+            for p, update in zip(params, self._momenta(params, group)):
                 if is_sharded(update) and not local_ok(update, group):
                     sharded.append((p, update, group))
                 else:  # a plain tensor, or a bank sharded over whole experts: NS on what this rank holds
-                    local = update.to_local() if is_sharded(update) else update
-                    self._apply(p, _orthogonalize(local, group), group)
-        outs = orthogonalize_sharded([(u, g) for _, u, g in sharded], _orthogonalize)
-        for (p, _, group), out in zip(sharded, outs):
-            self._apply(p, out, group)
+                    local.append((p, update.to_local() if is_sharded(update) else update, group))
+        outs = orthogonalize_many([(u, g) for _, u, g in local])
+        outs += orthogonalize_sharded([(u, g) for _, u, g in sharded], _orthogonalize)
+        self._apply_all([(p, out, g) for (p, _, g), out in zip(local + sharded, outs)])
         return loss
 
-    def _momentum(self, p: Tensor, group: dict) -> Tensor:
-        """Update the momentum buffer; -> the (Nesterov) update to orthogonalise, sharded like p."""
+    def _momenta(self, params: list[Tensor], group: dict) -> list[Tensor]:
+        """Update the momentum buffers; -> the (Nesterov) updates to orthogonalise, sharded like the params."""
         momentum = group["momentum"]
-        state = self.state[p]
-        if "momentum_buffer" not in state:
-            state["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
-        buf = state["momentum_buffer"]
-        buf.lerp_(p.grad, 1 - momentum)  # μ·buf + (1-μ)·g
-        return p.grad.lerp(buf, momentum) if group["nesterov"] else buf
+        for p in params:
+            if "momentum_buffer" not in self.state[p]:
+                self.state[p]["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
+        bufs = [self.state[p]["momentum_buffer"] for p in params]
+        grads = [p.grad for p in params]
+        if not params or any(is_sharded(g) for g in grads):  # DTensors: one at a time
+            for b, g in zip(bufs, grads):
+                b.lerp_(g, 1 - momentum)
+            return [g.lerp(b, momentum) for g, b in zip(grads, bufs)] if group["nesterov"] else bufs
+        torch._foreach_lerp_(bufs, grads, 1 - momentum)  # μ·buf + (1-μ)·g
+        return list(torch._foreach_lerp(grads, bufs, momentum)) if group["nesterov"] else bufs
 
     @staticmethod
-    def _apply(p: Tensor, ortho: Tensor, group: dict) -> None:
-        """p <- p·(1 - lr·wd) - lr·scale·ortho, on this rank's part of p (ortho is that part)."""
-        lr = group["lr"]
-        local = p.to_local() if is_sharded(p) else p
-        local.mul_(1 - lr * group["weight_decay"])  # decoupled decay with the un-adjusted lr (as torch)
-        local.add_(ortho, alpha=-lr * _scale(p.shape, group))
+    def _apply_all(items: list[tuple[Tensor, Tensor, dict]]) -> None:
+        """p <- p·(1 - lr·wd) - lr·scale·ortho for every (p, ortho, group), on this rank's part of p (ortho is that
+        part); foreach over the parameters that share a decay factor, then over those that share lr·scale."""
+        decay, add = {}, {}
+        for p, ortho, group in items:
+            lr, local = group["lr"], p.to_local() if is_sharded(p) else p
+            decay.setdefault(1 - lr * group["weight_decay"], []).append(local)  # decoupled, un-adjusted lr (torch)
+            scales = _scales(p.shape, group)
+            if len(set(scales)) == 1:
+                add.setdefault(-lr * scales[0], []).append((local, ortho))
+                continue
+            assert not is_sharded(p), f"per-block lr scales {scales} on a sharded {tuple(p.shape)} matrix"
+            spec = group["blocks"]
+            for (heads, off, rows), scale in zip(blocks_of(p.shape, spec), scales):
+                add.setdefault(-lr * scale, []).append(
+                    (_piece(local, spec, heads, off, rows), _piece(ortho, spec, heads, off, rows))
+                )
+        for factor, tensors in decay.items():
+            torch._foreach_mul_(tensors, factor)
+        for alpha, pairs in add.items():
+            torch._foreach_add_([t for t, _ in pairs], [o for _, o in pairs], alpha=alpha)

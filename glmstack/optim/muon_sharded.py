@@ -26,10 +26,10 @@ def is_sharded(t: Tensor) -> bool:
 
 
 def local_ok(update: Tensor, group: dict) -> bool:
-    """A bank sharded over its experts (Shard(0) of (E, A, B), no head split): whole experts live on each rank."""
+    """A bank sharded over its experts (Shard(0) of (E, A, B)): whole experts, so all their blocks, on each rank."""
     from torch.distributed.tensor import Shard
 
-    return update.ndim == 3 and not group.get("split") and tuple(update.placements) == (Shard(0),)
+    return update.ndim == 3 and tuple(update.placements) == (Shard(0),)
 
 
 def orthogonalize_sharded(pending: list[tuple[Tensor, dict]], orthogonalize) -> list[Tensor]:

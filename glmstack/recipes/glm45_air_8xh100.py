@@ -1,5 +1,5 @@
 """GLM-4.5-Air (106B total / 12B active; 109B / 13.7B counting the MTP layer) with GLM-4.5's pre- and
-mid-training numbers (arXiv 2508.06471 §2.4; research/arch-math.md §3.2, §4, Muon settings), sized for nodes of
+mid-training numbers (arXiv 2508.06471 §2.4; Muon settings: Moonlight, arXiv 2502.16982), sized for nodes of
 8 H100s: FSDP2 + expert parallel, bf16 autocast, Muon at 2.5e-4 cosine to 2.5e-5 over both stages.
 
     glmstack data my_sources.json --out runs/data --tokenizer /models/GLM-4.5-Air --workers 16
@@ -25,7 +25,8 @@ from glmstack.train.config import TrainConfig
 
 PRETRAIN_STEPS, MIDTRAIN_STEPS = 100_000, 10_000  # 512K tokens a step on 8 ranks: ~52B + ~5B tokens
 SWITCH_STEP = PRETRAIN_STEPS * 15 // 23  # GLM-4.5: MTP 0.3 and bias rate 1e-3 for the first 15T of 23T tokens
-BATCH_WARMUP_STEPS = PRETRAIN_STEPS * 500 // 23_000  # GLM-4.5: batch 16M -> 64M tokens over the first 500B
+TOKENS_PER_STEP = 1 * 4096 * 16  # per rank
+BATCH_WARMUP_TOKENS = PRETRAIN_STEPS * TOKENS_PER_STEP * 500 // 23_000  # GLM-4.5: 16M -> 64M over the first 500B
 WARMUP_STEPS = 2_000  # GLM-4.5 does not report its lr warm-up length; 2% of pre-training
 
 
@@ -50,8 +51,8 @@ def pretrain() -> TrainConfig:
         warmup_steps=WARMUP_STEPS,
         total_steps=PRETRAIN_STEPS + MIDTRAIN_STEPS,  # the cosine reaches 2.5e-5 at the end of mid-training
         final_lr_frac=0.1,
-        batch_warmup_start_tokens=1 * 4096 * 16 // 4,  # a quarter of the full batch, as 16M of 64M
-        batch_warmup_steps=BATCH_WARMUP_STEPS,
+        batch_warmup_start_tokens=TOKENS_PER_STEP // 4,  # a quarter of the full batch, as 16M of 64M
+        batch_warmup_tokens=BATCH_WARMUP_TOKENS,
         mtp_weight=[[0, 0.3], [SWITCH_STEP, 0.1]],
         balance_rate=[[0, 1e-3], [SWITCH_STEP, 0.0]],
     )
@@ -70,12 +71,12 @@ def midtrain() -> TrainConfig:
     cfg.stage, cfg.steps, cfg.init_from = "midtrain", MIDTRAIN_STEPS, "glm45_air/pretrain"
     cfg.seq_len, cfg.grad_accum, cfg.rope_theta = 32_768, 2, 1e6
     cfg.data.packing = "best_fit"
-    cfg.schedule = dataclasses.replace(
+    cfg.schedule = dataclasses.replace(  # the same lr curve (warm-up kept: it sets the cosine's phase)
         cfg.schedule,
-        warmup_steps=0,
         step_offset=PRETRAIN_STEPS,
+        rewarmup_steps=WARMUP_STEPS // 4,  # only if the optimizer state is not carried over
         batch_warmup_start_tokens=0,
-        batch_warmup_steps=0,
+        batch_warmup_tokens=0,
         mtp_weight=[[0, 0.1]],
         balance_rate=[[0, 0.0]],
     )

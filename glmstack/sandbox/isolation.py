@@ -3,25 +3,29 @@
 Three modes, strongest first; `auto` picks the first that works on this host (probed once per process):
 
 - `bwrap`   bubblewrap: new PID, network, IPC, UTS and mount namespaces; a fresh root that holds only the
-            interpreter and the system libraries, read-only; a size-limited tmpfs work dir at /sandbox;
-            a seccomp filter (seccomp.py); --die-with-parent. Killing bwrap kills the namespace's init, and the kernel then kills every
-            process in the namespace, so setsid + double fork cannot outlive a run.
-- `unshare` util-linux unshare (root only): new PID, network, IPC, UTS namespaces with --kill-child; the
-            file system is the host's (read by the sandbox uid's permissions), the work dir is a host temp dir.
-- `plain`   a fresh process in its own session; nothing else from the kernel.
+            interpreter and the system libraries, read-only; a tmpfs work dir at /sandbox (/tmp points there);
+            --die-with-parent. Killing bwrap kills the namespace's init, and the kernel then kills every process
+            in the namespace, so setsid + double fork cannot outlive a run.
+- `unshare` util-linux unshare (root only): new PID, network, IPC, UTS and mount namespaces, and boot.py builds
+            the same file view as bwrap inside (the `view` list below is rendered both ways), mounts a private
+            /proc and pivots into it; --kill-child plays --die-with-parent.
+- `plain`   a fresh process in its own session; nothing else from the kernel. Only on explicit request, or with
+            a warning when `auto` finds nothing better.
 
-In every mode: rlimits (limits.py), a scrubbed environment, an empty work dir removed afterwards, a wall-clock
-kill of the process group, and, when we are root, a dedicated unprivileged uid per execution (held with a lock
-file so concurrent runners never share one). RLIMIT_NPROC counts per uid and is ignored for root, so the uid
-is what makes the process limit bite; after each run every process of that uid is killed (the backstop for
-`plain`, where a daemon could escape the process group; uids.py). warm.py reuses one bwrap for many
-executions. docs/sandbox.md has the full table.
+In every mode: rlimits (limits.py), a scrubbed environment, an empty work dir, a wall-clock kill, the seccomp
+filter (seccomp.py), a fresh session keyring, no_new_privs (all set by boot.py), and, when we are root, a
+dedicated unprivileged uid per execution (held with a lock file so concurrent runners never share one), a
+memory cgroup counting all of its memory (cgroup.py; else a resident-set watchdog), and writable dirs that are
+tmpfs limited in size and inodes. RLIMIT_NPROC counts per uid and is ignored for root, so the uid is what makes
+the process limit bite; after each run every process of that uid is killed (uids.py). warm.py reuses one bwrap
+for many executions. docs/sandbox.md has the full table.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -30,32 +34,20 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from glmstack.sandbox import seccomp
-from glmstack.sandbox.uids import UidSlot, clear_stale_work_dirs
+from glmstack.sandbox import cgroup, seccomp
+from glmstack.sandbox.limits import Limits
+from glmstack.sandbox.uids import UidSlot, clear_stale_work_dirs, kill_uid, remove_ipc, remove_tree
 
 BOOT = (Path(__file__).with_name("boot.py")).read_text()
 SANDBOX_DIR = "/sandbox"
 NAMESPACES = "--unshare-pid --unshare-net --unshare-ipc --unshare-uts --unshare-cgroup-try --die-with-parent --new-session --hostname sandbox"
 SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")  # fallbacks a sandbox uid can usually run
 MODES = ("bwrap", "unshare", "plain")
+CONFINED = ("pid-ns", "net-ns", "ipc-ns", "mount-ns", "ro-root", "hidden-host-files", "private-proc", "tmpfs-workdir")
 LAYERS = {
-    "bwrap": (
-        "process",
-        "rlimits",
-        "session",
-        "clean-env",
-        "workdir",
-        "pid-ns",
-        "net-ns",
-        "ipc-ns",
-        "ro-root",
-        "hidden-host-files",
-        "tmpfs-workdir",
-        "die-with-parent",
-        "no-new-privs",
-    ),
-    "unshare": ("process", "rlimits", "session", "clean-env", "workdir", "pid-ns", "net-ns", "ipc-ns"),
-    "plain": ("process", "rlimits", "session", "clean-env", "workdir"),
+    "bwrap": ("process", "rlimits", "session", "clean-env", "workdir", *CONFINED, "die-with-parent", "no-new-privs"),
+    "unshare": ("process", "rlimits", "session", "clean-env", "workdir", *CONFINED, "no-new-privs"),
+    "plain": ("process", "rlimits", "session", "clean-env", "workdir", "no-new-privs"),
 }
 
 
@@ -82,17 +74,21 @@ def env_for(home: str) -> dict[str, str]:
     }
 
 
-def _ro_binds(extra: tuple[str, ...]) -> list[str]:
-    """bwrap arguments for the read-only system dirs and the interpreter; every ancestor made 0755."""
-    args = []
+def file_view(extra: tuple[str, ...] = (), tmp_link: bool = True) -> list[tuple[str, ...]]:
+    """The sandbox's file system, as ops that bwrap_argv renders for bwrap and boot.py mounts in unshare mode:
+    ("ro-bind" | "ro-bind-try", host path, path inside), ("symlink", target, link), ("dir", path) made 0755.
+    The system dirs, a few /etc files, the interpreter's prefix and `extra`, every ancestor made 0755 (so a
+    pyenv under /root is reachable without the rest of /root); /proc, /dev and the writable tmpfs come apart."""
+    ops: list[tuple[str, ...]] = []
     for top in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
         if os.path.islink(top):
-            args += ["--symlink", os.readlink(top), top]
+            ops.append(("symlink", os.readlink(top), top))
         elif os.path.isdir(top):
-            args += ["--ro-bind", top, top]
-    args += ["--perms", "0755", "--dir", "/etc"]
-    for f in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/localtime", "/etc/alternatives"):
-        args += ["--ro-bind-try", f, f]
+            ops.append(("ro-bind", top, top))
+    ops.append(("dir", "/etc"))
+    ops += [
+        ("ro-bind-try", f, f) for f in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/localtime", "/etc/alternatives")
+    ]
     exe = python_exe()
     prefix = os.path.realpath(sys.base_prefix) if exe == os.path.realpath(sys._base_executable) else None
     made = set()
@@ -103,27 +99,39 @@ def _ro_binds(extra: tuple[str, ...]) -> list[str]:
         for parent in reversed(Path(path).parents[:-1]):  # "/a/b/c" -> /a, /a/b (not /)
             if str(parent) not in made:
                 made.add(str(parent))
-                args += ["--perms", "0755", "--dir", str(parent)]
-        args += ["--ro-bind", path, path]
-    return args
+                ops.append(("dir", str(parent)))
+        ops.append(("ro-bind", path, path))
+    return ops + ([("symlink", SANDBOX_DIR, "/tmp")] if tmp_link else [])
 
 
-def bwrap_argv(
-    work_dir_mb: int, extra_ro: tuple[str, ...] = (), warm: bool = False, seccomp_fd: int | None = None
-) -> list[str]:
+def _render(op: tuple[str, ...]) -> list[str]:
+    kind, *args = op
+    return ["--perms", "0755", "--dir", *args] if kind == "dir" else [f"--{kind}", *args]
+
+
+def bwrap_argv(work_dir_mb: int, extra_ro: tuple[str, ...] = (), warm: bool = False) -> list[str]:
     """The bwrap prefix of the command line; the program then runs as `python -I -S -c BOOT`. `warm`: for a
-    zygote (warm.py), where /sandbox holds one work dir per execution and /tmp is a tmpfs it clears after each."""
+    zygote (warm.py), whose forks mount their own /sandbox, /tmp and /dev/shm over these."""
     size = str(work_dir_mb << 20)
     args = ["bwrap", *NAMESPACES.split()]
     if os.geteuid() == 0:  # a root bwrap keeps all of root's capabilities unless told; boot.py needs only these
-        args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_CHOWN"]
-    if seccomp_fd is not None:
-        args += ["--seccomp", str(seccomp_fd)]
-    args += _ro_binds(extra_ro)
+        args += ["--cap-drop", "ALL"]
+        for cap in ("CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_SYS_ADMIN"):  # SYS_ADMIN: its tmpfs mounts
+            args += ["--cap-add", cap]
+    for op in file_view(extra_ro, tmp_link=not warm):
+        args += _render(op)
     args += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--perms", "1777", "--tmpfs", "/dev/shm"]
     args += ["--size", size, "--tmpfs", SANDBOX_DIR]
-    args += ["--size", size, "--perms", "1777", "--tmpfs", "/tmp"] if warm else ["--symlink", SANDBOX_DIR, "/tmp"]
+    args += ["--size", size, "--perms", "1777", "--tmpfs", "/tmp"] if warm else []
     return args + ["--remount-ro", "/", "--chdir", SANDBOX_DIR]
+
+
+def scratch(limits: Limits, warm: bool = False) -> list[tuple[str, str, str]]:
+    """The writable tmpfs boot.py mounts as root: size- and inode-limited (bwrap's --tmpfs has no inode limit).
+    ("tmpfs", path, options) or ("bind", path, source); the work dir comes first (boot.py enters it)."""
+    opts = f"size={limits.work_dir_mb << 20},nr_inodes={limits.max_files}"
+    work = [("tmpfs", SANDBOX_DIR, f"mode=0755,{opts}")] + ([("bind", "/tmp", SANDBOX_DIR)] if warm else [])
+    return work + [("tmpfs", "/dev/shm", f"mode=1777,{opts}")]
 
 
 def deathsig_argv() -> list[str]:
@@ -135,7 +143,7 @@ def deathsig_argv() -> list[str]:
 
 def unshare_argv() -> list[str]:
     # --kill-child: when unshare dies (e.g. of the death signal above), the namespace's init and all in it die
-    return [*deathsig_argv(), "unshare", "--pid", "--net", "--ipc", "--uts", "--fork", "--kill-child"]
+    return [*deathsig_argv(), "unshare", "--pid", "--net", "--ipc", "--uts", "--mount", "--fork", "--kill-child"]
 
 
 def python_argv(exe: str, site: bool = False) -> list[str]:
@@ -156,14 +164,16 @@ def available(mode: str) -> bool:
     """Whether `mode` works here (a real trial run, cached for the process)."""
     if mode == "bwrap":
         return shutil.which("bwrap") is not None and _probe(bwrap_argv(1))
-    if mode == "unshare":
-        return os.geteuid() == 0 and shutil.which("unshare") is not None and _probe(unshare_argv())
+    if mode == "unshare":  # boot.py builds the file view with pivot_root, whose number we need
+        ok = os.geteuid() == 0 and shutil.which("unshare") is not None and "pivot_root" in seccomp.numbers()
+        return ok and _probe(unshare_argv())
     return mode == "plain"
 
 
 @functools.cache
 def resolve(mode: str = "auto") -> str:
-    """`auto` -> the strongest available mode (env GLMSTACK_SANDBOX forces one); warns once when weaker."""
+    """`auto` -> the strongest available mode (env GLMSTACK_SANDBOX forces one); warns once when that is plain,
+    which has no namespaces or file view: plain is otherwise only ever an explicit choice."""
     mode = os.environ.get("GLMSTACK_SANDBOX", mode) if mode == "auto" else mode
     if mode not in ("auto", *MODES):
         raise ValueError(f"sandbox mode must be auto or one of {MODES}, got {mode!r}")
@@ -172,10 +182,10 @@ def resolve(mode: str = "auto") -> str:
             raise RuntimeError(f"sandbox mode {mode!r} is not available on this host (see docs/sandbox.md)")
         return mode
     chosen = next(m for m in MODES if available(m))
-    if chosen != "bwrap":
+    if chosen == "plain":
         warnings.warn(
-            f"sandbox: bubblewrap unavailable, running in the weaker {chosen!r} mode (no read-only "
-            f"root{'' if chosen == 'unshare' else ', no network or PID namespace'}); see docs/sandbox.md",
+            "sandbox: neither bubblewrap nor unshare (as root) is available; running untrusted code in the "
+            "weak 'plain' mode: host files readable, network reachable, no PID namespace (docs/sandbox.md)",
             RuntimeWarning,
             stacklevel=3,
         )
@@ -194,11 +204,11 @@ def _reachable(exe: str) -> bool:
 
 
 def interpreter(mode: str) -> str:
-    """The interpreter for this run: python_exe(), except that outside bwrap a root caller needs one the sandbox
+    """The interpreter for this run: python_exe(), except that in plain mode a root caller needs one the sandbox
     uid can execute, so an unreachable default (e.g. pyenv under /root, mode 0700) falls back to a system
     python3, with a warning. An explicit GLMSTACK_SANDBOX_PYTHON is never replaced."""
     exe = python_exe()
-    if mode == "bwrap" or os.geteuid() != 0 or _reachable(exe) or os.environ.get("GLMSTACK_SANDBOX_PYTHON"):
+    if mode != "plain" or os.geteuid() != 0 or _reachable(exe) or os.environ.get("GLMSTACK_SANDBOX_PYTHON"):
         return exe
     for candidate in SYSTEM_PYTHONS:
         if _reachable(os.path.realpath(candidate)):
@@ -208,8 +218,35 @@ def interpreter(mode: str) -> str:
 
 
 def uid_usable(mode: str) -> bool:
-    """A dedicated uid needs root, and outside bwrap an interpreter that uid can execute."""
-    return os.geteuid() == 0 and (mode == "bwrap" or _reachable(interpreter(mode)))
+    """A dedicated uid needs root, and in plain mode an interpreter that uid can execute (the other modes bind
+    the interpreter into a view whose directories are all 0755)."""
+    return os.geteuid() == 0 and (mode != "plain" or _reachable(interpreter(mode)))
+
+
+def boot_settings(
+    limits: Limits, uid: int | None, *, nproc: int | None = None, root: list | None = None, mounts: list | None = None,
+    new_mount_ns: bool = False, cgroup_fd: int | None = None, proof: tuple[int, bytes] | None = None,
+    deathsig: bool = False, oom_first: bool = False,
+) -> dict:  # fmt: skip
+    """What boot.py needs besides the program, files and stdin (see its docstring for the order it applies them)."""
+    numbers = seccomp.numbers()
+    return {
+        "rlimits": limits.rlimits(nproc), "uid": uid, "deathsig": deathsig, "root": root, "scratch": mounts,
+        "new_mount_ns": new_mount_ns, "cgroup_fd": cgroup_fd, "oom_first": oom_first, "proof": proof,
+        "seccomp": seccomp.program(),
+        "keyring": "keyctl" in numbers, "nr": numbers,
+    }  # fmt: skip
+
+
+def kernel_layers() -> tuple[str, ...]:
+    numbers = seccomp.numbers()
+    return (*(["seccomp"] if seccomp.program() else []), *(["session-keyring"] if "keyctl" in numbers else []))
+
+
+def memory_layers(uid: int | None, cg: cgroup.MemoryCgroup | None) -> tuple[str, ...]:
+    if cg is not None:
+        return (f"memory-cgroup-v{cg.version}",)
+    return ("memory-watchdog",) if uid is not None else ()
 
 
 @dataclass
@@ -220,10 +257,13 @@ class Launch:
     cwd: str
     env: dict[str, str]
     layers: tuple[str, ...]
+    boot: dict  # boot_settings for the payload
     uid: int | None = None  # the sandbox uid boot.py switches to (None: we are not root, keep ours)
-    host_dir: str | None = None  # host temp work dir to remove afterwards (unshare/plain)
+    host_dir: str | None = None  # host temp work dir to remove afterwards (plain)
     slot: UidSlot | None = field(default=None, repr=False)
-    pass_fds: tuple[int, ...] = ()  # fds the launcher inherits (the seccomp filter); ours to close after the start
+    cgroup: cgroup.MemoryCgroup | None = field(default=None, repr=False)
+    proof: tuple[int, bytes] | None = field(default=None, repr=False)  # (our read end, the secret)
+    pass_fds: tuple[int, ...] = ()  # fds the launcher inherits; ours to close after the start
 
     def started(self) -> None:
         """The launcher has its copies of pass_fds: close ours."""
@@ -233,33 +273,109 @@ class Launch:
 
     def cleanup(self) -> None:
         self.started()
-        if self.slot is not None:
-            self.slot.release()
-        if self.host_dir is not None:
-            shutil.rmtree(self.host_dir, ignore_errors=True)
+        try:
+            if self.host_dir is not None and self.uid is not None:  # plain: the host's IPC namespace
+                kill_uid(self.uid)
+                remove_ipc(self.uid)
+            if self.slot is not None:
+                self.slot.release()  # kills every process of the uid first
+            if self.cgroup is not None:
+                self.cgroup.remove()
+        finally:
+            if self.proof is not None:
+                os.close(self.proof[0])
+                self.proof = None
+            if self.host_dir is not None:
+                remove_tree(self.host_dir)
 
 
-def prepare(mode: str, work_dir_mb: int, site: bool = False, extra_ro: tuple[str, ...] = ()) -> Launch:
-    """Allocate the uid and work dir and build the command line for one execution in `mode`."""
+def proof_channel() -> tuple[tuple[int, bytes], int]:
+    """A fresh secret and the pipe boot.py writes it to: ((our read end, secret), its write end)."""
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    return (r, secrets.token_hex(16).encode()), w
+
+
+def read_proof(proof: tuple[int, bytes] | None) -> bool | None:
+    """Whether the secret arrived (None: no proof was asked). The program may have written anything there too."""
+    if proof is None:
+        return None
+    data = b""
+    try:
+        while len(data) < 1 << 16 and (chunk := os.read(proof[0], 1 << 16)):
+            data += chunk
+    except BlockingIOError:
+        pass
+    return proof[1] in data
+
+
+def prepare(
+    mode: str, limits: Limits, site: bool = False, extra_ro: tuple[str, ...] = (), prove: bool = False
+) -> Launch:
+    """Allocate the uid, memory cgroup, proof channel and work dir, and build the command line for `mode`."""
     exe = interpreter(mode)
     slot = UidSlot() if uid_usable(mode) else None
-    if slot is None and os.geteuid() == 0 and mode != "bwrap" and not os.environ.get("GLMSTACK_SANDBOX_UNSAFE_ROOT"):
+    if slot is None and os.geteuid() == 0 and mode == "plain" and not os.environ.get("GLMSTACK_SANDBOX_UNSAFE_ROOT"):
         raise RuntimeError(
-            f"sandbox: refusing to run untrusted code as root in {mode!r} mode: {exe} is not reachable by "
+            f"sandbox: refusing to run untrusted code as root in plain mode: {exe} is not reachable by "
             "an unprivileged uid. Install bubblewrap, or set GLMSTACK_SANDBOX_PYTHON to a world-readable "
             "interpreter such as /usr/bin/python3 (or GLMSTACK_SANDBOX_UNSAFE_ROOT=1 to run as root anyway)."
         )
-    layers = LAYERS[mode] + (("uid",) if slot else ())
-    if mode != "bwrap" and deathsig_argv():  # plain: only the main process gets the death signal
-        layers += ("no-new-privs", "die-with-parent" if mode == "unshare" else "main-dies-with-parent")
     uid = slot.uid if slot else None
+    launch = Launch([], "/", env_for(SANDBOX_DIR), (), {}, uid, None, slot)
+    try:
+        _fill(launch, mode, limits, exe, site, tuple(extra_ro), prove)
+    except BaseException:
+        launch.cleanup()
+        raise
+    return launch
+
+
+def _fill(launch: Launch, mode: str, limits: Limits, exe: str, site: bool, extra_ro: tuple, prove: bool) -> None:
+    uid, fds = launch.uid, []
+    if uid is not None and cgroup.available():
+        launch.cgroup = cgroup.MemoryCgroup(uid, limits.memory_mb)
+    cg_fd = launch.cgroup.procs_fd() if launch.cgroup else None
+    fds += [cg_fd] if cg_fd is not None else []
+    proof_w = None
+    if prove:
+        launch.proof, proof_w = proof_channel()
+        fds.append(proof_w)
+    launch.pass_fds = tuple(fds)
+    root = os.geteuid() == 0
+    # Without our own uid, RLIMIT_NPROC counts every process of the caller's user: allow those plus ours.
+    nproc = None if uid is not None or root else _user_process_count() + limits.max_processes
+    deathsig = mode != "bwrap" and bool(deathsig_argv())
+    layers = LAYERS[mode] + kernel_layers() + (("uid",) if uid is not None else ()) + memory_layers(uid, launch.cgroup)
+    if mode != "bwrap" and deathsig:  # plain: only the main process gets the death signal
+        layers += ("die-with-parent" if mode == "unshare" else "main-dies-with-parent",)
+    proof = (proof_w, launch.proof[1]) if prove else None
+    kw = {"nproc": nproc, "cgroup_fd": cg_fd, "proof": proof, "deathsig": deathsig}
     if mode == "bwrap":
-        fd = seccomp.filter_fd()
-        argv = bwrap_argv(work_dir_mb, extra_ro, seccomp_fd=fd) + python_argv(exe, site)
-        layers += ("seccomp",) if fd is not None else ()
-        return Launch(argv, "/", env_for(SANDBOX_DIR), layers, uid, None, slot, (fd,) if fd is not None else ())
-    if uid is not None:
-        clear_stale_work_dirs(uid)
-    host_dir = tempfile.mkdtemp(prefix=f"glmstack-sandbox-{uid if uid is not None else 'u'}-")
-    prefix = unshare_argv() if mode == "unshare" else deathsig_argv()
-    return Launch(prefix + python_argv(exe, site), host_dir, env_for(host_dir), layers, uid, host_dir, slot)
+        launch.argv = bwrap_argv(limits.work_dir_mb, extra_ro) + python_argv(exe, site)
+        launch.boot = boot_settings(limits, uid, mounts=scratch(limits) if root else None, **kw)
+        layers += ("tmpfs-inodes",) if root else ()
+    elif mode == "unshare":
+        launch.argv = unshare_argv() + python_argv(exe, site)
+        launch.boot = boot_settings(limits, uid, root=file_view(extra_ro), mounts=scratch(limits), **kw)
+        layers += ("tmpfs-inodes",)
+    else:
+        if uid is not None:
+            clear_stale_work_dirs(uid)
+        launch.host_dir = tempfile.mkdtemp(prefix=f"glmstack-sandbox-{uid if uid is not None else 'u'}-")
+        launch.cwd, launch.env = launch.host_dir, env_for(launch.host_dir)
+        launch.argv = deathsig_argv() + python_argv(exe, site)
+        launch.boot = boot_settings(limits, uid, **kw)
+    launch.layers = layers
+
+
+def _user_process_count() -> int:
+    uid = os.getuid()
+    return sum(1 for p in os.listdir("/proc") if p.isdigit() and _owner(p) == uid)
+
+
+def _owner(pid: str) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None

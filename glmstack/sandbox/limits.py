@@ -23,7 +23,8 @@ class Limits:
     max_processes: int = 32  # RLIMIT_NPROC for the sandbox uid (threads count too): contains fork bombs
     max_open_files: int = 64  # RLIMIT_NOFILE
     max_file_mb: int = 16  # RLIMIT_FSIZE: largest file the program may write
-    work_dir_mb: int = 64  # size of the work dir's tmpfs (bwrap); without bwrap only max_file_mb applies
+    work_dir_mb: int = 64  # size of the work dir's tmpfs (and of /dev/shm's) in bwrap and unshare mode
+    max_files: int = 10_000  # inodes (files + dirs) of each of those tmpfs, as root: bounds an inode flood
 
     def replace(self, **changes) -> Limits:
         """A copy with `changes` applied; None values are ignored, so callers can pass optional keywords."""

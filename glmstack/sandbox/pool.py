@@ -32,6 +32,7 @@ class Job:
     files: dict[str, str | bytes] = field(default_factory=dict)
     argv: tuple[str, ...] = ()
     limits: Limits | None = None  # None: the batch's limits
+    prove: bool = False  # require proof that the code ran to its end (run_tests): see Result.completed
 
 
 def default_concurrency() -> int:
@@ -73,7 +74,7 @@ def run_batch(
 
     def one(i: int) -> Result:
         j = jobs[i]
-        kw = {"stdin": j.stdin, "files": j.files, "argv": j.argv, "limits": j.limits or limits}
+        kw = {"stdin": j.stdin, "files": j.files, "argv": j.argv, "limits": j.limits or limits, "prove": j.prove}
         if boxes is None:
             r = run(j.code, mode=mode, **kw)
         else:

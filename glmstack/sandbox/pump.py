@@ -26,16 +26,14 @@ def _as_bytes(data: str | bytes | None) -> bytes:
     return data.encode() if isinstance(data, str) else data
 
 
-def encode_payload(code: str, stdin, files, argv, rlimits: dict, uid: int | None, deathsig: bool) -> bytes:
+def encode_payload(code: str, stdin, files, argv, settings: dict) -> bytes:
     """What boot.py reads on fd 0: a decimal length line, then a marshalled dict (marshal needs no import in
-    the sandbox, and format 4 is read by every Python 3 we may run there)."""
+    the sandbox, and format 4 is read by every Python 3 we may run there). `settings`: isolation.boot_settings."""
     body = marshal.dumps(
         {
+            **settings,
             "code": code,
             "argv": list(argv),
-            "uid": uid,
-            "rlimits": rlimits,
-            "deathsig": deathsig,
             "stdin": _as_bytes(stdin),
             "files": {str(name): _as_bytes(data) for name, data in (files or {}).items()},
         },
@@ -54,20 +52,26 @@ def _send(fd: int, payload: bytes, sent: int) -> int:
         return len(payload)
 
 
-def _over_memory(uid: int | None, limits: Limits) -> bool:
-    return uid is not None and uids.resident_bytes(uid) > limits.memory_mb << 20
+def memory_check(uid: int | None, cgroup, limits: Limits) -> Callable[[], bool] | None:
+    """What pump polls every WATCH_S: the memory cgroup's OOM counter (all memory counted, the kernel enforces
+    the limit), else the resident-set watchdog over the sandbox uid's processes, else nothing (not root)."""
+    if cgroup is not None:
+        return cgroup.oom_killed
+    if uid is not None:
+        return lambda: uids.resident_bytes(uid) > limits.memory_mb << 20
+    return None
 
 
 def pump(
     fds: tuple[int, int, int],
     payload: bytes,
     limits: Limits,
-    uid: int | None,
+    over_memory: Callable[[], bool] | None,
     wait_exit: Callable[[float], bool],
 ) -> tuple[bytes, bytes, str]:
     """Feed `payload` into fds[0] and read fds[1], fds[2] until the program ends or breaks a limit; closes all
     three. Returns (stdout, stderr, why): why is "exit", "timeout", "output" (an output passed its limit) or
-    "memory" (the sandbox uid's processes together hold more than memory_mb resident, checked every WATCH_S).
+    "memory" (`over_memory()`, see memory_check, said so; checked every WATCH_S).
     """
     stdin_fd, out_fd, err_fd = fds
     deadline = time.monotonic() + limits.timeout_s
@@ -86,7 +90,7 @@ def pump(
                 break
             if now >= next_watch:
                 next_watch = now + WATCH_S
-                if _over_memory(uid, limits):
+                if over_memory is not None and over_memory():
                     why = "memory"
                     break
             if exited_at is None and wait_exit(0):

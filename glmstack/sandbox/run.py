@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from glmstack.sandbox import isolation
 from glmstack.sandbox.limits import Limits
-from glmstack.sandbox.pump import encode_payload, pump
+from glmstack.sandbox.pump import encode_payload, memory_check, pump
 
 OOM_MARKERS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory")
 
@@ -40,20 +40,25 @@ class Result:
     mode: str  # bwrap | unshare | plain
     layers: tuple[str, ...]  # isolation layers that applied (see docs/sandbox.md)
     uid: int | None = None  # the unprivileged uid it ran as (None: the caller's); no process of it is left
-    work_dir: str | None = None  # the host work dir, already removed (None: a tmpfs inside the bwrap sandbox)
+    work_dir: str | None = None  # the host work dir, already removed (None: a tmpfs inside the sandbox)
+    completed: bool | None = None  # run_tests: the per-run secret arrived, so the program's code (solution,
+    #                                tests, check(...)) returned normally; None when no proof was asked
 
     @property
     def ok(self) -> bool:
-        """Exited 0 on its own, within every limit."""
-        return self.exit_code == 0 and not (self.timed_out or self.oom or self.output_truncated)
+        """Exited 0 on its own, within every limit (and, for run_tests, with proof that the tests completed)."""
+        limits_hit = self.timed_out or self.oom or self.output_truncated
+        return self.exit_code == 0 and not limits_hit and self.completed is not False
 
     def flags(self) -> str:
         names = [n for n in ("timed_out", "oom", "output_truncated") if getattr(self, n)]
+        names += ["not_completed"] if self.completed is False else []
         return ",".join(names) or "-"
 
 
 def make_result(out: bytes, err: bytes, why: str, exit_code: int | None, **fields) -> Result:
-    """A Result from pump's output and stop reason; `fields` are duration_s, mode, layers, uid, work_dir."""
+    """A Result from pump's output and stop reason; `fields` are duration_s, mode, layers, uid, work_dir,
+    completed. `why` is "memory" when the watchdog or the memory cgroup stopped the run."""
     stdout, stderr = out.decode(errors="replace"), err.decode(errors="replace")
     oom = why == "memory" or (why == "exit" and any(m in stderr[-4096:] for m in OOM_MARKERS))
     return Result(
@@ -65,18 +70,6 @@ def make_result(out: bytes, err: bytes, why: str, exit_code: int | None, **field
         output_truncated=why == "output",
         **fields,
     )
-
-
-def _user_process_count() -> int:
-    uid = os.getuid()
-    return sum(1 for p in os.listdir("/proc") if p.isdigit() and _owner(p) == uid)
-
-
-def _owner(pid: str) -> int | None:
-    try:
-        return os.stat(f"/proc/{pid}").st_uid
-    except OSError:
-        return None
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -141,33 +134,36 @@ def run(
     memory_mb: int | None = None,
     max_output_bytes: int | None = None,
     max_processes: int | None = None,
+    prove: bool = False,
 ) -> Result:
     """Run `code` as `python main.py *argv` in a fresh sandbox; keywords override fields of `limits`.
 
     `files` (relative path -> content) are written into the empty work dir first; `site=True` adds the base
-    interpreter's site-packages; `extra_ro` are host paths bound read-only (bwrap) for the program to read.
+    interpreter's site-packages; `extra_ro` are host paths bound read-only for the program to read. `prove`
+    (what run_tests uses): `Result.completed` says whether the code ran to its end, not merely exited 0.
     """
     limits = (limits or Limits()).replace(
         timeout_s=timeout_s, memory_mb=memory_mb, max_output_bytes=max_output_bytes, max_processes=max_processes
     )
     mode = isolation.resolve(mode)
-    launch = isolation.prepare(mode, limits.work_dir_mb, site=site, extra_ro=tuple(extra_ro))
-    # Without our own uid, RLIMIT_NPROC counts every process of the caller's user: allow those plus ours.
-    nproc = None if launch.uid is not None or os.geteuid() == 0 else _user_process_count() + limits.max_processes
-    deathsig = mode != "bwrap" and bool(isolation.deathsig_argv())
-    payload = encode_payload(code, stdin, files, argv, limits.rlimits(nproc), launch.uid, deathsig)
+    launch = isolation.prepare(mode, limits, site=site, extra_ro=tuple(extra_ro), prove=prove)
     start = time.monotonic()
     try:
+        payload = encode_payload(code, stdin, files, argv, launch.boot)
         proc, fds = _spawn(launch)
         out, err, why = b"", b"", "interrupted"
+        over_memory = memory_check(launch.uid, launch.cgroup, limits)
         try:
-            out, err, why = pump(fds, payload, limits, launch.uid, _waiter(proc))
+            out, err, why = pump(fds, payload, limits, over_memory, _waiter(proc))
         finally:  # also on KeyboardInterrupt: nothing may outlive this call
             exit_code = _finish(proc, kill=why != "exit" or proc.poll() is None)
+        if why == "exit" and launch.cgroup is not None and launch.cgroup.oom_killed():
+            why = "memory"
+        completed = isolation.read_proof(launch.proof)
     finally:
         launch.cleanup()
-    if mode == "bwrap" and exit_code is not None and 128 < exit_code < 128 + 65:
-        exit_code = 128 - exit_code  # bwrap reports a program killed by signal N as 128 + N; we say -N everywhere
+    if mode != "plain" and exit_code is not None and 128 < exit_code < 128 + 65:
+        exit_code = 128 - exit_code  # the namespace's init reports death by signal N as 128 + N; we say -N everywhere
     duration = time.monotonic() - start
     return make_result(
         out,
@@ -179,4 +175,5 @@ def run(
         layers=launch.layers,
         uid=launch.uid,
         work_dir=launch.host_dir,
+        completed=completed,
     )

@@ -1,5 +1,5 @@
-"""A seccomp-BPF filter for bwrap's `--seccomp FD`: deny the system calls a Python program never needs and a
-sandbox escape often does.
+"""A seccomp-BPF filter, installed by boot.py in every mode just before the program runs: deny the system calls a
+Python program never needs and a sandbox escape often does.
 
 Why: namespaces and a read-only root leave the whole kernel reachable. The usual ways past them go through
 user namespaces (a sandbox uid could otherwise `unshare(CLONE_NEWUSER)` and gain capabilities over new mounts),
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import errno
 import functools
-import os
 import platform
 import struct
 
@@ -75,12 +74,7 @@ def program() -> bytes | None:
     return _assemble(*arch) if arch else None
 
 
-def filter_fd() -> int | None:
-    """A fresh fd holding the filter at offset 0 for one bwrap (which reads it to the end), or None."""
-    prog = program()
-    if prog is None:
-        return None
-    fd = os.memfd_create("glmstack-seccomp")  # close-on-exec; Popen's pass_fds hands it to bwrap
-    os.write(fd, prog)
-    os.lseek(fd, 0, os.SEEK_SET)
-    return fd
+def numbers() -> dict[str, int]:
+    """This machine's numbers of the calls boot.py makes through syscall(2) (keyctl, pivot_root, unshare), or {}."""
+    arch = ARCHES.get(platform.machine())
+    return {k: arch[1][k] for k in ("keyctl", "pivot_root", "unshare")} if arch else {}

@@ -14,7 +14,6 @@ import fcntl
 import itertools
 import os
 import random
-import shutil
 import signal
 import stat
 import tempfile
@@ -107,7 +106,7 @@ def kill_uid(uid: int, wait_s: float = 5.0) -> None:
         time.sleep(min(0.001 * rnd, 0.02))
 
 
-def _is_free(uid: int) -> bool:
+def is_free(uid: int) -> bool:
     """Whether no live runner holds `uid`'s lock (so its work dirs are stale)."""
     try:
         fd = os.open(LOCK_DIR / f"{uid - UID_BASE}.lock", os.O_RDWR)
@@ -123,17 +122,91 @@ def _is_free(uid: int) -> bool:
 
 
 def clear_stale_work_dirs(own_uid: int) -> None:
-    """Remove host work dirs, and kill processes, left by runners killed before their cleanup (outside bwrap a
-    program's children can outlive a SIGKILLed runner). Dirs are named by uid, and a uid whose lock is free
-    (or our own, whose lock we hold) has no live runner."""
+    """Remove host work dirs, and kill processes, left by runners killed before their cleanup (outside the
+    namespaced modes a program's children can outlive a SIGKILLed runner). Dirs are named by uid, and a uid whose
+    lock is free (or our own, whose lock we hold) has no live runner. Anything else in /tmp with a similar name
+    (a program may plant one) is left alone: this must never fail."""
     for d in Path(tempfile.gettempdir()).glob("glmstack-sandbox-[0-9]*-*"):
-        uid = int(d.name.split("-")[2])
         try:
+            uid = int(d.name.split("-")[2])
             st = os.lstat(d)
-        except OSError:
+        except (ValueError, IndexError, OSError):
             continue
         if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (uid, os.geteuid()):
             continue  # not one of ours: leave other users' files alone
-        if uid == own_uid or _is_free(uid):
+        if uid == own_uid or is_free(uid):
             kill_uid(uid)
-            shutil.rmtree(d, ignore_errors=True)
+            remove_tree(str(d))
+
+
+def remove_tree(path: str) -> None:
+    """`rm -rf path` that survives whatever a program left there: any depth (a 3000-deep tree breaks
+    shutil.rmtree's recursion and PATH_MAX), dirs without permissions, entries vanishing meanwhile. A loop, not
+    a recursion: it holds one directory fd and the stack of names from `path` down, and climbs back by "..".
+    Only for trees nobody changes any more (every process of the uid is dead)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return
+    except OSError:  # a file or a symlink, not a dir
+        _ignore_missing(os.unlink, path)
+        return
+    names: list[str] = []
+    while True:
+        sub = _first_subdir_after_unlinking_the_rest(fd)
+        if sub is not None:
+            try:
+                child = os.open(sub, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except PermissionError:  # a dir the program made unreadable (we are not root)
+                os.chmod(sub, 0o700, dir_fd=fd)
+                continue
+            os.close(fd)
+            fd = child
+            names.append(sub)
+            continue
+        if not names:
+            break
+        parent = os.open("..", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = parent
+        _ignore_missing(os.rmdir, names.pop(), dir_fd=fd)
+    os.close(fd)
+    _ignore_missing(os.rmdir, path)
+
+
+def _first_subdir_after_unlinking_the_rest(fd: int) -> str | None:
+    with os.scandir(fd) as entries:
+        for e in entries:
+            if e.is_dir(follow_symlinks=False):
+                return e.name
+            _ignore_missing(os.unlink, e.name, dir_fd=fd)
+    return None
+
+
+def _ignore_missing(fn, *args, **kw) -> None:
+    try:
+        fn(*args, **kw)
+    except FileNotFoundError:
+        pass
+
+
+def remove_ipc(uid: int) -> None:
+    """Remove the SysV shared memory, message queues and semaphores `uid` left in the host's IPC namespace
+    (plain mode; the other modes' IPC namespace dies with the run). They outlive their processes otherwise."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for kind, remove in (
+        ("shm", lambda i: libc.shmctl(i, 0, None)),
+        ("msg", lambda i: libc.msgctl(i, 0, None)),
+        ("sem", lambda i: libc.semctl(i, 0, 0)),
+    ):  # fmt: skip  -- IPC_RMID = 0
+        try:
+            with open(f"/proc/sysvipc/{kind}") as f:
+                header, *rows = [line.split() for line in f]
+        except OSError:
+            continue
+        for row in rows:
+            entry = dict(zip(header, row))
+            if entry.get("uid") == str(uid) or entry.get("cuid") == str(uid):
+                remove(int(row[1]))  # the second column is the id (shmid, msqid, semid)

@@ -6,10 +6,11 @@
 
 Why: a cold run (run.py) starts bwrap and an interpreter every time, tens of ms of CPU on a 2-core machine; a
 warm box forks its pre-started interpreter (zygote.py) instead. Every execution still gets a fresh process, its
-own unprivileged uid (so RLIMIT_NPROC, the memory watchdog and the kill-everything-of-the-uid sweep work as in
-the cold path), its own empty work dir, rlimits, no network, the read-only root. What it shares with the box's
-earlier executions: the namespaces (a program can see processes of the box's current execution only, as the
-last uid was swept), the tmpfs size limit, and /tmp and /dev/shm, which the zygote empties between executions.
+own unprivileged uid (so RLIMIT_NPROC, the memory cgroup or watchdog and the kill-everything-of-the-uid sweep
+work as in the cold path), its own mount namespace with fresh size- and inode-limited tmpfs at /sandbox, /tmp
+and /dev/shm, rlimits, seccomp, a fresh keyring, no network, the read-only root. What it shares with the box's
+earlier executions: the PID, network and IPC namespaces (a program can see processes of the box's current
+execution only, as the last uid was swept).
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from glmstack.sandbox import isolation, seccomp
+from glmstack.sandbox import cgroup, isolation
 from glmstack.sandbox.limits import Limits
-from glmstack.sandbox.pump import encode_payload, pump
+from glmstack.sandbox.pump import encode_payload, memory_check, pump
 from glmstack.sandbox.run import Result, make_result
 from glmstack.sandbox.uids import UidSlot, kill_uid
 
@@ -50,36 +51,48 @@ class WarmSandbox:
             raise RuntimeError("warm sandboxes need bubblewrap and root; use glmstack.sandbox.run")
         self._config = (work_dir_mb, tuple(extra_ro), site)
         self._proc: subprocess.Popen | None = None
+        self._cgroup = self._cgroup_slot = None
+        if cgroup.available():  # one memory cgroup for the box's executions, named after a uid slot it holds
+            self._cgroup_slot = UidSlot()
+            self._cgroup = cgroup.MemoryCgroup(self._cgroup_slot.uid, Limits().memory_mb, group_kill=False)
         self._start()
 
-    def _argv(self, ctl_fd: int, seccomp_fd: int | None) -> list[str]:
+    def _argv(self, ctl_fd: int, cgroup_fd: int) -> list[str]:
         work_dir_mb, extra_ro, site = self._config
-        # The zygote also empties the shared dirs, whose entries belong to the sandbox uids: it needs to pass
-        # their permissions (CAP_DAC_OVERRIDE, CAP_FOWNER). Each execution drops every capability at its uid switch.
-        argv = isolation.bwrap_argv(work_dir_mb, extra_ro, warm=True, seccomp_fd=seccomp_fd)
-        argv += ["--cap-add", "CAP_DAC_OVERRIDE", "--cap-add", "CAP_FOWNER"]
+        argv = isolation.bwrap_argv(work_dir_mb, extra_ro, warm=True)
         argv += [isolation.interpreter("bwrap"), "-I", *([] if site else ["-S"]), "-c", ZYGOTE]
-        return argv + [str(ctl_fd), isolation.BOOT]
+        return argv + [str(ctl_fd), isolation.BOOT, str(cgroup_fd)]
 
     def _start(self) -> None:
+        """Start bwrap + zygote. With a cgroup the zygote joins it at once, so that its forks start inside:
+        moving each execution in would cost an RCU grace period (~10 ms on a loaded machine, cgroup v1). Each
+        fork raises its OOM score to the maximum (boot.py), so the OOM killer picks it, not the zygote."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        seccomp_fd = seccomp.filter_fd()
-        fds = (theirs.fileno(), *([seccomp_fd] if seccomp_fd is not None else []))
+        cg_fd = self._cgroup.procs_fd() if self._cgroup else -1
+        fds = (theirs.fileno(), *([cg_fd] if cg_fd >= 0 else []))
         try:
             self._proc = subprocess.Popen(
-                self._argv(theirs.fileno(), seccomp_fd), cwd="/", env=isolation.env_for(isolation.SANDBOX_DIR),
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=fds,
-                start_new_session=True,
+                self._argv(theirs.fileno(), cg_fd), cwd="/", env=isolation.env_for(isolation.SANDBOX_DIR),
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                pass_fds=fds, start_new_session=True,
             )  # fmt: skip
         finally:
             theirs.close()
-            if seccomp_fd is not None:
-                os.close(seccomp_fd)
+            if cg_fd >= 0:
+                os.close(cg_fd)
         self._ctl = ours
-        self.layers = (*isolation.LAYERS["bwrap"], "uid", "warm-fork", *(["seccomp"] if seccomp_fd is not None else []))
+        memory = cgroup.layer() or "memory-watchdog"
+        self.layers = (
+            *isolation.LAYERS["bwrap"],
+            *isolation.kernel_layers(),
+            "uid",
+            memory,
+            "tmpfs-inodes",
+            "warm-fork",
+        )
 
     def close(self) -> None:
-        """Stop the zygote (closing its socket ends it; SIGKILL if it lingers)."""
+        """Stop the zygote (closing its socket ends it; SIGKILL if it lingers) and remove the box's cgroup."""
         if self._proc is None:
             return
         self._ctl.close()
@@ -89,6 +102,9 @@ class WarmSandbox:
             os.killpg(self._proc.pid, signal.SIGKILL)
             self._proc.wait()
         self._proc = None
+        if self._cgroup is not None:
+            self._cgroup.remove()
+            self._cgroup_slot.release()
 
     def _restart(self) -> None:
         if self._proc is not None:
@@ -106,17 +122,18 @@ class WarmSandbox:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _submit(self, uid: int) -> tuple[int, int, int]:
-        """Ask the zygote for an execution as `uid`; returns our pipe ends (stdin to write, stdout, stderr)."""
+    def _submit(self, extra: list[int]) -> tuple[int, int, int]:
+        """Ask the zygote for an execution, handing it `extra` fds (its fds 3, 4, ...); returns our pipe ends
+        (stdin to write, stdout, stderr)."""
         if self._proc.poll() is not None:  # bwrap is gone (killed from outside?): start a new box
             self._restart()
         (r_in, w_in), (r_out, w_out), (r_err, w_err) = os.pipe(), os.pipe(), os.pipe()
         try:
             try:
-                socket.send_fds(self._ctl, [str(uid).encode()], [r_in, w_out, w_err])
+                socket.send_fds(self._ctl, [b"x"], [r_in, w_out, w_err, *extra])
             except OSError:  # the zygote died but bwrap did not notice yet
                 self._restart()
-                socket.send_fds(self._ctl, [str(uid).encode()], [r_in, w_out, w_err])
+                socket.send_fds(self._ctl, [b"x"], [r_in, w_out, w_err, *extra])
         finally:
             for fd in (r_in, w_out, w_err):
                 os.close(fd)
@@ -141,24 +158,48 @@ class WarmSandbox:
         self._restart()
         status.append(-signal.SIGKILL)
 
-    def run(self, code: str, *, stdin=None, files=None, argv=(), limits: Limits | None = None, **overrides) -> Result:
+    def run(
+        self, code: str, *, stdin=None, files=None, argv=(), limits: Limits | None = None, prove: bool = False,
+        **overrides,
+    ) -> Result:  # fmt: skip
         """Like `glmstack.sandbox.run` (same keywords, same Result), in this box."""
         limits = (limits or Limits()).replace(**overrides)
         try:
-            return self._run(code, stdin, files, argv, limits)
+            return self._run(code, stdin, files, argv, limits, prove)
         except ZygoteDied:  # _settle has started a new zygote
-            return self._run(code, stdin, files, argv, limits)
+            return self._run(code, stdin, files, argv, limits, prove)
 
-    def _run(self, code: str, stdin, files, argv, limits: Limits) -> Result:
-        slot = UidSlot()
-        payload = encode_payload(code, stdin, files, argv, limits.rlimits(), slot.uid, False)
-        start, status = time.monotonic(), []
+    def _run(self, code: str, stdin, files, argv, limits: Limits, prove: bool) -> Result:
+        launch = isolation.Launch([], "/", {}, self.layers, {}, None, None, UidSlot())
+        launch.uid = launch.slot.uid
         try:
-            fds = self._submit(slot.uid)
-        except BaseException:
-            slot.release()
-            raise
+            extra = self._extra_fds(launch, limits, prove)
+            launch.boot = isolation.boot_settings(
+                limits, launch.uid, mounts=isolation.scratch(limits, warm=True), new_mount_ns=True,
+                proof=(3, launch.proof[1]) if prove else None,  # the zygote's fork gets `extra` as fds 3, ...
+                oom_first=self._cgroup is not None,
+            )  # fmt: skip
+            payload = encode_payload(code, stdin, files, argv, launch.boot)
+            start, status = time.monotonic(), []
+            fds = self._submit(extra)
+            launch.started()
+            return self._execute(launch, fds, payload, limits, start, status)
+        finally:
+            launch.cleanup()
 
+    def _extra_fds(self, launch: isolation.Launch, limits: Limits, prove: bool) -> list[int]:
+        """Arm the box's memory cgroup for this execution; the proof channel's write end as the fd for the
+        zygote to hand its fork."""
+        fds = []
+        if self._cgroup is not None:
+            self._cgroup.arm(limits.memory_mb)
+        if prove:
+            launch.proof, proof_w = isolation.proof_channel()
+            fds.append(proof_w)
+            launch.pass_fds = (proof_w,)
+        return fds
+
+    def _execute(self, launch, fds, payload: bytes, limits: Limits, start: float, status: list) -> Result:
         def wait_exit(timeout: float) -> bool:
             if not status and (code_ := self._reply(timeout)) is not None:
                 status.append(code_)
@@ -166,15 +207,15 @@ class WarmSandbox:
 
         out, err, why = b"", b"", "interrupted"
         try:
-            out, err, why = pump(fds, payload, limits, slot.uid, wait_exit)
+            out, err, why = pump(fds, payload, limits, memory_check(launch.uid, self._cgroup, limits), wait_exit)
         finally:  # nothing of this execution may run when we return, or when the zygote serves the next one
-            try:
-                if not status:
-                    kill_uid(slot.uid)
-                    self._settle(wait_exit, status)
-            finally:
-                slot.release()
+            if not status:
+                kill_uid(launch.uid)
+                self._settle(wait_exit, status)
+        if why == "exit" and self._cgroup is not None and self._cgroup.oom_killed():
+            why = "memory"
         duration = time.monotonic() - start
         return make_result(
-            out, err, why, status[0], duration_s=duration, mode="bwrap", layers=self.layers, uid=slot.uid, work_dir=None
-        )
+            out, err, why, status[0], duration_s=duration, mode="bwrap", layers=self.layers, uid=launch.uid,
+            work_dir=None, completed=isolation.read_proof(launch.proof),
+        )  # fmt: skip

@@ -23,7 +23,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from glmstack.config import write_json
+from glmstack.atomic import write_atomic
+from glmstack.config import ConfigError, write_json
+from glmstack.errors import CheckpointError
 from glmstack.train import dist
 
 LATEST = "latest"
@@ -39,8 +41,39 @@ def latest(stage_dir: str | Path) -> Path | None:
     if not path.exists():
         return None
     folder = Path(stage_dir) / path.read_text().strip()
-    assert folder.is_dir(), f"{path} names {folder.name}, which does not exist"
+    if not folder.is_dir():
+        raise CheckpointError(f"{path} names {folder.name!r}, which does not exist: restore that folder, or delete "
+                              f"{path} to start the stage afresh")
     return folder
+
+
+def resolve(ref: str, out_dir: str) -> Path:
+    """A previous stage's checkpoint (`init_from`): an HF folder, a stage folder (its `latest`), or 'run/stage'."""
+    for cand in (Path(ref), Path(out_dir) / ref):
+        if (cand / "config.json").exists() and any(cand.glob("*.safetensors")):
+            return cand
+        if (cand / LATEST).exists():
+            return latest(cand)
+    raise ConfigError(f"init_from={ref!r}: no HF checkpoint folder, stage folder or run/stage under {out_dir}")
+
+
+def check_resumable(folder: str | Path) -> Path:
+    """`folder` if it is a checkpoint a run can resume from (trainer_state/ beside the model), else CheckpointError."""
+    folder = Path(folder)
+    if not (folder / "trainer_state" / "train_config.json").is_file():
+        raise CheckpointError(f"ckpt.resume={str(folder)!r}: no {folder / 'trainer_state' / 'train_config.json'}; "
+                              f"resume takes a step folder a stage wrote (runs/<run>/<stage>/step_N), or auto / never")
+    return folder
+
+
+def clean_partial(stage_dir: str | Path) -> list[Path]:
+    """Delete what a kill during a save left behind (`.tmp_step_N`, save_hf's `..tmp_step_N.tmp-<pid>`, a re-save's
+    `.old_step_N`): at real size a partial copy of the weights each. Rank 0 calls it when a stage starts."""
+    stage_dir = Path(stage_dir)
+    leftovers = [p for pattern in (".tmp_step_*", "..tmp_step_*", ".old_step_*") for p in stage_dir.glob(pattern)]
+    for path in leftovers:
+        shutil.rmtree(path, ignore_errors=True)
+    return leftovers
 
 
 def rng_state() -> dict:
@@ -136,9 +169,7 @@ def _commit(stage_dir: Path, tmp: Path, final: Path) -> None:
         shutil.rmtree(old)
     _fsync_tree(tmp)
     tmp.rename(final)
-    marker = stage_dir / (LATEST + ".tmp")
-    marker.write_text(final.name + "\n")
-    os.replace(marker, stage_dir / LATEST)
+    write_atomic(stage_dir / LATEST, final.name + "\n")
 
 
 def _fsync_tree(folder: Path) -> None:
@@ -159,20 +190,35 @@ def load(folder: str | Path, *, model, optimizer, data) -> dict:
     folder = Path(folder)
     ts = folder / "trainer_state"
     load_model(model, folder)
-    saved_world = len(list(ts.glob("rank_*.pt")))
-    if dist.optimizer_is_sharded(model) != (ts / "optimizer_00000.pt").exists() or (
-        dist.optimizer_is_sharded(model) and saved_world != dist.world()
-    ):
-        raise ValueError(
-            f"{folder} was written by {saved_world} rank(s) with "
-            f"{'sharded' if (ts / 'optimizer_00000.pt').exists() else 'replicated'} optimizer state; resume it "
-            f"with the same dist.dp / dist.expert_parallel layout and number of ranks"
-        )
-    opt_path = ts / (f"optimizer_{dist.rank():05d}.pt" if dist.optimizer_is_sharded(model) else "optimizer.pt")
-    optimizer.load_state_dict(torch.load(opt_path, weights_only=False))
+    problem = load_optimizer(folder, model, optimizer)
+    if problem:
+        raise ValueError(f"{folder}: {problem}")
     rank_file = ts / f"rank_{dist.rank():05d}.pt"
     rank_state = torch.load(rank_file if rank_file.exists() else ts / "rank_00000.pt", weights_only=False)
     set_rng_state(rank_state["rng"])
     if rank_state["data"] is not None and hasattr(data, "load_state_dict"):
         data.load_state_dict(rank_state["data"])
     return torch.load(ts / "state.pt", weights_only=False)
+
+
+def load_optimizer(folder: Path, model, optimizer) -> str | None:
+    """Load `folder`'s optimizer state into `optimizer`; None on success, else why it cannot be loaded."""
+    ts = folder / "trainer_state"
+    saved_world = len(list(ts.glob("rank_*.pt")))
+    saved_sharded = (ts / "optimizer_00000.pt").exists()
+    if not saved_sharded and not (ts / "optimizer.pt").exists():
+        return "it has no optimizer state (not a glmstack training checkpoint)"
+    if dist.optimizer_is_sharded(model) != saved_sharded or (saved_sharded and saved_world != dist.world()):
+        return (
+            f"it was written by {saved_world} rank(s) with {'sharded' if saved_sharded else 'replicated'} optimizer "
+            f"state; load it with the same dist.dp / dist.expert_parallel layout and number of ranks"
+        )
+    opt_path = ts / (f"optimizer_{dist.rank():05d}.pt" if saved_sharded else "optimizer.pt")
+    optimizer.load_state_dict(torch.load(opt_path, weights_only=False))
+    return None
+
+
+def optimizer_param_names(model, optimizer) -> list[list[str]]:
+    """Parameter names of every optimizer group, in state-dict order: what must match to carry optimizer state."""
+    names = {id(p): n for n, p in dist.unwrap(model).named_parameters()}
+    return [[names.get(id(p), "?") for p in g["params"]] for g in optimizer.param_groups]

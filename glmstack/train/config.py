@@ -3,11 +3,13 @@
 Plain `@dataclass(kw_only=True)` data; recipes (glmstack/recipes/) are Python functions returning one, and
 `--set optim.lr=3e-4` overrides go through glmstack.config.apply_overrides (unknown keys list the valid ones).
 The resolved config is written next to every checkpoint; resuming compares it with the new one field by field
-(RESUME_MAY_CHANGE lists what may differ).
+(RESUME_MAY_CHANGE lists what may differ). `problems(cfg)` checks the values that only the run would otherwise
+reject (model overrides, packing, loader options, device) when the config is built, before any model exists.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -35,13 +37,14 @@ class OptimConfig:
 @dataclass(kw_only=True)
 class ScheduleConfig:
     lr: Literal["cosine", "wsd", "constant"] = "cosine"  # shape after warm-up
-    warmup_steps: int = 10  # linear lr warm-up
+    warmup_steps: int = 10  # linear lr warm-up (offset steps; a continuing stage keeps pre-training's: same curve)
+    rewarmup_steps: int = 0  # lr ramp over a stage's first steps when it starts without optimizer state (0 = none)
     total_steps: int | None = None  # steps the decay spans (in offset steps); None = this stage's end
     step_offset: int = 0  # added to the stage step: mid-training continues pre-training's decay
     final_lr_frac: float = 0.1  # lr at the end / peak (GLM-4.5: 2.5e-5 / 2.5e-4)
     wsd_decay_frac: float = 0.2  # WSD: fraction of the steps spent decaying
-    batch_warmup_start_tokens: int = 0  # tokens/step at step 0 (0 = no batch-size warm-up)
-    batch_warmup_steps: int = 0  # steps to reach the full batch
+    batch_warmup_start_tokens: int = 0  # tokens/step per rank at the start (0 = no batch-size warm-up)
+    batch_warmup_tokens: int = 0  # tokens per rank consumed while the batch ramps to full (GLM-4.5: 500B)
     mtp_weight: list[list[float]] = field(default_factory=lambda: [[0, 0.3]])  # [[from_step, λ]]: GLM-4.5 0.3 then 0.1
     balance_rate: list[list[float]] = field(default_factory=lambda: [[0, 1e-3]])  # [[from_step, u]]: 1e-3 then 0
     aux_loss_weight: float = 1e-4  # sequence-wise balance loss α (GLM-4.5, DeepSeek-V3 Eq. 17)
@@ -49,10 +52,11 @@ class ScheduleConfig:
 
 @dataclass(kw_only=True)
 class DataConfig:
+    """What a training stage reads (shards are built by `glmstack data`, configured by data.PipelineConfig)."""
+
     kind: Literal["synthetic", "shards"] = "synthetic"  # synthetic = glmstack/train/synthetic.py
-    path: str = ""  # token shard folder (kind=shards)
-    mixture: dict[str, float] = field(default_factory=dict)  # source -> weight (kind=shards)
-    packing: str = "concat"  # packing mode understood by the data loader (pretrain concat, midtrain best-fit)
+    path: str = ""  # token shard folder (kind=shards); source weights are fixed when the shards are built
+    packing: Literal["concat", "best_fit"] = "concat"  # pretrain concat, midtrain best-fit (kind=shards: documents)
     val_path: str = ""  # validation shards; "" = a held-out synthetic/shard stream
     options: dict[str, Any] = field(default_factory=dict)  # extra keyword arguments for the loader
 
@@ -95,6 +99,7 @@ class TrainConfig:
     model: str = "tiny"  # ModelConfig preset name
     model_overrides: dict[str, Any] = field(default_factory=dict)  # HF-named ModelConfig fields to change
     init_from: str = ""  # HF folder (or run/stage) of the previous stage's checkpoint; "" = fresh init
+    optim_state: Literal["carry", "fresh"] = "carry"  # init_from's optimizer state if params match, else rewarm-up
     rope_theta: float = 0.0  # RoPE base for this stage (0 = keep the model's); midtrain raises it (GLM-4.5 1e4 -> 1e6)
     seq_len: int = 128  # tokens per sequence
     micro_batch_size: int = 4  # sequences per micro-batch per rank
@@ -111,6 +116,69 @@ class TrainConfig:
     log: LogConfig = field(default_factory=LogConfig)  # logging, validation, plots
     guard: GuardConfig = field(default_factory=GuardConfig)  # NaN / loss-spike guard
     dist: DistConfig = field(default_factory=DistConfig)  # torchrun parallelism
+
+    def __post_init__(self):
+        found = problems(self)
+        if found:
+            from glmstack.errors import ConfigError
+
+            raise ConfigError("; ".join(found))
+
+
+# Loader arguments the stage fills itself (glmstack/train/stage.py: build_data); data.options may set the others.
+STAGE_LOADER_ARGS = {"self", "data_dir", "vocab_size", "seq_len", "batch_size", "rank", "world_size", "seed", "split",
+                     "shuffle", "options"}
+
+
+def problems(cfg: TrainConfig) -> list[str]:
+    """One message per field the run would reject later (empty when none): checked when a config is built
+    (TrainConfig.__post_init__, so every --set and --print-config) and again by stage.run on a mutated recipe."""
+    from glmstack.errors import ConfigError
+    from glmstack.model.config import ModelConfig
+
+    p = []
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    unknown = sorted(set(cfg.model_overrides) - fields)
+    if unknown:
+        p.append(f"model_overrides: unknown ModelConfig field(s) {', '.join(unknown)}; valid: {', '.join(sorted(fields))}")
+    elif not cfg.init_from:
+        try:  # a fresh model: its whole config is known now (the checkpoint's is checked when it is read)
+            ModelConfig.preset(cfg.model, **cfg.model_overrides)
+        except ConfigError as e:
+            p.append(f"model / model_overrides: {e}")
+    if cfg.data.kind == "shards" and not cfg.data.path:
+        p.append("data.path: empty; data.kind=shards needs a token shard folder")
+    if cfg.data.kind == "synthetic" and cfg.data.packing != "concat":
+        p.append(f"data.packing={cfg.data.packing!r} needs data.kind=shards (synthetic data has no documents to pack)")
+    allowed = loader_options(cfg.data.kind, cfg.data.packing)
+    bad = sorted(set(cfg.data.options) - allowed)
+    if bad:
+        p.append(f"data.options: unknown key(s) {', '.join(bad)} for the {cfg.data.kind} loader; "
+                 f"valid: {', '.join(sorted(allowed)) or 'none'}")
+    if cfg.device != "auto":
+        import torch
+
+        try:
+            torch.device(cfg.device)
+        except RuntimeError:
+            p.append(f"device: {cfg.device!r} is not a torch device (auto, cpu, cuda, cuda:N)")
+    return p
+
+
+def loader_options(kind: str, packing: str) -> set[str]:
+    """Keyword arguments data.options may pass to the stage's loader (its constructor's, less the stage's own)."""
+    import inspect
+
+    if kind == "synthetic":
+        from glmstack.train.synthetic import SyntheticLM as loader
+
+        classes = [loader]
+    else:
+        from glmstack.data import loader as mod
+
+        cls = {"concat": mod.PretrainLoader, "best_fit": mod.PackedLoader}[packing]
+        classes = [c for c in cls.__mro__ if "__init__" in vars(c) and c is not object]
+    return {name for c in classes for name in inspect.signature(c.__init__).parameters} - STAGE_LOADER_ARGS
 
 
 # Fields that may differ between the config a checkpoint was written with and the one resuming from it.

@@ -1,6 +1,6 @@
 """Distributed training under torchrun, applied from outside the model in ONE place: `parallelize`.
 
-The model is plain single-device PyTorch (CONVENTIONS §4). This module wraps it, in a fixed order:
+The model is plain single-device PyTorch (readable; one code path). This module wraps it, in a fixed order:
   1. expert parallel (optional): each MoE layer's routed experts are split over the ranks, and the layer's
      `experts` module is replaced by `ExpertParallel`, which dispatches tokens to the rank owning their expert
      with an all-to-all and combines the results with a second one (glmstack/train/expert_parallel.py);
@@ -57,6 +57,11 @@ def barrier() -> None:
 def mean_over_ranks(x: float) -> float:
     """The average of a Python scalar over ranks (for logging the global loss)."""
     return means_over_ranks({"x": x})["x"]
+
+
+def sum_over_ranks(x: float) -> float:
+    """The sum of a Python scalar over ranks."""
+    return mean_over_ranks(x) * world()
 
 
 def means_over_ranks(values: dict[str, float]) -> dict[str, float]:
@@ -200,10 +205,9 @@ def clip_grad_norm_(model: nn.Module, max_norm: float) -> float:
         return 0.0
     local = [p.grad.to_local() if _is_dtensor(p.grad) else p.grad for p in params]  # this rank's elements
     is_sharded = [_is_dtensor(p.grad) or _is_ep(p) for p in params]
-    zero = local[0].new_zeros((), dtype=torch.float64)
-    sq = [g.double().pow(2).sum() for g in local]
-    replicated = sum((s for s, sh in zip(sq, is_sharded) if not sh), zero)
-    sharded = sum((s for s, sh in zip(sq, is_sharded) if sh), zero)
+    sq = torch.stack(torch._foreach_norm(local)).double().square()  # one kernel per dtype/device, not per tensor
+    sharded_mask = torch.tensor(is_sharded, device=sq.device)
+    replicated, sharded = sq[~sharded_mask].sum(), sq[sharded_mask].sum()
     if is_dist():
         dist.all_reduce(sharded)
     norm = float((replicated + sharded).sqrt())

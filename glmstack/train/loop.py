@@ -1,15 +1,20 @@
 """The ONE training loop: every stage (pretrain, midtrain, SFT, RL) runs `train(...)` with its own data, loss
-function and schedule tables (CONVENTIONS §6; OLMo-core's one trainer, not nanochat's copied loops).
+function and schedule tables (one loop, as OLMo-core's one trainer, so a fix reaches every stage).
 
 Per optimizer step:
   schedules (pure in the step) -> lr, MTP weight, balancing rate, micro-batches to accumulate
-  -> forward/backward per micro-batch (bf16 autocast on GPU, fp32 on CPU; DDP syncs only the last one)
+  -> forward/backward per micro-batch, each weighted by its share of the step's loss tokens (labels != -100,
+     all ranks): the step's loss and gradient are the whole batch's (bf16 autocast on GPU, fp32 on CPU; DDP syncs
+     only the last one)
   -> global grad norm + clipping -> NaN / loss-spike guard (skip, count, stop with a checkpoint after N in a row)
   -> optimizer step -> loss-free balancing bias update from the step's global expert load
   -> validation every `log.val_every` -> one log line + metrics.jsonl row every `log.every` steps and on every
      validated step -> checkpoint every `ckpt.every`.
 Resume (`ckpt.resume=auto`) restores model, optimizer, RNGs, data position and loop counters from `latest`, so
-N steps + resume + N steps equals 2N steps bit for bit (tests/integration/test_resume.py).
+N steps + resume + N steps equals 2N steps bit for bit (tests/integration/test_resume.py). A new stage with `init_from`
+carries that checkpoint's optimizer state when its parameters match (`optim_state=carry`; GLM-4.5 runs pre- and
+mid-training as one run), else starts fresh and re-warms the lr up over `schedule.rewarmup_steps`; the stage
+log says which.
 
     result = train(model=model, optimizer=opt, data=loader, cfg=train_cfg, stage_dir="runs/tiny/pretrain")
     # loss_fn(model, batch, values) -> (loss, metrics); values = this step's schedule values
@@ -46,6 +51,7 @@ class LoopState:
     skipped: int = 0  # steps skipped by the guard, in total
     bad_in_row: int = 0  # consecutive skipped steps
     loss_ema: float | None = None  # running mean loss for the spike guard
+    rewarm: bool = False  # the stage began without init_from's optimizer state: the lr re-warms up
 
 
 def pretrain_loss(model, batch: dict, values: dict) -> tuple[torch.Tensor, dict]:
@@ -112,24 +118,37 @@ def _emit(line: str, bar) -> None:
 # ---------------------------------------------------------------------------------------------------- one step
 
 
-def _micro_batches(model, data_iter, n: int, device, amp, loss_fn, values) -> tuple[float, dict, int]:
-    """Forward/backward `n` micro-batches; -> (mean loss, mean metrics (expert_load summed), tokens).
+def loss_tokens(batch: dict) -> int:
+    """Tokens a micro-batch's loss averages over: its labels != -100 (all its tokens when it has no labels)."""
+    labels = batch.get("labels")
+    return int((labels != -100).sum()) if labels is not None else int(batch["input_ids"].numel())
 
-    Losses and metrics stay on the device until all micro-batches are queued: one host sync per step.
+
+def _micro_batches(model, data_iter, n: int, device, amp, loss_fn, values) -> tuple[float, dict, int]:
+    """Forward/backward `n` micro-batches; -> (token-weighted loss, weighted metrics (expert_load summed), tokens).
+
+    Each micro-batch's mean loss is weighted by its share of the step's loss tokens over all ranks, so the step's
+    gradient and loss equal those of the whole batch at once, however padding and -100 labels fall (a mean of
+    micro-batch means would weight a sparse row more). Losses and metrics stay on the device until all
+    micro-batches are queued: one host sync per step.
     """
+    batches = [next(data_iter) for _ in range(n)]
+    counts = [loss_tokens(b) for b in batches]
+    total = dist.sum_over_ranks(float(sum(counts)))
+    weights = [c * dist.world() / total if total > 0 else 1 / n for c in counts]  # DDP averages over ranks
     sums, tokens = {}, 0
-    for i in range(n):
-        batch = _to_device(next(data_iter), device)
+    for i, (batch, w) in enumerate(zip(batches, weights)):
+        batch = _to_device(batch, device)
         sync = contextlib.nullcontext() if i == n - 1 or not hasattr(model, "no_sync") else model.no_sync()
         amp_ctx = torch.autocast(device.type, dtype=amp) if amp is not None else contextlib.nullcontext()
         with sync:  # DDP: skip the gradient all-reduce on all but the last micro-batch
             with amp_ctx:
                 loss, metrics = loss_fn(model, batch, values)
-            (loss / n).backward()
+            (loss * w).backward()
         tokens += int(batch["input_ids"].numel())
         for k, v in ({"loss": loss} | metrics).items():
             v = v.detach() if torch.is_tensor(v) else torch.tensor(float(v))
-            v = v if k == "expert_load" else v.double() / n
+            v = v if k == "expert_load" else v.double() * w
             sums[k] = sums[k] + v if k in sums else v
     out = {k: v if k == "expert_load" else float(v) for k, v in sums.items()}
     return out.pop("loss"), out, tokens
@@ -137,10 +156,13 @@ def _micro_batches(model, data_iter, n: int, device, amp, loss_fn, values) -> tu
 
 def _train_step(model, optimizer, data_iter, cfg: TrainConfig, state: LoopState, device, amp, loss_fn) -> dict:
     """One optimizer step (or a guarded skip); returns the row to log."""
-    values = schedules.values_at(state.step, cfg.schedule, stage_steps=cfg.steps)
+    values = schedules.values_at(state.step, cfg.schedule, stage_steps=cfg.steps, rewarmup=state.rewarm)
     values["aux_loss_weight"] = cfg.schedule.aux_loss_weight
     accum = schedules.accum_steps(
-        state.step, cfg.schedule, tokens_per_micro=cfg.micro_batch_size * cfg.seq_len, full_accum=cfg.grad_accum
+        state.tokens // dist.world(),
+        cfg.schedule,
+        tokens_per_micro=cfg.micro_batch_size * cfg.seq_len,
+        full_accum=cfg.grad_accum,
     )
     lr = _set_lr(optimizer, values["lr_mult"])
     loss, metrics, tokens = _micro_batches(model, data_iter, accum, device, amp, loss_fn, values)
@@ -189,10 +211,10 @@ def validate(model, batches: list[dict], device, amp, loss_fn, values: dict) -> 
 def _resume(stage_dir: Path, cfg: TrainConfig, model, optimizer, data) -> LoopState:
     """Load `latest` (or an explicit folder) if asked; refuse a config that would silently change the run."""
     if cfg.ckpt.resume == "never":
-        return LoopState()
-    folder = checkpoint.latest(stage_dir) if cfg.ckpt.resume == "auto" else Path(cfg.ckpt.resume)
+        return _start(cfg, model, optimizer)
+    folder = checkpoint.latest(stage_dir) if cfg.ckpt.resume == "auto" else checkpoint.check_resumable(cfg.ckpt.resume)
     if folder is None:
-        return LoopState()
+        return _start(cfg, model, optimizer)
     old = json.loads((folder / "trainer_state" / "train_config.json").read_text())
     conflicts = resume_conflicts(old, to_dict(cfg))
     if conflicts:
@@ -208,6 +230,36 @@ def _resume(stage_dir: Path, cfg: TrainConfig, model, optimizer, data) -> LoopSt
     return LoopState(**saved["loop"])
 
 
+def _start(cfg: TrainConfig, model, optimizer) -> LoopState:
+    """A new stage: carry init_from's optimizer state when its parameters match (cfg.optim_state=carry), else
+    start fresh and re-warm the lr up over schedule.rewarmup_steps. Says which in the stage log."""
+    if not cfg.init_from:
+        return LoopState()
+    folder = checkpoint.resolve(cfg.init_from, cfg.out_dir)
+    why = _carry_optimizer(folder, model, optimizer) if cfg.optim_state == "carry" else "optim_state=fresh"
+    if dist.rank() == 0:
+        ramp = f", lr re-warm-up over {cfg.schedule.rewarmup_steps} steps" if cfg.schedule.rewarmup_steps else ""
+        said = f"carried from {folder}" if why is None else f"fresh ({why}){ramp}"
+        print(f"optimizer state: {said}", flush=True)
+    return LoopState(rewarm=why is not None)
+
+
+def _carry_optimizer(folder: Path, model, optimizer) -> str | None:
+    """Load `folder`'s optimizer state if it was written for the same parameters in the same groups; None if
+    carried, else why not. This stage's hyper-parameters (lr, decay, ...) stay: only the state moves."""
+    state_file = folder / "trainer_state" / "state.pt"
+    saved_names = torch.load(state_file, weights_only=False).get("optim_params") if state_file.exists() else None
+    if saved_names is None:
+        return "the checkpoint has no optimizer state"
+    if saved_names != checkpoint.optimizer_param_names(model, optimizer):
+        return "the trained parameters or their optimizer groups differ from the checkpoint's"
+    settings = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    problem = checkpoint.load_optimizer(folder, model, optimizer)
+    for group, kept in zip(optimizer.param_groups, settings):
+        group.update(kept)
+    return problem
+
+
 def _save(stage_dir, cfg, model, optimizer, data, state: LoopState) -> Path:
     biases = [b.detach().cpu().clone() for _, b in balance.bias_buffers(dist.unwrap(model))]
     return checkpoint.save(
@@ -217,7 +269,11 @@ def _save(stage_dir, cfg, model, optimizer, data, state: LoopState) -> Path:
         optimizer=optimizer,
         data=data,
         config=to_dict(cfg),
-        state={"loop": dataclasses.asdict(state), "balance_biases": biases},
+        state={
+            "loop": dataclasses.asdict(state),
+            "balance_biases": biases,
+            "optim_params": checkpoint.optimizer_param_names(model, optimizer),
+        },
         keep_last=cfg.ckpt.keep_last,
     )
 
@@ -244,6 +300,9 @@ def train(
     stage_dir = Path(stage_dir)
     device, rank0 = device_of(cfg), dist.rank() == 0
     amp = autocast_dtype(cfg, device)
+    if rank0:
+        for leftover in checkpoint.clean_partial(stage_dir):
+            print(f"removed {leftover}, the partial checkpoint of an interrupted save", flush=True)
     state = _resume(stage_dir, cfg, model, optimizer, data)
     metrics = Metrics(stage_dir, enabled=rank0, tensorboard=cfg.log.tensorboard)
     metrics.truncate_after(state.step)
@@ -285,7 +344,7 @@ def train(
 
 
 def _val_values(cfg: TrainConfig, step: int) -> dict:
-    values = schedules.values_at(max(0, step - 1), cfg.schedule, stage_steps=cfg.steps)
+    values = schedules.values_at(max(0, step - 1), cfg.schedule, stage_steps=cfg.steps)  # lr is not used
     return values | {"aux_loss_weight": cfg.schedule.aux_loss_weight}
 
 

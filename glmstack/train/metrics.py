@@ -12,6 +12,8 @@ import math
 import sys
 from pathlib import Path
 
+from glmstack.atomic import write_atomic
+
 # What a log line shows, in order: (key, format).
 LINE_FIELDS = (
     ("loss", "{:.4f}"),
@@ -73,10 +75,8 @@ class Metrics:
         """Drop rows logged after `step` (a resumed run re-logs them; the file stays one row per step)."""
         path = self.folder / "metrics.jsonl"
         if self.enabled and path.exists():
-            rows = [r for r in read_jsonl(path) if r.get("step", -1) <= step]
-            tmp = path.with_suffix(".jsonl.tmp")
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-            tmp.replace(path)
+            rows = [r for r in read_metrics(path) if r.get("step", -1) <= step]
+            write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
 
     def close(self) -> None:
         if self.tb is not None:
@@ -87,37 +87,44 @@ def _finite_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def read_jsonl(path: str | Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+def read_metrics(path: str | Path) -> list[dict]:
+    """One dict per line of a metrics.jsonl ([] if there is none). The one reader of the file (resume, plots, the
+    run report): a line that is not JSON, e.g. half written when a run was killed mid-write, is skipped."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
 
 
 def plot(folder: str | Path) -> list[Path]:
-    """One PNG per PLOTS panel under folder/plots/, from folder/metrics.jsonl; returns the files written."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """One PNG per PLOTS panel under folder/plots/, from folder/metrics.jsonl; returns the files written. Drawn by
+    the run report's plotter (glmstack.report.draw_curves), so a stage and a run look the same."""
+    from glmstack.report import draw_curves
 
     folder = Path(folder)
-    rows = read_jsonl(folder / "metrics.jsonl")
+    rows = read_metrics(folder / "metrics.jsonl")
     written = []
     for title, keys in PLOTS.items():
         series = sorted(
             {k for r in rows for k in r if any(k == p or (p.endswith("/") and k.startswith(p)) for p in keys)}
         )
-        if not series:
-            continue
-        fig, ax = plt.subplots(figsize=(7, 4))
+        curves = []
         for k in series:
-            pts = [(r["step"], r[k]) for r in rows if k in r]
-            ax.plot(*zip(*pts), label=k, marker="." if len(pts) < 30 else None)
-        ax.set(title=title, xlabel="step")
-        ax.legend(fontsize=7)
-        (folder / "plots").mkdir(exist_ok=True)
+            xs, ys = zip(*[(r.get("step", i), r[k]) for i, r in enumerate(rows) if k in r])
+            curves.append((k, list(xs), list(ys), ".-" if len(xs) < 30 else "-"))
         out = folder / "plots" / f"{title}.png"
-        fig.savefig(out, dpi=100, bbox_inches="tight")
-        plt.close(fig)
-        written.append(out)
+        if curves:
+            out.parent.mkdir(exist_ok=True)
+        if draw_curves(out, title, "step", "", curves):
+            written.append(out)
     return written
 
 

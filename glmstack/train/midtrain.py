@@ -3,7 +3,7 @@
 GLM-4.5 §2.4: load the pre-trained model, raise the sequence length (4K -> 32K -> 128K) together with the RoPE base
 (1e4 -> 1e6), switch the data mixture (repo-level code, synthetic reasoning, long documents) and the packing mode
 (best-fit packing instead of concatenation), and continue the same cosine decay to 10% of the peak lr. All of
-that is data in the recipe's `midtrain()` (init_from, seq_len, rope_theta, data.mixture, data.packing,
+that is data in the recipe's `midtrain()` (init_from, seq_len, rope_theta, data.path, data.packing,
 schedule.step_offset); this module runs the shared stage code and the one loop.
 
     glmstack midtrain tiny                      # reads runs/tiny/pretrain/latest, writes runs/tiny/midtrain/

@@ -12,17 +12,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
+import json
 import random
+import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from glmstack.config import ConfigError, apply_overrides, diff_fields
+from glmstack.errors import GlmstackError, one_line
 from glmstack.model.config import TRAINING_FIELDS
 from glmstack.optim import build_optimizer
-from glmstack.train import dist
-from glmstack.train.config import TrainConfig
+from glmstack.train import checkpoint, dist
+from glmstack.train.config import TrainConfig, problems
 from glmstack.train.loop import device_of, pretrain_loss, train
 from glmstack.train.synthetic import SyntheticLM
 
@@ -50,18 +53,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def resolve_checkpoint(ref: str, out_dir: str) -> Path:
-    """A previous stage's checkpoint: an HF folder, a stage folder (its `latest`), or 'run/stage'."""
-    from glmstack.train import checkpoint
-
-    for cand in (Path(ref), Path(out_dir) / ref):
-        if (cand / "config.json").exists() and any(cand.glob("*.safetensors")):
-            return cand
-        if (cand / checkpoint.LATEST).exists():
-            return checkpoint.latest(cand)
-    raise ConfigError(f"init_from={ref!r}: no HF checkpoint folder, stage folder or run/stage under {out_dir}")
 
 
 def build_model(cfg: TrainConfig, device: torch.device):
@@ -97,7 +88,7 @@ def _meta_model(cfg: TrainConfig, device: torch.device):
     if not cfg.init_from:
         model = GLM(ModelConfig.preset(cfg.model, **overrides))
         return model, model.initial_tensors(seed=cfg.seed, device=device)
-    folder = resolve_checkpoint(cfg.init_from, cfg.out_dir)
+    folder = checkpoint.resolve(cfg.init_from, cfg.out_dir)
     saved = ModelConfig.from_hf(folder)
     new_cfg = dataclasses.replace(saved, **overrides)  # e.g. mid-training's RoPE base change: same weights
     changed = [f for f in diff_fields(saved, new_cfg) if f not in STAGE_MAY_CHANGE]
@@ -107,7 +98,7 @@ def _meta_model(cfg: TrainConfig, device: torch.device):
             f"a stage may change only {', '.join(STAGE_MAY_CHANGE)}"
         )
     model = GLM(new_cfg, dtype=torch.float32)  # applies GLM-5's DSA stage (which indexer mode, what trains)
-    return model, checkpoint_tensors(model, folder)
+    return model, checkpoint_tensors(model, folder, missing_mtp="init", seed=cfg.seed)
 
 
 def build_data(cfg: TrainConfig, vocab_size: int, split: str = "train"):
@@ -122,7 +113,6 @@ def build_data(cfg: TrainConfig, vocab_size: int, split: str = "train"):
     path = cfg.data.val_path if split == "val" and cfg.data.val_path else cfg.data.path
     return build_loader(
         path=path,
-        mixture=cfg.data.mixture,
         packing=cfg.data.packing,
         seed=cfg.seed,
         split=split,
@@ -131,9 +121,42 @@ def build_data(cfg: TrainConfig, vocab_size: int, split: str = "train"):
     )
 
 
+def check_inputs(cfg: TrainConfig) -> None:
+    """What the run would otherwise find late, checked before a model is allocated: the config's values (a recipe
+    may have mutated it after it was built), the resume folder, and that the token shards' vocabulary fits the
+    model's embedding (past it: an index error on CPU, a device assert on CUDA)."""
+    from glmstack.model import ModelConfig
+
+    found = problems(cfg)
+    if found:
+        raise ConfigError("; ".join(found))
+    if cfg.ckpt.resume not in ("auto", "never"):
+        checkpoint.check_resumable(cfg.ckpt.resume)
+    if cfg.data.kind != "shards":
+        return
+    if cfg.init_from:
+        model_cfg = ModelConfig.from_hf(checkpoint.resolve(cfg.init_from, cfg.out_dir))
+    else:
+        model_cfg = ModelConfig.preset(cfg.model, **cfg.model_overrides)
+    for path in dict.fromkeys(p for p in (cfg.data.path, cfg.data.val_path) if p):
+        index = Path(path) / "index.json"
+        if not index.is_file():
+            raise ConfigError(f"data.path: {index} not found (build the token shards first: glmstack data ...)")
+        try:
+            shard_vocab = int(json.loads(index.read_text())["vocab_size"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise ConfigError(f"{index}: unreadable shard index ({e!r})") from None
+        if shard_vocab > model_cfg.vocab_size:
+            raise ConfigError(
+                f"{index}: the shards' tokenizer has {shard_vocab} ids but the model's vocab_size is "
+                f"{model_cfg.vocab_size}; set model_overrides.vocab_size >= {shard_vocab} or use matching shards"
+            )
+
+
 def run(cfg: TrainConfig, *, loss_fn=pretrain_loss, stop_at: int | None = None, build=build_data) -> dict:
     """Build everything for `cfg` and run the loop; returns the loop's summary. `build(cfg, vocab, split)` makes
     the data (SFT passes its packed conversations)."""
+    check_inputs(cfg)
     device = device_of(cfg)
     dist.init_from_env(device.type)
     seed_everything(cfg.seed)
@@ -188,8 +211,8 @@ def main_for(stage: str, description: str, argv: list[str] | None, run_fn=None) 
             print(to_json(cfg))
             return 0
         result = (run_fn or run)(cfg, stop_at=args.stop_at)
-    except ConfigError as e:
-        print(f"glmstack {stage}: {e}", flush=True)
+    except GlmstackError as e:  # a config field, a checkpoint or shard file: one line, no traceback
+        print(one_line(f"glmstack {stage}", e), file=sys.stderr, flush=True)
         return 2
     if dist.rank() == 0:
         print(f"{stage} finished: {result}", flush=True)

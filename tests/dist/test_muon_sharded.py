@@ -38,7 +38,7 @@ def _grads(step: int) -> list[torch.Tensor]:
 
 def _optimizer(model):
     params = [*model.mats, model.bank]
-    return Muon([{"params": params}, {"params": [model.split], "split": 2}], lr=0.02, ns_dtype=torch.float32)
+    return Muon([{"params": params}, {"params": [model.split], "blocks": (2, (4,))}], lr=0.02, ns_dtype=torch.float32)
 
 
 def _run(model, opt, shard=lambda g, p: g):

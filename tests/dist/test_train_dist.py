@@ -27,7 +27,7 @@ BASE = [
     "log.plots=false",
     "log.val_every=0",
     "ckpt.every=0",
-    "schedule.batch_warmup_steps=0",
+    "schedule.batch_warmup_tokens=0",
     "schedule.warmup_steps=1",
 ]
 

@@ -135,7 +135,7 @@ def test_pretrain_on_cuda_logs_mfu(tmp_path):
     from glmstack.train.stage import load_config, run
 
     overrides = [f"out_dir={tmp_path}", "steps=3", "seq_len=128", "micro_batch_size=4", "log.progress=false",
-                 "log.plots=false", "log.val_every=0", "schedule.batch_warmup_steps=0", "device=cuda"]
+                 "log.plots=false", "log.val_every=0", "schedule.batch_warmup_tokens=0", "device=cuda"]
     run(load_config("tiny", "pretrain", overrides))
     rows = [json.loads(r) for r in (tmp_path / "tiny" / "pretrain" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 3 and all(torch.isfinite(torch.tensor(r["loss"])) for r in rows)

@@ -21,7 +21,7 @@ FAST = [
     "log.progress=false",
     "log.plots=false",
     "log.val_every=0",
-    "schedule.batch_warmup_steps=0",
+    "schedule.batch_warmup_tokens=0",
     "ckpt.every=3",
 ]
 

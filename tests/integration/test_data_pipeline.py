@@ -5,12 +5,14 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from glmstack.data.corpus import CorpusConfig, corpus_docs
 from glmstack.data.loader import PackedLoader, PretrainLoader
-from glmstack.data.pipeline import DataConfig, build_dataset
+from glmstack.data.pipeline import PipelineConfig, build_dataset
 from glmstack.data.semdedup import SemDedupConfig
+from glmstack.data.shards import TokenShards
 from glmstack.data.sources import EmptyInputError, SourceConfig
 
 
@@ -23,7 +25,7 @@ def tok():
 
 def _cfg(**kw):
     base = {"corpus": CorpusConfig(size_mb=0.15), "unit_docs": 32, "progress": False}
-    return DataConfig(**{**base, **kw})
+    return PipelineConfig(**{**base, **kw})
 
 
 def _digest(out: Path) -> dict:
@@ -68,6 +70,12 @@ def test_summary_counts_and_loaders(tmp_path, tok):
     assert batch["input_ids"].shape == (2, 64) and batch["input_ids"].max() < tok.vocab_size
     packed = next(iter(PackedLoader(tmp_path / "train", seq_len=128, batch_size=2)))
     assert set(packed) == {"input_ids", "labels", "position_ids", "segment_ids"}
+    # FIM is the loader's job: the train split asks for it, its tokens hold no sentinel, the eval split asks none
+    train = TokenShards(tmp_path / "train")
+    assert train.meta["fim"]["rate"] == 0.5 and TokenShards(tmp_path / "eval").meta["fim"] is None
+    sentinels = {tok.token_id(t) for t in ("<|code_prefix|>", "<|code_middle|>", "<|code_suffix|>")}
+    assert not sentinels & set(np.unique(train.span(0, train.n_tokens)).tolist())
+    assert PackedLoader(tmp_path / "train", seq_len=128, batch_size=2).fim is not None
     assert (tmp_path / "tokenizer" / "tokenizer.json").exists()
 
 

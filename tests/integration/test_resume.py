@@ -19,7 +19,7 @@ FAST = [
     "log.plots=false",
     "ckpt.every=0",
     "log.val_every=0",
-    "schedule.batch_warmup_steps=2",
+    "schedule.batch_warmup_tokens=192",  # accum 1, 1, 2, 2, ...: the ramp crosses the resume
     "schedule.batch_warmup_start_tokens=64",
     "schedule.mtp_weight=[[0, 0.3], [3, 0.1]]",
 ]

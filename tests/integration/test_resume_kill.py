@@ -17,7 +17,7 @@ ARGS = [
     "log.val_every=0",
     "ckpt.every=2",
     "steps=6",
-    "schedule.batch_warmup_steps=0",
+    "schedule.batch_warmup_tokens=0",
 ]
 
 

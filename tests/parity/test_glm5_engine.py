@@ -1,8 +1,11 @@
-"""GLM-5 (MLA + DSA, one MTP layer shared by 3 depths) through the inference engine: cached decoding equals a
-full recompute, and MTP speculative decoding (the shared layer drafting every depth) equals plain greedy decoding.
+"""GLM-5 (MLA + DSA, one MTP layer shared by 3 depths) through the inference engine: cached decoding (one by one
+and batched, on the fast path) equals a full recompute, and MTP speculative decoding (the shared layer drafting
+every depth) equals plain greedy decoding.
 
-Prompts plus generation exceed index_topk, so decoding is really sparse. Random tiny indexers produce exact-zero
-index scores often, so the indexers use shape-independent tie order (`stable_ties`, see dsa.select_topk).
+Prompts plus generation exceed index_topk, so decoding is really sparse. DSA picks each query's top-k keys by
+indexer score, and random tiny indexers produce exact-zero (ReLU) scores often; torch.topk breaks such ties in a
+shape-dependent way, so a left-padded row or a speculative verify block could pick other tied keys than the row
+alone. The indexers here use shape-independent tie order (`stable_ties`, see dsa.select_topk).
 """
 
 import functools
@@ -35,8 +38,13 @@ def greedy_by_recompute(model, prompt, n):
 
 
 def test_cached_decode_equals_full_recompute(model):
-    out = Engine(model).generate(PROMPTS, N_NEW, stop_ids=[]).tokens
-    assert out == [greedy_by_recompute(model, p, N_NEW) for p in PROMPTS]
+    engine = Engine(model)
+    assert engine.fast  # MLA: its attention module as it is, the rest on the fast path
+    ref = [greedy_by_recompute(model, p, N_NEW) for p in PROMPTS]
+    assert engine.generate(PROMPTS, N_NEW, stop_ids=[]).tokens == ref
+    assert [engine.generate([p], N_NEW, stop_ids=[]).tokens[0] for p in PROMPTS] == ref  # unpadded, one by one
+    # the random MTP layer's drafts (mostly rejected) through the fast path's verify blocks
+    assert engine.generate(PROMPTS, N_NEW, stop_ids=[], speculative="mtp", draft_k=2).tokens == ref
 
 
 def test_absorbed_decode_equals_plain_decode(model):

@@ -7,6 +7,7 @@ sequence length (real DSA sparsity), above it (DSA == dense MLA), IndexShare ("s
 import pytest
 import torch
 from hf_helpers import assert_lm_grads_match, hf_model, random_ids, randomise_, shifted_labels
+from reference import reference_file
 
 from glmstack.model import GLM, ModelConfig, load_hf, save_hf
 
@@ -95,7 +96,7 @@ def test_bf16_keeps_indexer_head_weights_fp32(tmp_path):
 def test_glm5_preset_is_the_released_config():
     import dataclasses
 
-    ref = ModelConfig.from_hf("/work/shared/reference/configs/glm-5.json", num_mtp_depths=3)
+    ref = ModelConfig.from_hf(reference_file("configs", "glm-5.json"), num_mtp_depths=3)
     preset = ModelConfig.preset("glm-5")
     assert dataclasses.replace(ref, hf_metadata={}) == dataclasses.replace(preset, hf_metadata={})
     hf = transformers.GlmMoeDsaConfig(**ModelConfig.preset("glm-5").to_hf())

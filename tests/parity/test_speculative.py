@@ -11,9 +11,10 @@ import itertools
 import pytest
 import torch
 
-from glmstack.inference import Engine
+from glmstack.inference import Engine, KVCache
 from glmstack.inference.fast import FastForward
 from glmstack.inference.sampling import SamplingParams, probs
+from glmstack.inference.speculative import frequent_tokens
 from glmstack.model import GLM, ModelConfig
 
 PROMPTS = [[5, 17, 300, 2, 9, 41, 7], [11], [400, 3, 3, 8]]
@@ -89,11 +90,20 @@ def test_speculative_stops_mid_block(model, monkeypatch):
     assert spec.stats["mean_accepted_length"] > 3
 
 
-@pytest.mark.parametrize("sampling", [{"temperature": 0.7}, {"temperature": 1.0, "top_k": 4, "top_p": 0.9}])
-def test_speculative_sampling_keeps_distribution(sampling):
+@pytest.mark.parametrize(
+    "sampling, draft_vocab",
+    [
+        ({"temperature": 0.7}, None),
+        ({"temperature": 1.0, "top_k": 4, "top_p": 0.9}, None),
+        ({"temperature": 0.7}, [0, 2, 3]),
+    ],
+)
+def test_speculative_sampling_keeps_distribution(sampling, draft_vocab):
     """First two sampled tokens over many rows: speculative frequencies == the model's exact joint p(x1) p(x2|x1),
-    p being the same temperature/top-k/top-p transform plain sampling uses."""
-    stats = pytest.importorskip("scipy.stats")
+    p being the same temperature/top-k/top-p transform plain sampling uses; also when the drafts come from a
+    draft vocabulary of 3 of the 6 tokens (q is 0 elsewhere)."""
+    from scipy import stats  # a declared test dependency (pyproject.toml [dev])
+
     cfg = ModelConfig.preset("tiny", vocab_size=6)
     model = GLM(cfg).init_weights(seed=1).eval()
     with torch.no_grad():
@@ -104,7 +114,9 @@ def test_speculative_sampling_keeps_distribution(sampling):
         seqs = torch.tensor([prompt + [a] for a in range(6)])
         p2 = probs(model(seqs).logits[:, -1], params)  # (6, 6): p(x2 | x1 = a)
     joint = (p1[:, None] * p2).reshape(-1).double()
-    res = Engine(model).generate([prompt] * n_rows, 2, seed=0, stop_ids=[], speculative="mtp", draft_k=2, **sampling)
+    engine = Engine(model)
+    engine.draft_vocab = draft_vocab
+    res = engine.generate([prompt] * n_rows, 2, seed=0, stop_ids=[], speculative="mtp", draft_k=2, **sampling)
     first_two = torch.tensor([t[:2] for t in res.tokens])
     counts = torch.bincount(first_two[:, 0] * 6 + first_two[:, 1], minlength=36).double()
     assert counts[joint == 0].sum() == 0  # nothing outside the top-k / top-p support
@@ -122,3 +134,25 @@ def test_rows_finishing_far_apart_stay_in_the_cache(model, monkeypatch):
     oracle(model, PROMPTS[:2], [0.0, 1.0], monkeypatch, fast=True)
     spec = engine.generate(PROMPTS[:2], N_NEW, stop_ids=[], speculative="mtp", draft_k=4)
     assert spec.tokens == plain
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_draft_vocabulary_keeps_greedy_output(model, k):
+    """Drafting over the 64 most frequent tokens of some text (FR-Spec): the draft head is 64 rows, the output
+    is plain greedy's."""
+    engine = Engine(model)
+    plain = engine.generate(PROMPTS, N_NEW, stop_ids=[]).tokens
+    engine.draft_vocab = frequent_tokens(plain + PROMPTS + [list(range(0, 512, 3))], 64)
+    assert len(engine.draft_vocab) == 64
+    spec = engine.generate(PROMPTS, N_NEW, stop_ids=[], speculative="mtp", draft_k=k)
+    assert spec.tokens == plain
+    fwd = FastForward(model, 64, draft_vocab=engine.draft_vocab)
+    cache = KVCache(1, 64)
+    ids = torch.tensor([PROMPTS[0]])
+    pos = torch.arange(ids.shape[1])[None]
+    with torch.inference_mode():
+        _, hidden = fwd.forward(ids, pos, cache)
+        _, logits = fwd.mtp_step(0, ids, hidden, pos, cache)
+        _, ref = model.mtp_step(0, ids, hidden, pos, KVCache(1, 64))
+    assert logits.shape[-1] == 64  # the draft head's columns are the draft vocabulary's ids
+    torch.testing.assert_close(logits, ref[..., engine.draft_vocab], rtol=1e-4, atol=1e-5)

@@ -35,9 +35,10 @@ def stream(text: str, cuts: list[int], **kwargs) -> list[dict]:
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(text=texts, cuts=st.lists(st.integers(0, 400), max_size=40), style=st.sampled_from(["glm-4.5", "glm-4.7"]),
-       in_reasoning=st.sampled_from([None, True, False]))  # fmt: skip
-def test_stream_equals_parse(text, cuts, style, in_reasoning):
-    kwargs = {"style": style, "in_reasoning": in_reasoning}
+       in_reasoning=st.sampled_from([None, True, False]), calls=st.booleans())  # fmt: skip
+def test_stream_equals_parse(text, cuts, style, in_reasoning, calls):
+    """calls=False (the server's tool_choice="none") keeps call text as content, streamed or whole."""
+    kwargs = {"style": style, "in_reasoning": in_reasoning, "calls": calls}
     assert accumulate(stream(text, cuts, **kwargs)) == parse(text, TOOLS, **kwargs)
 
 

@@ -30,6 +30,23 @@ def test_best_fit_properties(lengths, cap):
     assert len(bins) <= 2 * sum(lengths) / cap + 1
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    docs=st.lists(st.tuples(st.integers(1, 300), st.sampled_from([0, 5])), min_size=1, max_size=100),
+    cap=st.integers(64, 100),
+)
+def test_pack_keeps_room_beside_each_chunk(docs, cap):
+    """Room for sampling-time FIM: each chunk of a document with room r holds <= cap - r tokens, the chunks
+    cover the document exactly, and every row still fits its chunks plus their room."""
+    lengths, room = [n for n, _ in docs], [r for _, r in docs]
+    rows = pack(lengths, cap, room=room)
+    chunks = sorted(c for r in rows for c in r)
+    for d, n in enumerate(lengths):
+        mine = [c for c in chunks if c[0] == d]
+        assert [c[1] for c in mine] == list(range(0, n, cap - room[d])) and sum(c[2] for c in mine) == n
+    assert all(sum(n + room[d] for d, _, n in r) <= cap for r in rows)
+
+
 def test_best_fit_truncates_fewer_than_concatenation():
     rng = np.random.default_rng(0)
     lengths = list(rng.integers(20, 600, size=500))

@@ -33,7 +33,7 @@ def forward(m, x):
 def grads(m, x):
     m.zero_grad(set_to_none=True)
     x = x.clone().requires_grad_(True)
-    forward(m, x).square().sum().backward()
+    dsa.add_indexer_losses(forward(m, x).square().sum(), m).backward()
     ix = {n for n, p in m.indexer.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
     main = {n for n, p in m.named_parameters() if not n.startswith("indexer.") and p.grad is not None}
     return ix, main, x.grad
@@ -80,18 +80,26 @@ def test_sparse_stage_detaches_indexer_input():
     torch.testing.assert_close(gx_sparse, gx_select)
 
 
-def test_attached_loss_gradient_equals_coeff_times_kl_gradient():
+def test_indexer_gradient_is_coeff_times_kl_gradient_times_backward_scale():
+    """(loss · c).backward() scales the indexer's gradient by c, like o_proj's (issue 25: it used to stay put, so
+    accumulating n micro-batches gave the indexer n times its share)."""
     m = make()
     dsa.set_indexer_mode(m, "warmup", loss_coeff=0.5)
     x = torch.randn(2, 8, Cfg.hidden_size)
-    forward(m, x).sum().backward()
-    via_hook = m.indexer.wq_b.weight.grad.clone()
+    out = forward(m, x).sum()
+    kl = m.indexer.pending_loss
+    (0.5 * kl).backward(retain_graph=True)
+    want = m.indexer.wq_b.weight.grad.clone()
     m.zero_grad()
-    captured = []
-    m.indexer.attach_loss = lambda out: (captured.append(m.indexer.pending_loss), out)[1]
-    forward(m, x)
-    (0.5 * captured[0]).backward()
-    torch.testing.assert_close(via_hook, m.indexer.wq_b.weight.grad)
+    dsa.add_indexer_losses(out, m).backward()
+    torch.testing.assert_close(m.indexer.wq_b.weight.grad, want)
+    grads_at = {}
+    for c in (1.0, 0.25):
+        m.zero_grad()
+        (dsa.add_indexer_losses(forward(m, x).sum(), m) * c).backward()
+        grads_at[c] = (m.indexer.wq_b.weight.grad.clone(), m.o_proj.weight.grad.clone())
+    for one, quarter in zip(grads_at[1.0], grads_at[0.25]):
+        torch.testing.assert_close(quarter, one * 0.25)
 
 
 def test_freeze_indexers():
@@ -141,7 +149,7 @@ def test_warmup_raises_recall_of_main_attention_topk():
     before = recall()
     for _ in range(60):
         dsa.set_indexer_mode(m, "warmup")
-        forward(m, torch.randn(4, 32, Cfg.hidden_size, generator=g)).sum().backward()
+        dsa.add_indexer_losses(forward(m, torch.randn(4, 32, Cfg.hidden_size, generator=g)).sum(), m).backward()
         opt.step()
         opt.zero_grad()
     after = recall()

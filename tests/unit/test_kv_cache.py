@@ -116,3 +116,30 @@ def test_long_speculative_history_keeps_sharing_masks():
         cache.rewind(3)
     ref = KVCache(B, 16, start=torch.tensor([0, 1, 2]))
     assert torch.equal(attend(cache, 0, q, k, v), attend(ref, 0, q, k, v))
+
+
+def test_append_rows_and_drop_front_keep_each_row_exact():
+    """Continuous batching: rows prefilled apart, joined (right-aligned), decoded together, one leaves, the front is
+    reclaimed; each row's attention output equals full causal attention over its own tokens."""
+    q1, k1, v1 = rand(7, b=1, seed=1)  # row A: 5-token prompt, 2 decode steps
+    q2, k2, v2 = rand(6, b=1, seed=2)  # row B: 2-token prompt, 4 decode steps
+    a, b = KVCache(1, 5), KVCache(1, 2)
+    out_a = [attend(a, 0, q1[:, :, :5], k1[:, :, :5], v1[:, :, :5])]
+    out_b = [attend(b, 0, q2[:, :, :2], k2[:, :, :2], v2[:, :, :2])]
+    run = KVCache(0, 8)
+    run.append_rows(a)
+    run.append_rows(b)
+    assert run.start.tolist() == [0, 3] and run.seq_len == 5 and run.batch_size == 2
+    for t in range(2):
+        step = [
+            torch.cat([x1[:, :, 5 + t : 6 + t], x2[:, :, 2 + t : 3 + t]]) for x1, x2 in ((q1, q2), (k1, k2), (v1, v2))
+        ]
+        o = attend(run, 0, *step)
+        out_a.append(o[:1])
+        out_b.append(o[1:])
+    run.keep_rows(torch.tensor([1]))  # A leaves
+    assert run.drop_front() == 3 and run.seq_len == 4 and run.start.tolist() == [0]
+    for t in range(4, 6):
+        out_b.append(attend(run, 0, q2[:, :, t : t + 1], k2[:, :, t : t + 1], v2[:, :, t : t + 1]))
+    torch.testing.assert_close(torch.cat(out_a, 2), full(q1, k1, v1))
+    torch.testing.assert_close(torch.cat(out_b, 2), full(q2, k2, v2))

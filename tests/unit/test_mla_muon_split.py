@@ -1,5 +1,8 @@
-"""Muon Split (GLM-5 §2.1) is on by default for MLA: each head's rows of q_b_proj / kv_b_proj are orthogonalised
-as their own matrix, with their own RMS-matching lr scale; OptimConfig.muon_split can turn it off."""
+"""The Muon block rule (docs/training.md, Muon blocks): Newton–Schulz sees one block per matrix the papers name.
+Fused parameters are cut back into their parts, the same way everywhere: routed experts' [W_gate; W_up] like the
+dense MLP's separate gate_proj / up_proj, MLA's [W^DKV; W^KR], and per head GLM-5's Muon Split of the MLA
+up-projections, [W^UQ; W^QR] and [W^UK; W^UV], each block with its own RMS-matching lr scale.
+OptimConfig.muon_split can turn a split off (0 = whole matrix)."""
 
 import torch
 
@@ -13,36 +16,51 @@ def tiny_glm5():
     return GLM(ModelConfig.preset("tiny-glm5", num_hidden_layers=2)).init_weights(seed=0)
 
 
-def split_of(opt, p):
-    return next(g["split"] for g in opt.optimizers["muon"].param_groups if any(q is p for q in g["params"]))
+def blocks_of(opt, p):
+    return next(g["blocks"] for g in opt.optimizers["muon"].param_groups if any(q is p for q in g["params"]))
 
 
-def test_mla_up_projections_split_per_head_by_default():
+def test_one_block_rule_everywhere():
     model = tiny_glm5()
     opt, _ = build_optimizer(model, OptimConfig())
-    attn = model.layers[0].self_attn
-    assert split_of(opt, attn.q_b_proj.weight) == attn.n_heads
-    assert split_of(opt, attn.kv_b_proj.weight) == attn.n_heads
-    assert not split_of(opt, attn.q_a_proj.weight) and not split_of(opt, attn.o_proj.weight)
+    attn, H = model.layers[0].self_attn, model.cfg.num_attention_heads
+    nope, rope, v = attn.nope_dim, attn.rope_dim, attn.v_dim
+    assert blocks_of(opt, attn.q_b_proj.weight) == (H, (nope, rope))  # W^UQ, W^QR per head
+    assert blocks_of(opt, attn.kv_b_proj.weight) == (H, (nope, v))  # W^UK, W^UV per head (GLM-5 names both)
+    assert blocks_of(opt, attn.kv_a_proj_with_mqa.weight) == (1, (attn.kv_lora_rank, rope))  # W^DKV, W^KR
+    assert blocks_of(opt, attn.q_a_proj.weight) is None and blocks_of(opt, attn.o_proj.weight) is None
+    moe = next(layer.mlp for layer in model.layers if hasattr(layer.mlp, "experts"))
+    F_ = model.cfg.moe_intermediate_size
+    assert blocks_of(opt, moe.experts.gate_up_proj) == (1, (F_, F_))  # W_gate, W_up of each expert apart
+    shared = moe.shared_experts  # the dense MLP and the shared expert hold gate and up as separate matrices
+    assert blocks_of(opt, shared.gate_proj.weight) is None and blocks_of(opt, shared.up_proj.weight) is None
     opt_off, _ = build_optimizer(model, OptimConfig(muon_split={"q_b_proj.weight": 0, "kv_b_proj.weight": 0}))
-    assert not split_of(opt_off, attn.q_b_proj.weight)
+    assert blocks_of(opt_off, attn.q_b_proj.weight) is None
 
 
-def test_split_step_orthogonalises_each_head_separately():
+def _first_step_by_hand(g_NAB, cfg):
+    """Muon's first step on N stacked matrices: momentum (1-μ)·g, Nesterov g.lerp(buf, μ), NS, scaled update."""
+    m = torch.zeros_like(g_NAB).lerp_(g_NAB, 1 - cfg.momentum)
+    ns = zeropower_via_newtonschulz(g_NAB.lerp(m, cfg.momentum), cfg.ns_steps, dtype=torch.float32)
+    return -cfg.lr * lr_scale(tuple(ns.shape[-2:]), cfg.adjust_lr) * ns
+
+
+def test_blocks_are_orthogonalised_apart_with_their_own_scale():
     model = tiny_glm5()
-    w = model.layers[0].self_attn.kv_b_proj.weight
-    H = model.cfg.num_attention_heads
+    attn = model.layers[0].self_attn
+    moe = next(layer.mlp for layer in model.layers if hasattr(layer.mlp, "experts"))
+    w, bank = attn.kv_b_proj.weight, moe.experts.gate_up_proj
+    H, nope, v, F_ = model.cfg.num_attention_heads, attn.nope_dim, attn.v_dim, model.cfg.moe_intermediate_size
     for p in model.parameters():
         p.grad = None
-    w.grad = torch.randn_like(w)
+    w.grad, bank.grad = torch.randn_like(w), torch.randn_like(bank)
     cfg = OptimConfig(lr=0.01, weight_decay=0.0, ns_dtype="float32")
     opt, _ = build_optimizer(model, cfg)
-    before = w.detach().clone()
+    w0, bank0 = w.detach().clone(), bank.detach().clone()
     opt.step()
-    # first step: momentum buf = (1-μ)·g, Nesterov direction = g.lerp(buf, μ), then NS per head slice
-    g_HAB = w.grad.view(H, -1, w.shape[1])
-    m = torch.zeros_like(g_HAB).lerp_(g_HAB, 1 - cfg.momentum)
-    nesterov = g_HAB.lerp(m, cfg.momentum)
-    ns = zeropower_via_newtonschulz(nesterov, cfg.ns_steps, dtype=torch.float32)
-    want = before - cfg.lr * lr_scale(tuple(ns.shape[-2:]), cfg.adjust_lr) * ns.reshape(w.shape)
-    torch.testing.assert_close(w.detach(), want, atol=1e-6, rtol=1e-5)
+    g_H = w.grad.view(H, nope + v, -1)
+    want = torch.cat([_first_step_by_hand(g_H[:, :nope], cfg), _first_step_by_hand(g_H[:, nope:], cfg)], 1)
+    torch.testing.assert_close(w.detach() - w0, want.reshape(w.shape), atol=1e-6, rtol=1e-5)
+    g_E = bank.grad  # (E, 2F, D): gate rows, then up rows, of every expert
+    want = torch.cat([_first_step_by_hand(g_E[:, :F_], cfg), _first_step_by_hand(g_E[:, F_:], cfg)], 1)
+    torch.testing.assert_close(bank.detach() - bank0, want, atol=1e-6, rtol=1e-5)

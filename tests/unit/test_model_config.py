@@ -1,14 +1,13 @@
 """ModelConfig: released presets, HF dict in/out (transformers 5 form), one clear error per bad field."""
 
 import json
-from pathlib import Path
 
 import pytest
+from reference import reference_file
 
 from glmstack.config import ConfigError
 from glmstack.model import ModelConfig
 
-REF = Path("/work/shared/reference/configs")
 ARCH_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
              "num_attention_heads", "num_key_value_heads", "head_dim", "partial_rotary_factor", "rope_theta",
              "rms_norm_eps", "attention_bias", "use_qk_norm", "n_routed_experts", "n_shared_experts",
@@ -20,9 +19,7 @@ ARCH_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "moe_intermediate
 def test_presets_equal_released_configs(name):
     cfg = ModelConfig.preset(name)
     assert cfg.hf_metadata["eos_token_id"] == [151329, 151336, 151338]
-    if not (REF / f"{name}.json").exists():
-        pytest.skip("reference configs not on this machine")
-    released = ModelConfig.from_hf(REF / f"{name}.json")
+    released = ModelConfig.from_hf(reference_file("configs", f"{name}.json"))
     for key in ARCH_KEYS:
         assert getattr(cfg, key) == getattr(released, key), key
 

@@ -2,15 +2,15 @@
 field, MLA without an indexer, and the sizes counted on the meta device."""
 
 import dataclasses
-from pathlib import Path
 
 import pytest
+from reference import REFERENCE, reference_file
 
 from glmstack.config import ConfigError
 from glmstack.model import GLM, ModelConfig
 from glmstack.model.mla import MLAttention
 
-RELEASED = Path("/work/shared/reference/configs/glm-4.7-flash.json")
+RELEASED = REFERENCE / "configs" / "glm-4.7-flash.json"
 
 
 def test_preset_is_the_released_config():
@@ -18,15 +18,13 @@ def test_preset_is_the_released_config():
     assert (preset.hidden_size, preset.num_hidden_layers, preset.n_routed_experts, preset.q_lora_rank) == (
         2048, 47, 64, 768)
     assert preset.hf_metadata["eos_token_id"] == [154820, 154827, 154829]
-    if not RELEASED.exists():
-        pytest.skip("reference configs not on this machine")
+    reference_file("configs", "glm-4.7-flash.json")
     released = ModelConfig.from_hf(RELEASED)
     assert dataclasses.replace(released, hf_metadata={}) == dataclasses.replace(preset, hf_metadata={})
 
 
 def test_released_config_round_trips():
-    if not RELEASED.exists():
-        pytest.skip("reference configs not on this machine")
+    reference_file("configs", "glm-4.7-flash.json")
     import json
 
     raw = json.loads(RELEASED.read_text())
@@ -79,8 +77,8 @@ def test_attention_is_mla_without_indexer(q_lora_rank):
     names = {n.split("self_attn.")[1] for n, _ in model.named_parameters() if "layers.0.self_attn." in n}
     q = {"q_proj.weight"} if q_lora_rank is None else {"q_a_proj.weight", "q_a_layernorm.weight", "q_b_proj.weight"}
     assert names == q | {"kv_a_proj_with_mqa.weight", "kv_a_layernorm.weight", "kv_b_proj.weight", "o_proj.weight"}
-    assert set(attns[0].muon_split()) == {next(iter(q - {"q_a_proj.weight", "q_a_layernorm.weight"})),
-                                          "kv_b_proj.weight"}
+    assert set(attns[0].muon_blocks()) == {next(iter(q - {"q_a_proj.weight", "q_a_layernorm.weight"})),
+                                           "kv_b_proj.weight", "kv_a_proj_with_mqa.weight"}
 
 
 def test_sizes_on_meta():

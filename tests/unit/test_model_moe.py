@@ -84,3 +84,19 @@ def test_balance_loss_is_one_when_balanced():
     scores = torch.full((B, T, E), 0.5)
     idx = torch.tensor([[0, 1], [2, 3]] * (T // 2)).expand(B, T, K)
     torch.testing.assert_close(sequence_balance_loss(scores, idx), torch.tensor(1.0))
+
+
+def test_balance_loss_penalises_imbalance_and_its_gradient_rebalances():
+    """Every token routed to experts 0 and 1, which also get most of the score: f = (2, 2, 0, 0) (E/(K T) x counts),
+    P = (0.4, 0.4, 0.1, 0.1) -> loss 2*0.4 + 2*0.4 = 1.6 > 1. The gradient (through P only, f is a count) lowers
+    the overloaded experts' scores and raises the idle ones'."""
+    B, T = 1, 4  # E = 4 experts, K = 2 per token
+    scores = torch.tensor([0.4, 0.4, 0.1, 0.1]).repeat(B, T, 1).requires_grad_()
+    idx = torch.tensor([0, 1]).repeat(B, T, 1)
+    loss = sequence_balance_loss(scores, idx)
+    torch.testing.assert_close(loss, torch.tensor(1.6))
+    loss.backward()
+    g = scores.grad[0, 0]
+    assert g[0] > 0 and g[1] > 0 and g[2] < 0 and g[3] < 0  # descent: overloaded experts down, idle ones up
+    idx_spread = torch.tensor([[0, 1], [2, 3]]).repeat(B, T // 2, 1)  # the same scores, balanced routing
+    assert sequence_balance_loss(scores.detach(), idx_spread) < loss

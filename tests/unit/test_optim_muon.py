@@ -65,7 +65,7 @@ def test_bank_step_uses_per_matrix_scale():
 def test_split_orthogonalises_each_head():
     p = torch.nn.Parameter(torch.zeros(4 * 8, 16))
     p.grad = torch.randn(32, 16, generator=torch.Generator().manual_seed(3))
-    opt = Muon([{"params": [p], "split": 4}], lr=1.0, weight_decay=0.0, momentum=0.0, nesterov=False)
+    opt = Muon([{"params": [p], "blocks": (4, (8,))}], lr=1.0, weight_decay=0.0, momentum=0.0, nesterov=False)
     opt.step()
     expected = -zeropower_via_newtonschulz(p.grad.view(4, 8, 16)).float().reshape(32, 16) * lr_scale(
         (8, 16), "match_rms_adamw"

@@ -1,5 +1,6 @@
-"""The seccomp filter: well-formed BPF, the escape-prone calls denied inside bwrap, everyday Python untouched."""
+"""The seccomp filter: well-formed BPF, the escape-prone calls denied in every mode, everyday Python untouched."""
 
+import os
 import platform
 import struct
 
@@ -24,13 +25,15 @@ print("io_uring_setup", call(425, 1, 0))
 print("bpf", call(nr["bpf"], 0, 0, 0))
 print("userfaultfd", call(nr["userfaultfd"], 0))
 print("ptrace", call(nr["ptrace"], 16, 1, 0, 0))
+print("keyctl", call(nr["keyctl"], 0, -3, 0))
+print("perf_event_open", call(nr["perf_event_open"], 0, 0, -1, -1, 0))
 pid = os.fork()
 if pid == 0:
     os._exit(0)
 print("fork", os.waitpid(pid, 0)[1])
 """
 EXPECTED = ("unshare EPERM\nclone-newuser EPERM\nclone3 ENOSYS\nmount EPERM\nio_uring_setup EPERM\nbpf EPERM\n"
-            "userfaultfd EPERM\nptrace EPERM\nfork 0\n")  # fmt: skip
+            "userfaultfd EPERM\nptrace EPERM\nkeyctl EPERM\nperf_event_open EPERM\nfork 0\n")  # fmt: skip
 
 
 @needs_filter
@@ -45,20 +48,19 @@ def test_program_is_well_formed_classic_bpf():
 
 
 @needs_filter
-def test_escape_prone_calls_are_denied_in_a_cold_sandbox():
-    if not isolation.available("bwrap"):
-        pytest.skip("bubblewrap unavailable")
-    nr = seccomp.ARCHES[platform.machine()][1]
-    r = run(PROBE.format(nr=nr), mode="bwrap", timeout_s=10)
-    assert r.stdout == EXPECTED, r.stderr
-    assert "seccomp" in r.layers
-
-
-@needs_filter
-@pytest.mark.skipif(not warm_available(), reason="warm sandboxes need root and bubblewrap")
-def test_escape_prone_calls_are_denied_in_a_warm_sandbox():
-    nr = seccomp.ARCHES[platform.machine()][1]
-    with WarmSandbox() as box:
-        r = box.run(PROBE.format(nr=nr), timeout_s=10)
+@pytest.mark.parametrize("mode", ["bwrap", "warm", "unshare", "plain"])
+def test_escape_prone_calls_are_denied_in_every_mode(mode, monkeypatch):
+    if mode == "warm" and not warm_available():
+        pytest.skip("warm sandboxes need root and bubblewrap")
+    if mode != "warm" and not isolation.available(mode):
+        pytest.skip(f"{mode} unavailable")
+    if mode == "plain" and os.geteuid() == 0:
+        monkeypatch.setenv("GLMSTACK_SANDBOX_PYTHON", "/usr/bin/python3")  # one the sandbox uid can run
+    code = PROBE.format(nr=seccomp.ARCHES[platform.machine()][1])
+    if mode == "warm":
+        with WarmSandbox() as box:
+            r = box.run(code, timeout_s=10)
+    else:
+        r = run(code, mode=mode, timeout_s=10)
     assert r.stdout == EXPECTED, r.stderr
     assert "seccomp" in r.layers

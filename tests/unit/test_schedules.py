@@ -24,10 +24,11 @@ def test_wsd():
 
 def test_tables_and_batch_warmup():
     assert [piecewise([[0, 0.3], [5, 0.1]], s) for s in (0, 4, 5, 9)] == [0.3, 0.3, 0.1, 0.1]
-    assert batch_tokens(0, full_tokens=64, start_tokens=16, warmup_steps=4) == 16
-    assert batch_tokens(4, full_tokens=64, start_tokens=16, warmup_steps=4) == 64
-    sched = ScheduleConfig(batch_warmup_start_tokens=100, batch_warmup_steps=10)
-    assert [accum_steps(s, sched, tokens_per_micro=100, full_accum=4) for s in (0, 5, 10)] == [1, 2, 4]
+    assert batch_tokens(0, full_tokens=64, start_tokens=16, warmup_tokens=256) == 16
+    assert batch_tokens(128, full_tokens=64, start_tokens=16, warmup_tokens=256) == 40
+    assert batch_tokens(256, full_tokens=64, start_tokens=16, warmup_tokens=256) == 64
+    sched = ScheduleConfig(batch_warmup_start_tokens=100, batch_warmup_tokens=1000)
+    assert [accum_steps(t, sched, tokens_per_micro=100, full_accum=4) for t in (0, 500, 1000)] == [1, 2, 4]
 
 
 def test_values_at_offset_continues_decay():

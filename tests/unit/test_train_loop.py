@@ -15,7 +15,7 @@ FAST = [
     "log.progress=false",
     "log.val_every=0",
     "ckpt.every=0",
-    "schedule.batch_warmup_steps=0",
+    "schedule.batch_warmup_tokens=0",
 ]
 
 

@@ -3,9 +3,11 @@
 import torch
 from safetensors.torch import load_file
 
-from glmstack.model import ModelConfig
+from glmstack.model import ModelConfig, load_hf
 from glmstack.train import checkpoint
+from glmstack.train.metrics import read_metrics
 from glmstack.train.stage import load_config, run
+from glmstack.train.synthetic import SyntheticLM
 
 FAST = [
     "micro_batch_size=2",
@@ -13,7 +15,7 @@ FAST = [
     "log.plots=false",
     "log.val_every=0",
     "ckpt.every=0",
-    "schedule.batch_warmup_steps=0",
+    "schedule.batch_warmup_tokens=0",
 ]
 
 
@@ -32,7 +34,13 @@ def test_midtrain_continues_from_pretrain(tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert ModelConfig.from_hf(pre).rope_theta == 1e4 and ModelConfig.from_hf(mid).rope_theta == 1e6
     result = run(load_config("tiny", "midtrain", FAST + [f"out_dir={tmp_path}", "steps=1", "seq_len=32"]))
-    assert result["step"] == 1 and result["loss"] < 20
+    assert result["step"] == 1
+    # its first step's LM loss is the pre-trained model's (RoPE base 1e6) on the first mid-training batch
+    first = read_metrics(tmp_path / "tiny" / "midtrain" / "metrics.jsonl")[0]
+    batch = SyntheticLM(vocab_size=512, seq_len=32, batch_size=2, seed=0).batch(0)
+    with torch.no_grad():
+        want = load_hf(pre, rope_theta=1e6)(batch["input_ids"], labels=batch["labels"]).lm_loss
+    assert first["step"] == 1 and abs(first["lm_loss"] - float(want)) < 1e-4 * float(want)
 
 
 def test_midtrain_refuses_structural_change(tmp_path):

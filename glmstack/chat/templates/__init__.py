@@ -4,5 +4,6 @@
   models/templates/GLM-4.6.jinja, MIT). Style "glm-4.5" (GLM-4.5 renders identically for dict arguments).
 - glm-4.7.jinja: the GLM-4.7 / GLM-4.7-Flash template as vendored by a llama.cpp fork
   (models/templates/GLM-4.7-Flash.jinja, MIT). Style "glm-4.7" (GLM-5 uses the same rules).
-Byte-identical to /work/shared/reference/chat_templates (tests/parity/test_chat_templates.py checks when present).
+Byte-identical to the chat_template of zai-org's released tokenizer_config.json files
+(tests/parity/test_chat_templates.py checks against a reference copy when one is present).
 """

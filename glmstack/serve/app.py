@@ -1,0 +1,375 @@
+"""The OpenAI-compatible HTTP API on FastAPI: chat and text completions (whole or streamed), models, health, metrics.
+
+What: `create_app(engine, model_name, style, scheduler) -> FastAPI` with
+  POST /v1/chat/completions   GLM chat format in (glmstack.chat.render), reasoning / content / tool calls out
+                              (glmstack.chat.parse, or StreamParser deltas when streamed)
+  POST /v1/completions        raw text or token-id prompts (the RL trainer's "tokens in, tokens out")
+  GET  /v1/models, /health, /metrics (Prometheus text), and / (the web chat page, chat_page.html)
+Shapes follow research/serving-protocol.md: SSE frames `data: {...}` ending `data: [DONE]`, errors
+`{"error": {"message", "type", "param", "code"}}`, vLLM's names for token ids (`prompt_token_ids`, `token_ids`
+with `return_token_ids: true`).
+
+How: every choice of every request becomes one scheduler Job (continuous batching, scheduler.py); the engine
+thread's events reach the handler through an asyncio queue. Leaving a stream (client gone) or matching a stop
+string cancels the job, which frees its batch row at the next step. Every request error is an ApiError answered in
+OpenAI's shape; anything unexpected answers 500 and the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from importlib import resources
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
+from pydantic import ValidationError
+
+from glmstack.chat import StreamParser, parse
+from glmstack.inference.sampling import SamplingParams
+from glmstack.serve.metrics import prometheus_text
+from glmstack.serve.outputs import ChoiceOutput
+from glmstack.serve.prompt import chat_prompt
+from glmstack.serve.protocol import ApiError, ChatRequest, CompletionRequest, validation_message
+from glmstack.serve.scheduler import Finished, Job, QueueFull, Scheduler, Token
+
+
+class Server:
+    """What the routes share: the engine's tokenizer and context, the scheduler, the request time limit."""
+
+    def __init__(self, engine, model_name: str, style: str, scheduler: Scheduler, time_limit_s: float = 600.0):
+        self.tok, self.ctx = engine.tokenizer, engine.cfg.max_position_embeddings
+        self.model_name, self.style, self.sched, self.time_limit_s = model_name, style, scheduler, time_limit_s
+        self.created = int(time.time())
+        self.counts = {"requests": 0, "rejected_429": 0, "errors_4xx": 0}
+
+    # ---- request -> jobs -----------------------------------------------------------------------------------
+    async def body(self, request: Request, model_cls):
+        raw = await request.body()
+        try:
+            data = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ApiError(400, f"malformed JSON body: {e}") from None
+        if not isinstance(data, dict):
+            raise ApiError(400, "the body must be a JSON object")
+        try:
+            req = model_cls.model_validate(data)
+        except ValidationError as e:
+            message, param = validation_message(e.errors())
+            raise ApiError(422, message, param) from None
+        if req.model != self.model_name:
+            raise ApiError(404, f"model {req.model!r} does not exist; this server serves {self.model_name!r}", "model")
+        req.unsupported()
+        return req
+
+    def budget(self, prompt_len: int, asked: int | None, param: str, prompt_param: str) -> int:
+        """New tokens for a prompt: `asked` (the field `param`), else the rest of the context."""
+        room = self.ctx - prompt_len
+        if room <= 0:
+            raise ApiError(400, f"the prompt has {prompt_len} tokens; the model's context is {self.ctx}", prompt_param)
+        if asked is not None and asked > room:
+            raise ApiError(400, f"{param} = {asked} is too large: the prompt has {prompt_len} tokens and the "
+                           f"context is {self.ctx}, leaving {room}", param)  # fmt: skip
+        return asked if asked is not None else room
+
+    def jobs(self, req, prompt_ids: list[int], max_new: int, top_logprobs: int, logprobs: bool):
+        """n jobs (choice j samples with seed + j, as Engine.generate's row j) sharing one event queue."""
+        if logprobs and self.sched.speculative:
+            raise ApiError(400, "logprobs are not available with --speculative mtp (verify steps keep no per-token "
+                           "distribution); restart the server without it", "logprobs")  # fmt: skip
+        loop, queue = asyncio.get_running_loop(), asyncio.Queue()
+        params = SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=max(req.top_k, 0))
+        seed = req.seed if req.seed is not None else secrets.randbits(62)
+        stop_ids = set(req.stop_token_ids or []) | (set() if req.ignore_eos else set(self.tok.eos_ids))
+        deadline = time.monotonic() + self.time_limit_s
+        jobs = []
+        for j in range(req.n):
+
+            def emit(ev, j=j):
+                try:
+                    loop.call_soon_threadsafe(queue.put_nowait, (j, ev))
+                except RuntimeError:  # the event loop is closed (server shutting down): nobody is listening
+                    pass
+
+            jobs.append(Job(prompt_ids=prompt_ids, max_new_tokens=max_new, params=params, seed=seed + j, emit=emit,
+                            stop_ids=frozenset(stop_ids), top_logprobs=top_logprobs, deadline=deadline))  # fmt: skip
+        try:
+            self.sched.submit(jobs)
+        except QueueFull as e:
+            self.counts["rejected_429"] += 1
+            raise ApiError(429, str(e)) from None
+        return jobs, queue
+
+
+async def events(queue: asyncio.Queue, outs: list[ChoiceOutput], jobs: list[Job]):
+    """(choice, token or Finished, new text) until every choice has finished; a stop string cancels its job."""
+    left = len(jobs)
+    while left:
+        j, ev = await queue.get()
+        out = outs[j]
+        if out.finish is not None:
+            continue
+        if isinstance(ev, Token):
+            text = out.add(ev)
+            if out.stop_hit is not None:
+                jobs[j].cancelled = True
+            yield j, ev, text
+        else:
+            left -= 1
+            yield j, ev, out.close(ev)
+
+
+def create_app(engine, model_name: str, style: str, scheduler: Scheduler, time_limit_s: float = 600.0) -> FastAPI:
+    srv = Server(engine, model_name, style, scheduler, time_limit_s)
+    app = FastAPI(title="glmstack serve", docs_url=None, redoc_url=None)
+    app.state.server = srv
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_request, e: ApiError):
+        srv.counts["errors_4xx"] += e.status < 500
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(Exception)
+    async def _internal(_request, e: Exception):
+        return JSONResponse(ApiError(500, f"internal error: {type(e).__name__}: {e}").body(), status_code=500)
+
+    @app.get("/health")
+    async def health():
+        alive = srv.sched._thread is not None and srv.sched._thread.is_alive()
+        return JSONResponse({"status": "ok" if alive else "dead"}, status_code=200 if alive else 503)
+
+    @app.get("/v1/models")
+    async def models():
+        card = {"id": model_name, "object": "model", "created": srv.created, "owned_by": "glmstack",
+                "max_model_len": srv.ctx}  # fmt: skip
+        return {"object": "list", "data": [card]}
+
+    @app.get("/metrics")
+    async def metrics():
+        return PlainTextResponse(prometheus_text(srv), media_type="text/plain; version=0.0.4")
+
+    @app.get("/")
+    async def page():
+        return HTMLResponse(resources.files("glmstack.serve").joinpath("chat_page.html").read_text())
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        srv.counts["requests"] += 1
+        req = await srv.body(request, ChatRequest)
+        cp = chat_prompt(req, style)
+        prompt_ids = srv.tok.encode(cp.text)
+        asked = req.max_completion_tokens or req.max_tokens
+        param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
+        max_new = srv.budget(len(prompt_ids), asked, param, "messages")
+        k = (req.top_logprobs or 0) if req.logprobs else 0
+        jobs, queue = srv.jobs(req, prompt_ids, max_new, k, req.logprobs)
+        outs = [ChoiceOutput(srv.tok, req.stops(), jobs[0].stop_ids) for _ in jobs]
+        rid = "chatcmpl-" + secrets.token_hex(12)
+        if req.stream:
+            gen = stream_chat(srv, req, cp, prompt_ids, jobs, queue, outs, rid)
+            return StreamingResponse(_cancelling(gen, jobs), media_type="text/event-stream")
+        return await _whole(request, jobs, _whole_chat(srv, req, cp, prompt_ids, jobs, queue, outs, rid))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        srv.counts["requests"] += 1
+        req = await srv.body(request, CompletionRequest)
+        prompts = _prompts(req.prompt, srv.tok)
+        if len(prompts) != 1 and req.stream:
+            raise ApiError(400, "prompt: streaming takes one prompt", "prompt")
+        if req.echo and req.logprobs is not None:
+            raise ApiError(400, "echo with logprobs (prompt log-probs) is not supported", "echo")
+        runs = []
+        for ids in prompts:
+            max_new = srv.budget(len(ids), req.max_tokens, "max_tokens", "prompt")
+            jobs, queue = srv.jobs(req, ids, max_new, req.logprobs or 0, req.logprobs is not None)
+            runs.append((ids, jobs, queue, [ChoiceOutput(srv.tok, req.stops(), jobs[0].stop_ids) for _ in jobs]))
+        rid = "cmpl-" + secrets.token_hex(12)
+        if req.stream:
+            ids, jobs, queue, outs = runs[0]
+            gen = stream_completion(srv, req, ids, jobs, queue, outs, rid)
+            return StreamingResponse(_cancelling(gen, jobs), media_type="text/event-stream")
+        all_jobs = [j for run in runs for j in run[1]]
+        return await _whole(request, all_jobs, _whole_completion(srv, req, runs, rid))
+
+    return app
+
+
+# ---------------------------------------------------------------- whole answers
+async def _whole(request: Request, jobs: list[Job], answer):
+    """Await the answer; a client that leaves meanwhile cancels its jobs."""
+    task = asyncio.ensure_future(answer)
+    try:
+        while not task.done():
+            await asyncio.wait([task], timeout=0.5)
+            if not task.done() and await request.is_disconnected():
+                task.cancel()
+                break
+        return JSONResponse(await task)
+    finally:
+        for job in jobs:
+            job.cancelled = True  # no-op for finished jobs
+
+
+def _usage(prompt_len: int, outs: list[ChoiceOutput]) -> dict:
+    done = sum(len(o.ids) for o in outs)
+    return {"prompt_tokens": prompt_len, "completion_tokens": done, "total_tokens": prompt_len + done}
+
+
+def _error_finish(outs: list[ChoiceOutput]) -> None:
+    for o in outs:
+        if o.finish == "error":
+            raise RuntimeError(o.error)
+
+
+async def _whole_chat(srv, req, cp, prompt_ids, jobs, queue, outs, rid) -> dict:
+    async for _ in events(queue, outs, jobs):
+        pass
+    _error_finish(outs)
+    choices = []
+    for j, out in enumerate(outs):
+        msg = parse(cp.prefill + out.text, cp.tools, srv.style, in_reasoning=cp.in_reasoning, calls=cp.parse_calls)
+        if not req.include_reasoning:
+            msg["reasoning_content"] = None
+        if not req.parallel_tool_calls:  # as vLLM: only the first call
+            msg["tool_calls"] = msg["tool_calls"][:1]
+        if not msg["tool_calls"]:
+            del msg["tool_calls"]
+        reason = "tool_calls" if msg.get("tool_calls") and out.finish == "stop" else out.finish
+        choice = {"index": j, "message": msg, "finish_reason": reason,
+                  "logprobs": out.chat_logprobs(out.tokens) if req.logprobs else None}  # fmt: skip
+        if req.return_token_ids:
+            choice["token_ids"] = out.ids
+        choices.append(choice)
+    body = {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": srv.model_name,
+            "choices": choices, "usage": _usage(len(prompt_ids), outs)}  # fmt: skip
+    if req.return_token_ids:
+        body["prompt_token_ids"] = prompt_ids
+    return body
+
+
+async def _whole_completion(srv, req, runs, rid) -> dict:
+    choices, n_prompt, all_outs = [], 0, []
+    for p, (ids, jobs, queue, outs) in enumerate(runs):
+        async for _ in events(queue, outs, jobs):
+            pass
+        _error_finish(outs)
+        n_prompt += len(ids)
+        all_outs += outs
+        head = srv.tok.decode(ids) if req.echo else ""
+        for j, out in enumerate(outs):
+            choice = {"index": p * req.n + j, "text": head + out.text, "finish_reason": out.finish,
+                      "logprobs": out.completion_logprobs(out.tokens, len(head)) if req.logprobs is not None else None}  # fmt: skip
+            if req.return_token_ids:
+                choice |= {"prompt_token_ids": ids, "token_ids": out.ids}
+            choices.append(choice)
+    usage = _usage(n_prompt, all_outs)
+    return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": srv.model_name,
+            "choices": choices, "usage": usage}  # fmt: skip
+
+
+def _prompts(prompt, tok) -> list[list[int]]:
+    if isinstance(prompt, str):
+        prompts = [tok.encode(prompt)]
+    elif prompt and all(isinstance(p, int) for p in prompt):
+        prompts = [list(prompt)]
+    elif prompt and all(isinstance(p, str) for p in prompt):
+        prompts = [tok.encode(p) for p in prompt]
+    else:
+        prompts = [list(p) for p in prompt]
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ApiError(400, "prompt: give at least one token", "prompt")
+    if any(not 0 <= t < tok.vocab_size for p in prompts for t in p):
+        raise ApiError(400, f"prompt: token ids must be in [0, {tok.vocab_size})", "prompt")
+    return prompts
+
+
+# ---------------------------------------------------------------- streams
+def _sse(obj) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+async def _cancelling(gen, jobs: list[Job]):
+    """The SSE body; when the client leaves (the generator is closed), its jobs are cancelled."""
+    try:
+        async for frame in gen:
+            yield frame
+    except Exception as e:  # noqa: BLE001 — headers are sent: report in-stream (as vLLM), then end it
+        yield _sse(ApiError(500, f"internal error: {type(e).__name__}: {e}").body())
+        yield "data: [DONE]\n\n"
+    finally:
+        for job in jobs:
+            job.cancelled = True
+
+
+async def stream_chat(srv, req, cp, prompt_ids, jobs, queue, outs, rid):
+    head = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": srv.model_name}
+
+    def chunk(j, delta, finish=None, logprobs=None, token_ids=None, **top):
+        choice = {"index": j, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        if token_ids is not None:
+            choice["token_ids"] = token_ids
+        return _sse({**head, **top, "choices": [choice], "usage": None})
+
+    parsers = []
+    for j in range(len(jobs)):
+        extra = {"prompt_token_ids": prompt_ids} if req.return_token_ids and j == 0 else {}
+        yield chunk(j, {"role": "assistant", "content": ""}, **extra)
+        parser = StreamParser(cp.tools, srv.style, in_reasoning=cp.in_reasoning, calls=cp.parse_calls)
+        parser.feed(cp.prefill)  # a forced "<tool_call>name" opens the call: nothing to show yet
+        parsers.append(parser)
+    sent_calls = [False] * len(jobs)
+    async for j, ev, text in events(queue, outs, jobs):
+        finished = isinstance(ev, Finished)
+        if finished and outs[j].finish == "error":
+            yield _sse(ApiError(500, f"generation failed: {outs[j].error}").body())
+            break
+        deltas = parsers[j].feed(text) if text else []
+        if finished:
+            deltas += parsers[j].finish()
+        if not req.include_reasoning:
+            deltas = [d for d in deltas if "reasoning_content" not in d]
+        if not req.parallel_tool_calls:
+            deltas = [d for d in deltas if all(tc["index"] == 0 for tc in d.get("tool_calls", ()))]
+        sent_calls[j] |= any("tool_calls" in d for d in deltas)
+        per_token = {}
+        if isinstance(ev, Token):
+            if req.logprobs:
+                per_token["logprobs"] = outs[j].chat_logprobs([ev])
+            if req.return_token_ids:
+                per_token["token_ids"] = [ev.id]
+        if per_token and not deltas:
+            deltas = [{}]
+        for i, d in enumerate(deltas):
+            yield chunk(j, d, **(per_token if i == 0 else {}))
+        if finished:
+            reason = "tool_calls" if sent_calls[j] and outs[j].finish == "stop" else outs[j].finish
+            yield chunk(j, {}, reason)
+    if req.stream_options and req.stream_options.include_usage:
+        yield _sse({**head, "choices": [], "usage": _usage(len(prompt_ids), outs)})
+    yield "data: [DONE]\n\n"
+
+
+async def stream_completion(srv, req, prompt_ids, jobs, queue, outs, rid):
+    head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": srv.model_name}
+    first = [True] * len(jobs)
+    async for j, ev, text in events(queue, outs, jobs):
+        finished = isinstance(ev, Finished)
+        if finished and outs[j].finish == "error":
+            yield _sse(ApiError(500, f"generation failed: {outs[j].error}").body())
+            break
+        choice = {"index": j, "text": text, "logprobs": None, "finish_reason": outs[j].finish if finished else None}
+        if isinstance(ev, Token):
+            if req.logprobs is not None:
+                choice["logprobs"] = outs[j].completion_logprobs([ev], outs[j].shown - len(text))
+            if req.return_token_ids:
+                choice["token_ids"] = [ev.id]
+        if req.return_token_ids and first[j]:
+            choice["prompt_token_ids"] = prompt_ids
+        first[j] = False
+        yield _sse({**head, "choices": [choice]})
+    if req.stream_options and req.stream_options.include_usage:
+        yield _sse({**head, "choices": [], "usage": _usage(len(prompt_ids), outs)})
+    yield "data: [DONE]\n\n"

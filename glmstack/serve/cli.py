@@ -1,0 +1,69 @@
+"""`glmstack serve MODEL`: the OpenAI-compatible server (glmstack.serve.app) on uvicorn.
+
+    glmstack serve runs/speedrun/model --port 8000                 # then: OpenAI(base_url="http://127.0.0.1:8000/v1")
+    glmstack serve CKPT --speculative mtp                          # one request at a time, MTP speculation
+    glmstack serve CKPT --quantize int4                            # weights quantised in place (glmstack.inference.quant)
+    glmstack serve CKPT --max-running 16 --max-waiting 256 --time-limit 600
+
+The model name clients send is the folder's name unless --served-model-name says otherwise. Open http://HOST:PORT/
+for the web chat page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def build(args):
+    """(app, scheduler) for the parsed arguments; the scheduler is started by the app's lifespan."""
+    from glmstack.inference.cli import _load, _style
+    from glmstack.serve.app import create_app
+    from glmstack.serve.scheduler import Scheduler
+
+    engine = _load(args)  # loads, and quantizes with --quantize (glmstack.inference.quant.quantize_)
+    speculative = None if args.speculative == "none" else args.speculative
+    sched = Scheduler(engine, args.max_running, args.max_waiting, speculative, args.draft)
+    name = args.served_model_name or Path(args.checkpoint).name
+    return create_app(engine, name, _style(args, engine), sched, args.time_limit), sched
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="glmstack serve", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap.add_argument("checkpoint", help="checkpoint folder (config.json, *.safetensors, tokenizer.json)")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--served-model-name", default=None, help="the model id clients send (default: folder name)")
+    ap.add_argument("--speculative", choices=["none", "mtp"], default="none")
+    ap.add_argument("--draft", type=int, default=2, help="draft tokens per verify step with --speculative mtp")
+    ap.add_argument("--quantize", choices=["int4", "fp8"], default=None, help="weight-only quantisation")
+    ap.add_argument("--max-running", type=int, default=16, help="requests decoded together (batch rows)")
+    ap.add_argument("--max-waiting", type=int, default=256, help="queued requests beyond which the server answers 429")
+    ap.add_argument("--time-limit", type=float, default=600.0, help="seconds a request may run before it is aborted")
+    ap.add_argument(
+        "--dtype", choices=["float32", "bfloat16", "float16"], default=None, help="default: the checkpoint's"
+    )
+    ap.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    ap.add_argument("--style", choices=["auto", "glm-4.5", "glm-4.7"], default="auto", help="chat format")
+    args = ap.parse_args(argv)
+    import torch
+    import uvicorn
+
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        app, sched = build(args)
+    except (ValueError, OSError, KeyError) as e:
+        print(f"glmstack serve: {e}", file=sys.stderr)
+        return 2
+    sched.start()
+    print(f"glmstack serve: {app.state.server.model_name} on http://{args.host}:{args.port}/", file=sys.stderr)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    finally:
+        sched.stop()
+    return 0

@@ -1,0 +1,35 @@
+"""/metrics in Prometheus' text format: queue length, running requests, tokens/s, time to first token.
+
+Names follow vLLM's (research/serving-protocol.md §7) under a `glmstack:` prefix, so existing dashboards need only
+the prefix changed. Counters end in `_total`; time to first token is a summary (`_sum`, `_count`).
+"""
+
+from __future__ import annotations
+
+
+def prometheus_text(srv) -> str:
+    s, st = srv.sched, srv.sched.stats
+    rows = [
+        ("num_requests_waiting", "gauge", "jobs waiting for a batch slot", len(s.waiting)),
+        ("num_requests_running", "gauge", "jobs in the running batch", len(s.running)),
+        ("generation_tokens_per_second", "gauge", "generated tokens/s over the last 10 s", s.tokens_per_s()),
+        ("prompt_tokens_total", "counter", "prompt tokens prefilled", st["prompt_tokens"]),
+        ("generation_tokens_total", "counter", "tokens generated", st["generated_tokens"]),
+        ("request_finished_total", "counter", "jobs finished (any reason)", st["finished"]),
+        ("request_aborted_total", "counter", "jobs cancelled or past their time limit", st["aborted"]),
+        ("requests_total", "counter", "HTTP generation requests received", srv.counts["requests"]),
+        ("requests_rejected_total", "counter", "requests answered 429 (queue full)", srv.counts["rejected_429"]),
+        ("request_errors_total", "counter", "requests answered 4xx", srv.counts["errors_4xx"]),
+        ("engine_busy_seconds_total", "counter", "time the engine thread spent stepping", st["busy_s"]),
+        ("engine_steps_total", "counter", "batched decode steps", st["steps"]),
+    ]
+    lines = []
+    for name, kind, doc, value in rows:
+        lines += [f"# HELP glmstack:{name} {doc}", f"# TYPE glmstack:{name} {kind}", f"glmstack:{name} {value}"]
+    lines += [
+        "# HELP glmstack:time_to_first_token_seconds time from submission to a job's first token",
+        "# TYPE glmstack:time_to_first_token_seconds summary",
+        f"glmstack:time_to_first_token_seconds_sum {st['ttft_sum']}",
+        f"glmstack:time_to_first_token_seconds_count {st['ttft_count']}",
+    ]
+    return "\n".join(lines) + "\n"

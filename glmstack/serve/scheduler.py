@@ -1,0 +1,301 @@
+"""Continuous batching over the inference engine: requests join and leave the running batch between decode steps.
+
+Why: a server's requests arrive one by one and end at very different lengths; running them one after another
+wastes the batch dimension (decoding 16 rows costs little more than 1 on a memory-bound step), and batching them
+statically makes every new request wait for the slowest one. As in vLLM / Orca (Yu et al., OSDI 2022, iteration-
+level scheduling), the scheduler admits waiting requests between two decode steps and drops finished ones.
+
+How: one engine thread owns the model. Each iteration it (1) drops rows that finished, were cancelled (the client
+disconnected) or ran past their deadline (`KVCache.keep_rows`), (2) prefills the newly admitted prompts as one
+left-padded batch and appends their rows to the running KV cache (`KVCache.append_rows`: rows stay right-aligned,
+each row masks its own padding, so a row computes what it would alone), (3) samples one token per row — each row with
+its own sampling parameters and its own counter-based random stream (sampling.RowStreams keyed by the row's seed
+and its own step, so a request's output does not depend on who shares its batch, exactly as in Engine.generate),
+(4) runs one batched decode forward. When the cache's end is reached, the positions that no row attends any more
+are reclaimed (`KVCache.drop_front`). The waiting queue is bounded: `submit` raises QueueFull (the server's 429).
+Per-token results (id, raw log-prob, top alternatives) go to each request's `emit` callback from the engine
+thread; the server hands them to its event loop.
+
+With `speculative="mtp"` requests run one at a time through Engine.stream (MTP speculation is a batch-1 win and its
+loop rewinds rows by different amounts, which this cache re-batching does not support).
+
+    sched = Scheduler(engine, max_running=16, max_waiting=64)
+    sched.start()
+    sched.submit(Job(prompt_ids=ids, max_new_tokens=32, params=SamplingParams(temperature=0), seed=0,
+                     emit=lambda event: ...))      # events: Token(...), then Finished(reason)
+    sched.stop()
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from glmstack.inference.fast import FastForward, ReferenceForward
+from glmstack.inference.kv_cache import KVCache
+from glmstack.inference.sampling import RowStreams, SamplingParams, sample
+
+
+class QueueFull(RuntimeError):
+    """The waiting queue is at its bound: try again later (HTTP 429)."""
+
+
+@dataclass
+class Token:
+    id: int
+    logprob: float  # raw log-probability (before temperature / top-k / top-p), vLLM's default "raw_logprobs"
+    top: list[tuple[int, float]]  # the `top_logprobs` most likely (id, log-prob), best first; [] when not asked
+
+
+@dataclass
+class Finished:
+    reason: str  # "stop" (a stop id), "length" (token budget), "abort" (cancelled / time limit), "error"
+    message: str = ""
+
+
+@dataclass(kw_only=True, eq=False)
+class Job:
+    """One sequence to generate (a request with n choices submits n jobs)."""
+
+    prompt_ids: list[int]
+    max_new_tokens: int
+    params: SamplingParams
+    seed: int
+    emit: Callable[[Token | Finished], None]
+    stop_ids: frozenset[int] = frozenset()
+    top_logprobs: int = 0  # alternatives per token (0: only the chosen token's log-prob)
+    deadline: float | None = None  # time.monotonic() after which the job is aborted
+    cancelled: bool = False  # set from any thread (client gone, stop string matched): dropped at the next step
+    # scheduler state
+    submitted: float = field(default_factory=time.monotonic)
+    n_out: int = 0
+    streams: RowStreams | None = None
+    end: Finished | None = None
+
+
+class Scheduler:
+    def __init__(self, engine, max_running: int = 16, max_waiting: int = 256, speculative: str | None = None,
+                 draft_k: int = 2):  # fmt: skip
+        self.engine, self.model = engine, engine.model
+        self.ctx = engine.cfg.max_position_embeddings
+        self.max_running, self.max_waiting = max_running, max_waiting
+        self.speculative, self.draft_k = speculative, draft_k
+        self.waiting: deque[Job] = deque()
+        self.running: list[Job] = []
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stop = False
+        self.stats = {"generated_tokens": 0, "prompt_tokens": 0, "finished": 0, "steps": 0, "aborted": 0,
+                      "ttft_sum": 0.0, "ttft_count": 0, "busy_s": 0.0, "reclaimed": 0}  # fmt: skip
+        self.recent: deque[tuple[float, int]] = deque(maxlen=256)  # (time, tokens) per step: tokens/s gauge
+
+    # ---------------------------------------------------------------- public
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="glmstack-scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stop = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def submit(self, jobs: list[Job]) -> None:
+        """Queue jobs (all or none); QueueFull when the waiting queue would exceed its bound."""
+        with self._wake:
+            if len(self.waiting) + len(jobs) > self.max_waiting:
+                raise QueueFull(f"the server's queue is full ({self.max_waiting} waiting requests); retry later")
+            self.waiting.extend(jobs)
+            self._wake.notify()
+
+    def tokens_per_s(self, window: float = 10.0) -> float:
+        now = time.monotonic()
+        pts = [(t, n) for t, n in list(self.recent) if now - t <= window]
+        if len(pts) < 2:
+            return 0.0
+        return sum(n for _, n in pts[1:]) / max(pts[-1][0] - pts[0][0], 1e-9)
+
+    # ---------------------------------------------------------------- the engine thread
+    def _loop(self) -> None:
+        batch = _Batch(self)
+        while True:
+            with self._wake:
+                while not self._stop and not self.waiting and not batch.jobs:
+                    self._wake.wait()
+                if self._stop:
+                    break
+                room = (1 if self.speculative else self.max_running) - len(batch.jobs)
+                new = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
+            self.running = batch.jobs + new
+            t0 = time.monotonic()
+            try:
+                if self.speculative:
+                    self._run_speculative(new[0])
+                else:
+                    batch.step(new)
+            except Exception as e:  # noqa: BLE001 — a failing step must not kill the server: end its jobs
+                for job in dict.fromkeys(batch.jobs + new):
+                    job.emit(Finished("error", f"{type(e).__name__}: {e}"))
+                batch = _Batch(self)
+            self.stats["busy_s"] += time.monotonic() - t0
+            self.running = list(batch.jobs)
+        for job in batch.jobs + list(self.waiting):
+            job.emit(Finished("abort", "server shutting down"))
+
+    def _run_speculative(self, job: Job) -> None:
+        p = job.params
+        self.stats["prompt_tokens"] += len(job.prompt_ids)
+        kw = {"temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k, "seeds": [job.seed],
+              "stop_ids": sorted(job.stop_ids), "speculative": self.speculative, "draft_k": self.draft_k}  # fmt: skip
+        last = None
+        for delta in self.engine.stream(job.prompt_ids, job.max_new_tokens, **kw):
+            if job.cancelled or _late(job):
+                return self._finish(job, Finished("abort", _abort_message(job)))
+            for t in delta.ids:
+                self._token(job, Token(t, float("nan"), []))
+                last = t
+        self._finish(job, Finished("stop" if last in job.stop_ids else "length"))
+
+    def _token(self, job: Job, tok: Token) -> None:
+        if job.n_out == 0:
+            self.stats["ttft_sum"] += time.monotonic() - job.submitted
+            self.stats["ttft_count"] += 1
+        job.n_out += 1
+        self.stats["generated_tokens"] += 1
+        job.emit(tok)
+
+    def _finish(self, job: Job, fin: Finished) -> None:
+        self.stats["finished"] += 1
+        self.stats["aborted"] += fin.reason == "abort"
+        job.emit(fin)
+
+
+def _late(job: Job) -> bool:
+    return job.deadline is not None and time.monotonic() > job.deadline
+
+
+def _abort_message(job: Job) -> str:
+    return "cancelled" if job.cancelled else "the request's time limit was reached"
+
+
+class _Batch:
+    """The running rows: their KV cache, last token, next position, and one forward per step."""
+
+    def __init__(self, sched: Scheduler):
+        self.sched, self.engine = sched, sched.engine
+        self.jobs: list[Job] = []
+        self.cache: KVCache | None = None
+        self.logits_BV: torch.Tensor | None = None  # the logits each row samples its next token from
+        self.pos_B1: torch.Tensor | None = None  # the position of each row's next token
+        # the cap of the running cache: a row's length never exceeds the context, and after a join a row may sit
+        # behind another's longer history (its start moves right), so at most two contexts
+        self.max_len = 2 * sched.ctx + 1
+        eng = self.engine
+        self.run = (
+            FastForward(eng.model, sched.ctx + 1, eng._expert_cache, eng.dense_max_tokens)
+            if eng.fast
+            else ReferenceForward(eng.model)
+        )
+        self.device = eng.device
+
+    @torch.inference_mode()
+    def step(self, new: list[Job]) -> None:
+        self._drop_finished()
+        if new:
+            self._admit(new)
+        if not self.jobs:
+            return
+        toks_B = self._sample()
+        keep = self._drop_finished()
+        if not self.jobs:
+            return
+        if keep is not None:
+            toks_B = toks_B[keep]
+        if self.cache.seq_len + 1 > self.cache.max_len:
+            self.sched.stats["reclaimed"] += self.cache.drop_front()
+        self.logits_BV = self.run.forward(toks_B[:, None], self.pos_B1, self.cache, last_only=True)[0][:, -1]
+        self.pos_B1 = self.pos_B1 + 1
+        self.sched.stats["steps"] += 1
+
+    # ---- admission: prefill the new prompts as one left-padded batch, then join the running cache ----------
+    def _admit(self, new: list[Job]) -> None:
+        seqs = [job.prompt_ids for job in new]
+        P = max(map(len, seqs))
+        ids_NP = torch.zeros(len(seqs), P, dtype=torch.long)
+        start_N = torch.tensor([P - len(s) for s in seqs], dtype=torch.long)
+        for b, s in enumerate(seqs):
+            ids_NP[b, P - len(s) :] = torch.tensor(s, dtype=torch.long)
+        ids_NP, start_N = ids_NP.to(self.device), start_N.to(self.device)
+        cache = KVCache(len(seqs), P, start=start_N)
+        pos_NP = (torch.arange(P, device=self.device) - start_N[:, None]).clamp_min(0)
+        logits_NV = self.run.forward(ids_NP, pos_NP, cache, last_only=True)[0][:, -1]
+        for job in new:
+            self.sched.stats["prompt_tokens"] += len(job.prompt_ids)
+            if not job.params.greedy:
+                job.streams = RowStreams([job.seed], 1, self.device)
+        if self.cache is None or not self.jobs:
+            self.cache = KVCache(0, 0)
+            self.logits_BV, self.pos_B1 = logits_NV[:0], pos_NP[:0, -1:]
+        self.jobs += new
+        # room for the longest remaining generation: the buffers are rebuilt at every join anyway, so they are sized
+        # to what the running rows can still use, not to the context (64 rows x 2 contexts was GBs per join)
+        remaining = max(job.max_new_tokens - job.n_out for job in self.jobs)
+        need = max(self.cache.seq_len - (int(self.cache.start.min()) if self.cache.batch_size else 0), P)
+        self.sched.stats["reclaimed"] += self.cache.append_rows(cache, min(need + remaining + 1, self.max_len))
+
+        self.logits_BV = torch.cat([self.logits_BV, logits_NV])
+        self.pos_B1 = torch.cat([self.pos_B1, pos_NP[:, -1:] + 1])
+
+    # ---- sampling: per row its own parameters, stream and step ---------------------------------------------
+    def _sample(self) -> torch.Tensor:
+        logits_BV = self.logits_BV
+        toks_B = torch.empty(len(self.jobs), dtype=torch.long, device=self.device)
+        groups: dict[SamplingParams, list[int]] = {}
+        for b, job in enumerate(self.jobs):
+            groups.setdefault(job.params, []).append(b)
+        for params, rows in groups.items():
+            idx = torch.tensor(rows, device=self.device)
+            keys = None
+            if not params.greedy:
+                keys = torch.cat([self.jobs[b].streams.keys(self.jobs[b].n_out)[:, 0] for b in rows])
+            toks_B[idx] = sample(logits_BV[idx], params, keys)
+        want_lp = max(job.top_logprobs for job in self.jobs)
+        logp_BV = torch.log_softmax(logits_BV.float(), dim=-1)
+        chosen_B = logp_BV.gather(1, toks_B[:, None])[:, 0].tolist()
+        top = torch.topk(logp_BV, want_lp, dim=-1) if want_lp else None
+        top_ids, top_vals = (top.indices.tolist(), top.values.tolist()) if top is not None else (None, None)
+        ids = toks_B.tolist()
+        for b, job in enumerate(self.jobs):
+            alts = list(zip(top_ids[b], top_vals[b]))[: job.top_logprobs] if top is not None else []
+            self.sched._token(job, Token(ids[b], chosen_B[b], alts))
+            if ids[b] in job.stop_ids:
+                job.end = Finished("stop")
+            elif job.n_out >= job.max_new_tokens:
+                job.end = Finished("length")
+        self.sched.recent.append((time.monotonic(), len(ids)))
+        return toks_B
+
+    def _drop_finished(self) -> torch.Tensor | None:
+        """Rows that ended (stop id, budget, cancel, deadline) leave the batch, freeing their slot at once.
+        Returns the kept rows' indices, or None when every row stays."""
+        keep = []
+        for b, job in enumerate(self.jobs):
+            if job.end is None and (job.cancelled or _late(job)):
+                job.end = Finished("abort", _abort_message(job))
+            if job.end is None:
+                keep.append(b)
+            else:
+                self.sched._finish(job, job.end)
+        if len(keep) == len(self.jobs):
+            return None
+        idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+        self.cache.keep_rows(idx)
+        self.logits_BV, self.pos_B1 = self.logits_BV[idx], self.pos_B1[idx]
+        self.jobs = [self.jobs[b] for b in keep]
+        return idx

@@ -1,0 +1,74 @@
+"""The data build on a local Ray cluster (datatrove's RayPipelineExecutor): the same bytes as in-process, and a
+failing task fails the build at once with its log path instead of leaving the driver waiting on markers."""
+
+import hashlib
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from glmstack.data.corpus import CorpusConfig, corpus_docs
+from glmstack.data.executor import DataTaskError
+from glmstack.data.pipeline import PipelineConfig, build_dataset
+
+ray = pytest.importorskip("ray")
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
+
+RAY = {"executor": "ray", "workers": 2, "executor_options": {"mem_per_cpu_gb": 0.25}}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=80 * 1024**2, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from glmstack.tokenizer import Tokenizer
+
+    return Tokenizer.train((d.text for d in corpus_docs(CorpusConfig(size_mb=0.1))), 400)
+
+
+@pytest.fixture(scope="module")
+def local_build(tmp_path_factory, tok):
+    out = tmp_path_factory.mktemp("local")
+    build_dataset(_cfg(keep_work=True), tok, out)
+    return out
+
+
+def _cfg(**kw):
+    return PipelineConfig(**{"corpus": CorpusConfig(size_mb=0.1), "unit_docs": 32, "progress": False, **kw})
+
+
+def _digest(out: Path) -> dict:
+    return {
+        str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for split in ("train", "eval")
+        for p in sorted((out / split).iterdir())
+    }
+
+
+def test_ray_executor_gives_the_local_bytes(cluster, tok, local_build, tmp_path):
+    build_dataset(_cfg(**RAY), tok, tmp_path)
+    assert _digest(tmp_path) == _digest(local_build)
+
+
+def test_a_failing_ray_task_fails_the_build_with_its_log(cluster, tok, local_build, tmp_path):
+    # resume the finished build's work folder with one unit's raw file gone: that unit's filter task raises
+    out = tmp_path / "out"
+    shutil.copytree(local_build, out)
+    (out / "manifest.json").unlink()
+    for marker in (out / "work").glob("report_*.json"):
+        marker.unlink()
+    (out / "work" / "raw_00001.jsonl.zst").unlink()
+    start = time.monotonic()
+    with pytest.raises(DataTaskError) as err:
+        build_dataset(_cfg(**RAY), tok, out)
+    assert time.monotonic() - start < 60
+    message = str(err.value)
+    assert "FileNotFoundError" in message and "raw_00001.jsonl.zst" in message
+    log = Path(message.rsplit("log: ", 1)[1])
+    assert log.exists() and "raw_00001" in log.read_text()
