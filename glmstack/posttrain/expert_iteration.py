@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         scores = expert_iteration(args.recipe, args.overrides, args.n_sample, args.n_eval)
     except ConfigError as e:
-        print(f"glmstack expert-iteration: {e}", flush=True)
+        print(f"glmstack expert-iteration: {e}", file=sys.stderr, flush=True)
         return 2
     print(table(scores))
     return 0
