@@ -17,7 +17,7 @@ from glmstack.posttrain.sft import SFTConfig, SFTOptions
 
 SETS = ("arithmetic", "tools", "chat")
 STEPS = 300
-EXPERT_STEPS, MERGED_STEPS = 40, 80  # experts see one set each; the merged model sees all three sets' samples
+EXPERT_STEPS, MERGED_STEPS = 40, 40  # experts see one set each; the merged model sees all three sets' samples
 
 
 def sft() -> SFTConfig:
@@ -65,4 +65,6 @@ def sft_chat() -> SFTConfig:
 
 
 def sft_merged() -> SFTConfig:
-    return expert("merged", (), MERGED_STEPS)  # data: the experts' rejection-sampled files (set by the driver)
+    cfg = expert("merged", (), MERGED_STEPS)  # data: the experts' rejection-sampled files (set by the driver)
+    cfg.optim.lr = 3e-4  # a few hundred sampled conversations: a gentler lr than the experts', not to overfit them
+    return cfg

@@ -63,6 +63,8 @@ def test_repetitive():
     assert repetitive("a b c d " * 10) and not repetitive(
         "one two three four five six seven eight nine ten eleven twelve"
     )
+    # reasoning that states the answer, then the answer: said twice is not a loop
+    assert not repetitive("<think>The capital of Cuba is Havana.</think>\nThe capital of Cuba is Havana.")
 
 
 def test_rejection_sample_accounts_for_every_sample(base_dir, tmp_path, capsys):
