@@ -27,7 +27,7 @@ import matplotlib.pyplot as plt
 
 from glmstack.train.metrics import read_metrics
 
-STAGES = ("pretrain", "midtrain")  # training stages whose metrics.jsonl the report reads, in order
+STAGES = ("pretrain", "midtrain", "sft", "rl")  # drawn on one step axis, in this order
 LAYER_BALANCE = "moe/max_over_mean/"  # the loop's per-MoE-layer max/mean expert load (glmstack/train/balance.py)
 BALANCE_KEYS = ("moe/max_over_mean",)  # worst layer, when per-layer values are absent
 
@@ -154,12 +154,23 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def card_table(card: dict[str, dict]) -> list[str]:
+    """The report card as markdown lines: one row per metric, one column per model."""
+    names = list(card)
+    metrics = list(dict.fromkeys(m for col in card.values() for m in col))
+    out = ["## Report card", "", "| metric | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    out += [f"| {m} | " + " | ".join(_fmt(card[n].get(m, "-")) for n in names) + " |" for m in metrics]
+    return out
+
+
 def _markdown(summary: dict, drawn: list[str]) -> str:
     out = [f"# {summary.get('title', 'glmstack run report')}", ""]
     if summary.get("intro"):
         out += [summary["intro"], ""]
     out += ["## Figures", "", "| figure | value |", "|---|---|"]
     out += [f"| {k} | {_fmt(v)} |" for k, v in summary.get("figures", {}).items()]
+    if summary.get("card"):
+        out += ["", *card_table(summary["card"])]
     if summary.get("data_steps"):
         names = list(summary["data_steps"])
         out += ["", "## Data pipeline", "", "Documents in and out of each step of each build.", "",
@@ -193,6 +204,10 @@ def _markdown(summary: dict, drawn: list[str]) -> str:
         for s in summary["samples"]:
             out += [f"**{s.get('model', 'model')}**, prompt `{s['prompt'][:60]!r}`:", "", "```python",
                     s["prompt"] + s["completion"], "```", ""]
+    if summary.get("conversations"):
+        out += ["## Conversations", ""]
+        for s in summary["conversations"]:
+            out += [f"**{s.get('model', 'model')}**, user: {s['prompt']!r}", "", "```", s["completion"], "```", ""]
     if summary.get("config"):
         out += ["## Configuration", "", "```json", json.dumps(summary["config"], indent=2), "```", ""]
     if summary.get("missing"):

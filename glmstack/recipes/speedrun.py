@@ -26,19 +26,29 @@ class Size:
     seq_len: int  # pre-training context
     mid_seq_len: int  # mid-training context (RoPE base raised with it)
     batch_size: int  # sequences per step
+    sft_steps: int  # SFT steps on the synthetic sets (hybrid thinking, tool calls)
+    sft_batch_size: int  # SFT rows per step
+    sft_seq_len: int  # SFT rows (a tool conversation with its tools block is ~440 tokens)
+    rl_steps: int  # reasoning-RL steps on procedural arithmetic (0 = no RL stage)
+    card_n: int  # held-out items per report-card metric and model
 
 
 # minutes -> size: a small table, not a formula, so every row can be checked by running it (docs/speedrun.md)
 SIZES = (
     Size(minutes=0, hidden_size=64, num_hidden_layers=2, n_routed_experts=4, vocab_size=512, corpus_mb=0.5,
-         pretrain_steps=30, midtrain_steps=10, seq_len=64, mid_seq_len=128, batch_size=8),
+         pretrain_steps=30, midtrain_steps=10, seq_len=64, mid_seq_len=128, batch_size=8,
+         sft_steps=60, sft_batch_size=4, sft_seq_len=512, rl_steps=2, card_n=4),
     Size(minutes=5, hidden_size=96, num_hidden_layers=3, n_routed_experts=8, vocab_size=1024, corpus_mb=2,
-         pretrain_steps=500, midtrain_steps=120, seq_len=128, mid_seq_len=256, batch_size=8),
+         pretrain_steps=500, midtrain_steps=120, seq_len=128, mid_seq_len=256, batch_size=8,
+         sft_steps=100, sft_batch_size=8, sft_seq_len=512, rl_steps=10, card_n=16),
     Size(minutes=15, hidden_size=128, num_hidden_layers=4, n_routed_experts=8, vocab_size=2048, corpus_mb=4,
-         pretrain_steps=1000, midtrain_steps=300, seq_len=128, mid_seq_len=256, batch_size=8),
+         pretrain_steps=1000, midtrain_steps=300, seq_len=128, mid_seq_len=256, batch_size=8,
+         sft_steps=200, sft_batch_size=8, sft_seq_len=512, rl_steps=20, card_n=32),
     Size(minutes=60, hidden_size=192, num_hidden_layers=5, n_routed_experts=16, vocab_size=4096, corpus_mb=12,
-         pretrain_steps=1000, midtrain_steps=300, seq_len=256, mid_seq_len=512, batch_size=8),
-)  # measured on a shared 2-core machine: docs/speedrun.md; the 60-minute row is an estimate
+         pretrain_steps=1000, midtrain_steps=300, seq_len=256, mid_seq_len=512, batch_size=8,
+         sft_steps=200, sft_batch_size=8, sft_seq_len=512, rl_steps=20, card_n=64),
+)  # pre/mid-training steps of rows 5-15 timed on a quiet machine; their SFT/RL/card parts are a plan from
+#   docs/sft.md / docs/rl.md timings, not yet run end to end (docs/speedrun.md says what was measured)
 
 
 def size_for(minutes: float) -> Size:
@@ -98,6 +108,44 @@ def midtrain(minutes: float = 15, out: str = "runs/speedrun", seed: int = 0, voc
     cfg.ckpt.every = max(10, size.midtrain_steps // 3)
     cfg.log.every = max(1, size.midtrain_steps // 50)
     cfg.log.val_every = _val_every(size.midtrain_steps, cfg.log.every, 8)
+    return cfg
+
+
+def sft(minutes: float = 15, out: str = "runs/speedrun", seed: int = 0):
+    """SFT after mid-training (docs/sft.md's speedrun proposal): hybrid thinking + tool calls on every synthetic set,
+    from mid-training's newest checkpoint with the speedrun's tokenizer; the context grows to `sft_seq_len`."""
+    from glmstack.recipes.sft_speedrun import SETS
+    from glmstack.recipes.sft_speedrun import sft as sft_recipe
+
+    size, out = size_for(minutes), Path(out)
+    cfg = sft_recipe()
+    cfg.run, cfg.out_dir, cfg.seed, cfg.steps, cfg.device = out.name, str(out.parent), seed, size.sft_steps, "cpu"
+    cfg.init_from, cfg.seq_len, cfg.micro_batch_size = str(out / "midtrain"), size.sft_seq_len, size.sft_batch_size
+    cfg.optim.lr = 3e-3  # as in pre-training: at toy scale 1e-3 leaves the 1-minute model without the format
+    cfg.model_overrides = {"max_position_embeddings": max(size.sft_seq_len, size.mid_seq_len)}
+    cfg.sft = dataclasses.replace(cfg.sft, tokenizer=str(out / "tokenizer"), synthetic_n=max(200, 16 * size.sft_steps),
+                                  val_data=[f"synthetic:{s}" for s in SETS])
+    cfg.schedule = dataclasses.replace(cfg.schedule, warmup_steps=max(2, size.sft_steps // 15))
+    cfg.ckpt.every, cfg.ckpt.keep_last = max(5, size.sft_steps // 4), 1
+    cfg.log.every = max(1, size.sft_steps // 50)
+    cfg.log.val_every = _val_every(size.sft_steps, cfg.log.every, 4)
+    return cfg
+
+
+def rl(minutes: float = 15, out: str = "runs/speedrun", seed: int = 0):
+    """Reasoning RL on the SFT model (glmstack/recipes/rl_speedrun.py at the row's step count), or None while
+    glmstack.posttrain.rl has no stage (the speedrun then skips RL and says so)."""
+    try:
+        from glmstack.recipes.rl_speedrun import rl as rl_recipe
+    except ImportError:
+        return None
+    size, out = size_for(minutes), Path(out)
+    cfg = rl_recipe()
+    cfg.run, cfg.out_dir, cfg.seed, cfg.steps, cfg.device = out.name, str(out.parent), seed, size.rl_steps, "cpu"
+    cfg.init_from = str(out / "sft" / "model")
+    # evaluated at step 0 (the SFT model: the report card's baseline) and at the end
+    cfg.rl = dataclasses.replace(cfg.rl, heldout_n=4 * size.card_n, eval_every=max(1, size.rl_steps))
+    cfg.ckpt.every, cfg.ckpt.keep_last, cfg.log.every = max(1, size.rl_steps // 2), 1, 1
     return cfg
 
 

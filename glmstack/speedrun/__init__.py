@@ -9,7 +9,13 @@ Stages, each announced by a banner and showing its own progress bar:
                documents, FIM): filters, dedup, quality buckets -> token shards with held-out splits
     pretrain   a tiny GLM-4.5-architecture MoE with an MTP layer: Muon, loss-free expert balancing
     midtrain   twice the context with RoPE base 1e4 -> 1e6, best-fit packing, the cosine continued
-    evaluate   loss by token position, code samples, MTP speculative decoding statistics; <out>/model/
+    sft        GLM's chat format: hybrid thinking + XML tool calls on the synthetic sets (glmstack sft)
+    rl         reasoning RL (GRPO + IcePop) on procedural arithmetic (glmstack rl); skipped, with a message,
+               where glmstack.posttrain.rl has no stage
+    evaluate   loss by token position, code samples, MTP speculative decoding statistics; <out>/model/ = the
+               final chat model (weights, tokenizer, chat template) for `glmstack serve` / `glmstack chat`
+    card       the report card, one column per stage's model: perplexity, arithmetic accuracy, thinking switch,
+               tool-call validity, HumanEval pass@1, BFCL simple, RL-task accuracy; sample conversations
     report     report.md + plots/*.png + summary.json in the run folder
 
 The time budget picks a row of `SIZES` (model width/depth, steps, sequence lengths); nothing is measured at run
@@ -34,7 +40,9 @@ from tqdm import tqdm
 
 from glmstack.recipes.speedrun import data as data_recipe
 from glmstack.recipes.speedrun import midtrain, pretrain, size_for
+from glmstack.speedrun.card import stage_card
 from glmstack.speedrun.evaluate import stage_evaluate
+from glmstack.speedrun.posttrain import stage_rl, stage_sft
 from glmstack.speedrun.run import STOP_ENV, Run, StopRequested, check_same_run, run_stages
 from glmstack.speedrun.summary import stage_report
 
@@ -105,7 +113,10 @@ STAGES = [  # (name, banner text, fn(run) -> dict kept in <out>/<name>/DONE.json
     ("data", "pipeline: filter, dedup, quality buckets, repo-level code -> token shards (FIM: loaders)", stage_data),
     ("pretrain", "GLM-4.5 MoE + MTP, Muon, loss-free balancing", stage_train("pretrain")),
     ("midtrain", "2x context, RoPE base 1e4 -> 1e6, best-fit packing", stage_train("midtrain")),
-    ("evaluate", "samples, loss by position, MTP speculative decoding", stage_evaluate),
+    ("sft", "chat format: hybrid thinking + tool calls on the synthetic sets", stage_sft),
+    ("rl", "reasoning RL: GRPO + IcePop on procedural arithmetic", stage_rl),
+    ("evaluate", "samples, loss by position, MTP speculative decoding; the final model", stage_evaluate),
+    ("card", "report card: every stage's model on the same held-out items", stage_card),
     ("report", "report.md + plots", stage_report),
 ]
 

@@ -1,6 +1,7 @@
 """The speedrun's evaluation stage: loss by token position before and after mid-training on held-out code,
 code samples, and MTP speculative decoding (acceptance per depth, checked token for token against plain greedy).
-It also writes the final model with its tokenizer to <out>/model/.
+It also copies the final post-trained model (RL's, else SFT's: weights, tokenizer, chat template) to <out>/model/,
+the folder `glmstack serve` and `glmstack chat` take.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def stage_evaluate(run: Run) -> dict:
 
     from glmstack.eval import loss_by_position
     from glmstack.inference import Engine
-    from glmstack.model import save_hf
+    from glmstack.speedrun.posttrain import final_model
 
     tok, models = run.tokenizer(), {s: _load(run, s) for s in ("pretrain", "midtrain")}
     seqs = held_out_windows(run.stage_dir("data") / "midtrain" / "eval", run.size.mid_seq_len + 1, n=EVAL_WINDOWS)
@@ -34,8 +35,7 @@ def stage_evaluate(run: Run) -> dict:
     samples = engine.generate(SAMPLE_PROMPTS, max_new_tokens=SAMPLE_TOKENS, temperature=0.7, top_p=0.95,
                               seed=run.seed)
     prompts = [w[:SPEC_PROMPT_TOKENS].tolist() for w in seqs[:SPEC_PROMPTS]]
-    save_hf(models["midtrain"], run.out / "model")  # the final model as one HF folder, with its tokenizer:
-    tok.save(run.out / "model")  # `glmstack generate runs/speedrun/model --prompt "def " --speculative mtp`
+    copy_folder(final_model(run), run.out / "model")  # `glmstack serve runs/speedrun/model`
     return {
         "perplexity_by_position": nll,
         "samples": [{"model": "mid-trained", "prompt": p, "completion": c} for p, c in zip(SAMPLE_PROMPTS, samples.text)],
@@ -43,6 +43,17 @@ def stage_evaluate(run: Run) -> dict:
         "params": {"total": models["midtrain"].num_params(), "active": models["midtrain"].num_params(active=True)},
         "threads": torch.get_num_threads(),
     }
+
+
+def copy_folder(src: Path, dst: Path) -> None:
+    """Copy a model folder's files through a temporary folder, so <out>/model is either whole or absent."""
+    import shutil
+
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp, ignore=shutil.ignore_patterns("trainer_state"))
+    shutil.rmtree(dst, ignore_errors=True)
+    tmp.rename(dst)
 
 
 def _load(run: Run, stage: str):

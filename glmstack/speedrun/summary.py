@@ -11,7 +11,7 @@ import numpy as np
 
 from glmstack.speedrun.run import Run
 
-RESULT_STAGES = ("tokenizer", "data", "pretrain", "midtrain", "evaluate")  # whose DONE.json the summary reads
+RESULT_STAGES = ("tokenizer", "data", "pretrain", "midtrain", "sft", "rl", "evaluate", "card")  # whose DONE.json the summary reads
 
 
 def stage_report(run: Run) -> dict:
@@ -56,6 +56,15 @@ def build_summary(run: Run) -> dict:
                 f"{stage} val loss, first": _sig(val[0]) if val else float("nan"),
                 f"{stage} val loss, last": _sig(val[-1]) if val else float("nan"),
                 f"{stage} expert load max/mean, last 10 steps": _sig(_last_imbalance(run, stage))}
+    fig |= {"sft steps": res["sft"]["step"], "sft tokens": res["sft"]["tokens"]}
+    val = _val_losses(run, "sft")
+    if val:
+        fig |= {"sft val loss, first": _sig(val[0]), "sft val loss, last": _sig(val[-1])}
+    if "skipped" in res["rl"]:
+        fig["rl"] = "skipped: " + res["rl"]["skipped"]
+    else:
+        fig |= {"rl steps": res["rl"]["step"], "rl held-out accuracy, before": res["rl"]["heldout_acc_start"],
+                "rl held-out accuracy, after": res["rl"]["heldout_acc"]}
     for stage, nll in ev["perplexity_by_position"].items():
         fig[f"{stage}: held-out loss, positions < {size.seq_len}"] = _sig(float(np.mean(nll[:split])))
         fig[f"{stage}: held-out loss, positions {size.seq_len}-{size.mid_seq_len}"] = _sig(float(np.mean(nll[split:])))
@@ -67,7 +76,8 @@ def build_summary(run: Run) -> dict:
     return {
         "title": f"glmstack speedrun: {run.minutes:g}-minute budget, seed {run.seed}",
         "intro": INTRO.format(threads=ev["threads"], **asdict(size)),
-        "figures": fig, "timings": timings, "samples": ev["samples"],
+        "figures": fig, "timings": timings, "samples": ev["samples"], "card": res["card"]["card"],
+        "conversations": res["card"]["samples"],
         "data_steps": {k: v["steps"] for k, v in res["data"].items() if isinstance(v, dict)},
         "perplexity_by_position": {"pre-trained (context " + str(size.seq_len) + ")": ev["perplexity_by_position"]["pretrain"],
                                    "mid-trained (context " + str(size.mid_seq_len) + ")": ev["perplexity_by_position"]["midtrain"]},
@@ -79,5 +89,6 @@ def build_summary(run: Run) -> dict:
 INTRO = ("The GLM-4.5 recipe at toy scale: a {num_hidden_layers}-layer MoE of width {hidden_size} "
          "({n_routed_experts} routed experts, top-2, 1 shared, one MTP layer) pre-trained for {pretrain_steps} steps "
          "at context {seq_len} and mid-trained for {midtrain_steps} steps at context {mid_seq_len} on the embedded "
-         "corpus ({corpus_mb} MB of Python standard library source, docs and generated math), on {threads} CPU "
-         "thread(s). Rerun with `glmstack speedrun`; redraw with `python -m glmstack.report <run folder>`.")
+         "corpus ({corpus_mb} MB of Python standard library source, docs and generated math), then fine-tuned for "
+         "{sft_steps} SFT steps at context {sft_seq_len} in GLM's chat format and {rl_steps} RL steps, on {threads} "
+         "CPU thread(s). The report card scores every stage's model on {card_n} held-out items per metric. Rerun with `glmstack speedrun`; redraw with `python -m glmstack.report <run folder>`.")
