@@ -109,13 +109,15 @@ def test_one_seed_same_figures(runs):
     card = json.loads((runs["b"] / "summary.json").read_text())["card"]
     assert card == json.loads((runs["a"] / "summary.json").read_text())["card"]
     assert list(card)[:3] == ["pre-trained", "mid-trained", "SFT"]
+    # even 60 SFT steps of the 1-minute model move the chat-format metrics past the mid-trained model's
+    for metric in ("thinking-switch obedience", "well-formed turns"):
+        assert card["SFT"][metric] > card["mid-trained"][metric], metric
 
 
 @pytest.mark.slow
 def test_serve_streams_thinking(runs):
     """`glmstack serve <run>/model`, then the openai client: a streamed answer with thinking."""
     import openai
-
     from serve_fixture import free_port
 
     model = runs["b"] / "model"
