@@ -1,0 +1,85 @@
+"""The RL dashboard: plots and a summary drawn from the stage's metrics.jsonl (nothing hooked into the loop).
+
+Panels (docs/rl.md says how to read them): reward and held-out accuracy; response length; entropy; clip fraction
+and the mismatch correction's masked fraction; mean |logp_train − logp_rollout|; the zero-variance group fraction;
+rollout and train tokens/s; where a step's time goes (rollout / reward / train / weight sync). Train time is what is
+left of the loop's step time (input tokens / the loop's tok_per_s) after rollout, reward and sync.
+
+    python -m glmstack.posttrain.rl.dashboard runs/speedrun/rl      # redraws runs/speedrun/rl/plots/rl_*.png
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from glmstack.train.metrics import read_metrics
+
+PANELS = {
+    "rl_reward": ("reward", "heldout_acc"),
+    "rl_response_len": ("response_len",),
+    "rl_entropy": ("entropy",),
+    "rl_clip_and_mask": ("clip_frac", "mismatch_masked_frac", "masked_frac"),
+    "rl_mismatch": ("mean_abs_logp_diff",),
+    "rl_zero_variance": ("zero_var_frac",),
+    "rl_throughput": ("rollout_tok_per_s", "train_tok_per_s"),
+    "rl_time_split": ("time/rollout_s", "time/reward_s", "time/train_s", "time/sync_s"),
+    "rl_loss": ("loss",),
+}
+
+
+def derived(rows: list[dict]) -> list[dict]:
+    """Rows with the train time and train tokens/s added (see the module docstring)."""
+    out = []
+    for r in rows:
+        r = dict(r)
+        if r.get("tok_per_s") and "input_tokens" in r:
+            step_s = r["input_tokens"] / r["tok_per_s"]
+            other = sum(r.get(k, 0.0) for k in ("time/rollout_s", "time/reward_s", "time/sync_s"))
+            r["time/step_s"], r["time/train_s"] = step_s, max(step_s - other, 1e-9)
+            r["train_tok_per_s"] = r["input_tokens"] / r["time/train_s"]
+        out.append(r)
+    return out
+
+
+def plot_dashboard(folder: str | Path) -> list[Path]:
+    from glmstack.report import draw_curves
+
+    folder = Path(folder)
+    rows = derived(read_metrics(folder / "metrics.jsonl"))
+    written = []
+    for title, keys in PANELS.items():
+        curves = []
+        for k in keys:
+            pts = [(r["step"], r[k]) for r in rows if k in r]
+            if pts:
+                xs, ys = zip(*pts)
+                curves.append((k, list(xs), list(ys), ".-" if len(xs) < 30 else "-"))
+        out = folder / "plots" / f"{title}.png"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if draw_curves(out, title, "step", "", curves):
+            written.append(out)
+    return written
+
+
+def summary(folder: str | Path, result: dict) -> dict:
+    """Start/end held-out accuracy, mean figures over the run, and the time split (fractions of the step)."""
+    rows = derived(read_metrics(Path(folder) / "metrics.jsonl"))
+    heldout = [r["heldout_acc"] for r in rows if "heldout_acc" in r]
+
+    def mean(k):
+        vals = [r[k] for r in rows if k in r]
+        return sum(vals) / len(vals) if vals else None
+
+    step_s = mean("time/step_s") or 0.0
+    split = {k.split("/")[1]: (mean(f"time/{k.split('/')[1]}") or 0.0) / step_s if step_s else None
+             for k in ("time/rollout_s", "time/reward_s", "time/train_s", "time/sync_s")}  # fmt: skip
+    keys = ("reward", "response_len", "entropy", "clip_frac", "mismatch_masked_frac", "mean_abs_logp_diff",
+            "zero_var_frac", "rollout_tok_per_s", "train_tok_per_s", "time/step_s")  # fmt: skip
+    return {"heldout_start": heldout[0] if heldout else None, "heldout_end": result.get("heldout_acc"),
+            "steps": result.get("step"), "means": {k: mean(k) for k in keys}, "time_split": split}  # fmt: skip
+
+
+if __name__ == "__main__":
+    for p in plot_dashboard(sys.argv[1]):
+        print(p)
