@@ -16,7 +16,7 @@ from pathlib import Path
 from glmstack.train.metrics import read_metrics
 
 PANELS = {
-    "rl_reward": ("reward", "heldout_acc"),
+    "rl_reward": ("reward", "heldout_acc", "heldout_acc_sampled"),
     "rl_response_len": ("response_len",),
     "rl_entropy": ("entropy",),
     "rl_clip_and_mask": ("clip_frac", "mismatch_masked_frac", "masked_frac"),
@@ -66,6 +66,7 @@ def summary(folder: str | Path, result: dict) -> dict:
     """Start/end held-out accuracy, mean figures over the run, and the time split (fractions of the step)."""
     rows = derived(read_metrics(Path(folder) / "metrics.jsonl"))
     heldout = [r["heldout_acc"] for r in rows if "heldout_acc" in r]
+    sampled = [r["heldout_acc_sampled"] for r in rows if "heldout_acc_sampled" in r]
 
     def mean(k):
         vals = [r[k] for r in rows if k in r]
@@ -77,6 +78,8 @@ def summary(folder: str | Path, result: dict) -> dict:
     keys = ("reward", "response_len", "entropy", "clip_frac", "mismatch_masked_frac", "mean_abs_logp_diff",
             "zero_var_frac", "rollout_tok_per_s", "train_tok_per_s", "time/step_s")  # fmt: skip
     return {"heldout_start": heldout[0] if heldout else None, "heldout_end": result.get("heldout_acc"),
+            "heldout_sampled_start": sampled[0] if sampled else None,
+            "heldout_sampled_end": result.get("heldout_acc_sampled"),
             "steps": result.get("step"), "means": {k: mean(k) for k in keys}, "time_split": split}  # fmt: skip
 
 

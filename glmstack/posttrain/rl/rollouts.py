@@ -96,6 +96,12 @@ class Rollouts:
 
         t0 = time.perf_counter()
         policy = dist.unwrap(self.policy)
+        if self.opts.rollout_server:  # the server keeps its weights (remote.py)
+            if self.engine is None:
+                from glmstack.posttrain.rl.remote import ServerEngine
+
+                self.engine = ServerEngine(self.opts.rollout_server, self.opts.server_model, self.tokenizer)
+            return 0.0
         if self.engine is None:
             rollout_model = copy.deepcopy(policy).to(getattr(torch, self.opts.rollout_dtype))
             self.engine = Engine(rollout_model, self.tokenizer)
@@ -140,6 +146,7 @@ class Rollouts:
         stats = {"time/sync_s": self.sync(), "level": float(level), "group_size": float(group)}
         if o.eval_every and self.step % o.eval_every == 0:
             stats["heldout_acc"] = self.evaluate()
+            stats["heldout_acc_sampled"] = self.evaluate(self.temperature)  # at the rollout temperature
         if o.dynamic_temperature and plateaued(self.history, o.plateau_window, o.plateau_tol):
             self.temperature = self.sweep_temperature()
             self.history = []

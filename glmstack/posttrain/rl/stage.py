@@ -62,6 +62,8 @@ class RLOptions:
     plateau_tol: float = 0.01  # |mean reward change| below this between two windows = a plateau
     rollout_dtype: Literal["float32", "bfloat16"] = "float32"  # the rollout engine's weights
     rollout_noise: float = 0.0  # a controlled mismatch: rollout weights + noise · std(weight) (per step)
+    rollout_server: str = ""  # an OpenAI-compatible server's URL (remote.py) instead of the in-process engine
+    server_model: str = "glmstack"  # the `model` field sent to it
     eval_every: int = 5  # steps between held-out evaluations (greedy), 0 = only at the start and end
     heldout_n: int = 64  # held-out problems
     heldout_level: int = 0  # their difficulty level
@@ -178,6 +180,7 @@ def run_rl(cfg: RLConfig, stop_at: int | None = None) -> dict:
 
         data.sync()
         result["heldout_acc"] = data.evaluate()
+        result["heldout_acc_sampled"] = data.evaluate(data.temperature)
         (folder / "rl_summary.json").write_text(json.dumps(summary(folder, result), indent=2) + "\n")
         if cfg.log.plots:
             plot_dashboard(folder)
