@@ -15,6 +15,7 @@ sampling too. Each step yields the new tokens of every row; `Rows` cuts them at 
     res = engine.generate(["Hello"], max_new_tokens=32, temperature=0.7, top_p=0.9, seed=0)
     res.tokens[0], res.text[0], res.stats                 # stats: tokens/s, accepted length with speculative="mtp"
     engine.generate(["a", "b"], 32, temperature=0.7, seeds=[3, 9])  # row 1 == engine.generate(["b"], 32, ..., seeds=[9])
+    engine.generate(ids, 32, temperature=0.7, logprobs=True).logprobs  # RL: each sampled token's log-prob
     for delta in engine.stream("Hello", max_new_tokens=32): print(delta.text, end="")
 """
 
