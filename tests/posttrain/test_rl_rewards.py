@@ -4,7 +4,7 @@ never meet the training split, the curriculum row, the dynamic-temperature rule.
 from __future__ import annotations
 
 from glmstack.posttrain.rl import rewards
-from glmstack.posttrain.rl.rollouts import pick_temperature, plateaued, stage_at
+from glmstack.posttrain.rl.rollouts import informative, pick_temperature, plateaued, stage_at
 from glmstack.posttrain.rl.tasks import make_task
 
 
@@ -55,8 +55,12 @@ def test_task_splits_are_disjoint_and_deterministic():
 
 
 def test_curriculum_plateau_and_temperature_rules():
-    table = [[0, 0, 16], [10, 2, 32]]
-    assert stage_at(table, 0) == [0, 0, 16] and stage_at(table, 9) == [0, 0, 16] and stage_at(table, 10)[2] == 32
+    table = [[0, 0, 16], [10, 2, 32, 8]]
+    assert stage_at(table, 0) == [0, 0, 16, 0] and stage_at(table, 9) == [0, 0, 16, 0]
+    assert stage_at(table, 10) == [10, 2, 32, 8]
+    # dynamic sampling keeps groups whose rewards differ; stage 2 only hard ones: pass@2 = 0, pass@4 > 0
+    assert not informative([1.0, 1.0, 1.0, 1.0], 0) and informative([1.0, 0.0, 0.0, 0.0], 0)
+    assert not informative([1.0, 0.0, 0.0, 0.0], 2) and informative([0.0, 0.0, 0.0, 1.0], 2)
     assert plateaued([0.5] * 10, window=5, tol=0.01) and not plateaued([0.1] * 5 + [0.5] * 5, window=5, tol=0.01)
     assert not plateaued([0.5] * 9, window=5, tol=0.01)
     # the highest temperature within 1% (absolute) of the best held-out score

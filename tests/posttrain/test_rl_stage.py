@@ -31,8 +31,8 @@ def tiny_model(seed: int = 0) -> GLM:
 def small_cfg(tmp_path, **rl):
     cfg = tiny_rl()
     cfg.out_dir, cfg.steps, cfg.seq_len = str(tmp_path), 2, 16
-    cfg.rl = dataclasses.replace(cfg.rl, samples_per_step=8, curriculum=[[0, 0, 4]], max_new_tokens=3, heldout_n=4,
-                                 eval_every=0, **rl)  # fmt: skip
+    base = dict(samples_per_step=8, curriculum=[[0, 0, 4]], max_new_tokens=3, heldout_n=4, eval_every=0)
+    cfg.rl = dataclasses.replace(cfg.rl, **(base | rl))
     return cfg
 
 
@@ -120,3 +120,19 @@ def test_cli_bad_input_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "rl.task" in err[0]
     assert main(["rl", "rl_tiny", "--set", "rl.samples_per_step=7", "--set", f"out_dir={tmp_path}"]) == 2
+
+
+def test_dynamic_sampling_and_the_hard_stage_of_the_curriculum(tmp_path):
+    """Step 0 keeps groups whose rewards differ (over-sampling refills); from step 1 the curriculum's hard stage
+    keeps only groups whose first 2 samples fail and a later one succeeds (pass@2 = 0, pass@4 > 0)."""
+    cfg = small_cfg(tmp_path, curriculum=[[0, 0, 4], [1, 0, 4, 2]], oversample_rounds=3, oversample=3)
+    data = rollouts(tiny_model(), cfg)
+    for step in range(2):
+        batches = data.make_step()
+        adv = torch.cat([b["advantages"] for b in batches]).view(-1, 4)
+        stats = batches[0]["stats"]
+        assert stats["kept_informative"] == float((adv.abs().sum(1) > 0).float().mean())
+        for g in adv[adv.abs().sum(1) > 0]:
+            if step == 1:  # binary rewards: the two failures are the group's lowest advantages
+                assert g[0] == g[1] == g.min() < g.max()
+    assert stats["kept_informative"] > 0

@@ -28,6 +28,7 @@ import torch
 
 from glmstack.posttrain.rl import rewards as reward_lib
 from glmstack.posttrain.rl.losses import group_advantages
+from glmstack.train import dist
 
 
 def stable_seed(*parts) -> int:
@@ -35,12 +36,22 @@ def stable_seed(*parts) -> int:
 
 
 def stage_at(table: list[list[float]], step: int) -> list[float]:
-    """The curriculum row in force at `step`: the last [from_step, level, group_size] with from_step <= step."""
+    """The curriculum row in force at `step`: the last [from_step, level, group_size(, hard_k)] with
+    from_step <= step, as [from_step, level, group_size, hard_k] (hard_k 0 when the row has none)."""
     row = table[0]
     for r in table:
         if r[0] <= step:
             row = r
-    return row
+    return list(row) + [0] * (4 - len(row))
+
+
+def informative(rewards: list[float], hard_k: int) -> bool:
+    """A group worth training on: its rewards differ (else its advantages, and gradient, are 0); with `hard_k`, also
+    a hard problem for the current policy (GLM-4.5's second curriculum stage: pass@k = 0 on the group's first k
+    samples, a success among the rest; a success is a reward > 0)."""
+    if len(set(rewards)) == 1:
+        return False
+    return not hard_k or (max(rewards[:hard_k]) <= 0 < max(rewards[hard_k:], default=0))
 
 
 def pick_temperature(scores: dict[float, float], tolerance: float = 0.01) -> float:
@@ -92,7 +103,6 @@ class Rollouts:
     def sync(self) -> float:
         """Copy the trainer's weights into the rollout model (made on first use, in `rl.rollout_dtype`)."""
         from glmstack.inference import Engine
-        from glmstack.train import dist
 
         t0 = time.perf_counter()
         policy = dist.unwrap(self.policy)
@@ -140,26 +150,27 @@ class Rollouts:
     # ------------------------------------------------------------------ one step's batch
     def make_step(self) -> list[dict]:
         o = self.opts
-        _, level, group = stage_at(o.curriculum, self.step)
-        level, group = int(level), int(group)
+        _, level, group, hard_k = map(int, stage_at(o.curriculum, self.step))
         n_prompts = o.samples_per_step // group
         stats = {"time/sync_s": self.sync(), "level": float(level), "group_size": float(group)}
+        t0 = time.perf_counter()
         if o.eval_every and self.step % o.eval_every == 0:
             stats["heldout_acc"] = self.evaluate()
             stats["heldout_acc_sampled"] = self.evaluate(self.temperature)  # at the rollout temperature
         if o.dynamic_temperature and plateaued(self.history, o.plateau_window, o.plateau_tol):
             self.temperature = self.sweep_temperature()
             self.history = []
+        stats["time/eval_s"] = time.perf_counter() - t0
         kept, spare, t_roll, t_rew, n_groups, n_zero, new_tok = [], [], 0.0, 0.0, 0, 0, 0
         for round_ in range(1 + o.oversample_rounds):
             need = n_prompts - len(kept)
             if need <= 0:
                 break
             ask = need if round_ == 0 else need * o.oversample
-            problems = self.task.problems(split="train", n=ask, seed=stable_seed(self.seed, self.step, round_),
-                                          level=level)  # fmt: skip
+            tag = (self.step, round_) if dist.world() == 1 else (self.step, round_, dist.rank())  # ranks differ
+            problems = self.task.problems(split="train", n=ask, seed=stable_seed(self.seed, *tag), level=level)
             t0 = time.perf_counter()
-            rows, samples = self.generate(problems, group, self.temperature, (self.step, round_))
+            rows, samples = self.generate(problems, group, self.temperature, tag)
             t1 = time.perf_counter()
             rew, means = reward_lib.total(samples, self.weights)
             t_roll, t_rew = t_roll + t1 - t0, t_rew + time.perf_counter() - t1
@@ -170,9 +181,9 @@ class Rollouts:
                                   "truncated_frac": sum(s.finish == "length" for s in samples) / len(samples)}
             for g in range(len(problems)):
                 grp = [(rows[g * group + j], rew[g * group + j], samples[g * group + j]) for j in range(group)]
-                zero = len({r for _, r, _ in grp}) == 1
-                n_groups, n_zero = n_groups + 1, n_zero + int(zero)
-                (spare if zero and o.dynamic_sampling else kept).append(grp)
+                values = [r for _, r, _ in grp]
+                n_groups, n_zero = n_groups + 1, n_zero + int(len(set(values)) == 1)
+                (kept if informative(values, hard_k) or not o.dynamic_sampling else spare).append(grp)
         kept = (kept + spare)[:n_prompts]  # not enough informative groups: fill with zero-gradient ones
         stats |= {"zero_var_frac": n_zero / max(n_groups, 1), "kept_informative": float(sum(
             len({r for _, r, _ in g}) > 1 for g in kept)) / n_prompts,

@@ -8,7 +8,7 @@ GLM-5 §3.2 Eq. 1 / GLM-4.5 §3.2 (research/rl-recipe.md §1): per optimizer ste
      old log-probs = their detached copy (one optimizer step per rollout batch: on-policy), the policy loss
      (rl.loss: grpo = clipped surrogate with rl.mismatch none | tis | icepop; dis; cispo; gspo)  (losses.py)
   -> the loop's optimizer step, guard, checkpoint, metrics.jsonl.
-The curriculum is a stage table `rl.curriculum` = [[from_step, level, group_size], ...]; dynamic temperature
+The curriculum is a stage table `rl.curriculum` = [[from_step, level, group_size(, hard_k)], ...]; dynamic temperature
 (`rl.dynamic_temperature`) raises the temperature when the reward plateaus. The dashboard (metrics.jsonl, plots/,
 rl_summary.json) is described in docs/rl.md, with why a policy loss near 0 is expected.
 
@@ -39,7 +39,9 @@ class RLOptions:
     task: str = "arithmetic"  # tasks.TASKS: arithmetic | code | toy
     rewards: list[list] = field(default_factory=list)  # [[name, weight], ...] (rewards.REWARDS); [] = the task's
     samples_per_step: int = 64  # rollouts per optimizer step (prompts × group size); split into grad_accum parts
-    curriculum: list[list[int]] = field(default_factory=lambda: [[0, 0, 8]])  # [[from_step, level, group_size]]
+    # [[from_step, level, group_size(, hard_k)]]: hard_k > 0 trains only problems whose first hard_k samples all
+    # fail and some later one succeeds (GLM-4.5's stage 2: pass@8 = 0, pass@512 > 0; rollouts.informative)
+    curriculum: list[list[int]] = field(default_factory=lambda: [[0, 0, 8]])
     max_new_tokens: int = 24  # response budget per rollout
     temperature: float = 1.0  # rollout temperature (> 0); the trainer divides its logits by the same
     top_p: float = 1.0  # rollout nucleus; the trainer's log-probs use the same
@@ -113,7 +115,7 @@ def rl_loss(opts: RLOptions):
 
 # ---------------------------------------------------------------------------------------------------- stage
 def check(cfg: RLConfig) -> None:
-    from glmstack.posttrain.rl.rollouts import check_divisible
+    from glmstack.posttrain.rl.rollouts import check_divisible, stage_at
     from glmstack.posttrain.rl.tasks import TASKS
 
     if not isinstance(cfg, RLConfig):
@@ -123,9 +125,11 @@ def check(cfg: RLConfig) -> None:
         raise ConfigError(f"rl.task: unknown task {o.task!r} (expected one of {', '.join(TASKS)})")
     if o.temperature <= 0:
         raise ConfigError("rl.temperature must be > 0 (RL samples; the trainer divides its logits by it)")
-    if not o.curriculum or any(len(r) != 3 for r in o.curriculum):
-        raise ConfigError("rl.curriculum: give rows [from_step, level, group_size]")
-    for _, _, group in o.curriculum:
+    if not o.curriculum or any(len(r) not in (3, 4) for r in o.curriculum):
+        raise ConfigError("rl.curriculum: give rows [from_step, level, group_size] or [..., hard_k]")
+    for _, _, group, hard_k in (stage_at(o.curriculum, r[0]) for r in o.curriculum):
+        if hard_k >= group:
+            raise ConfigError(f"rl.curriculum: hard_k={hard_k} must be below the group size {group}")
         problem = check_divisible(o.samples_per_step, int(group), cfg.grad_accum)
         if problem:
             raise ConfigError(problem)
