@@ -100,8 +100,9 @@ class Rollouts:
         self.history, self.queue = list(state["history"]), []
 
     # ------------------------------------------------------------------ the rollout engine
-    def sync(self) -> float:
-        """Copy the trainer's weights into the rollout model (made on first use, in `rl.rollout_dtype`)."""
+    def sync(self, perturb: bool = True) -> float:
+        """Copy the trainer's weights into the rollout model (made on first use, in `rl.rollout_dtype`); `perturb`:
+        then add `rl.rollout_noise` (held-out evaluation syncs without it: it scores the trained weights)."""
         from glmstack.inference import Engine
 
         t0 = time.perf_counter()
@@ -118,7 +119,7 @@ class Rollouts:
             self.engine.compact = True
         with torch.no_grad():
             self.engine.model.load_state_dict(policy.state_dict())
-            if self.opts.rollout_noise:  # a controlled mismatch: the rollout weights are a perturbed copy
+            if self.opts.rollout_noise and perturb:  # a controlled mismatch: the rollout weights are a perturbed copy
                 g = torch.Generator().manual_seed(stable_seed(self.seed, "noise", self.step))
                 for p in self.engine.model.parameters():
                     if p.dim() >= 2:
@@ -152,15 +153,18 @@ class Rollouts:
         o = self.opts
         _, level, group, hard_k = map(int, stage_at(o.curriculum, self.step))
         n_prompts = o.samples_per_step // group
-        stats = {"time/sync_s": self.sync(), "level": float(level), "group_size": float(group)}
+        evaluate = bool(o.eval_every and self.step % o.eval_every == 0)
+        stats = {"time/sync_s": self.sync(perturb=not evaluate), "level": float(level), "group_size": float(group)}
         t0 = time.perf_counter()
-        if o.eval_every and self.step % o.eval_every == 0:
+        if evaluate:
             stats["heldout_acc"] = self.evaluate()
             stats["heldout_acc_sampled"] = self.evaluate(self.temperature)  # at the rollout temperature
         if o.dynamic_temperature and plateaued(self.history, o.plateau_window, o.plateau_tol):
             self.temperature = self.sweep_temperature()
             self.history = []
         stats["time/eval_s"] = time.perf_counter() - t0
+        if evaluate and o.rollout_noise:
+            stats["time/sync_s"] += self.sync()
         kept, spare, t_roll, t_rew, n_groups, n_zero, new_tok = [], [], 0.0, 0.0, 0, 0, 0
         for round_ in range(1 + o.oversample_rounds):
             need = n_prompts - len(kept)

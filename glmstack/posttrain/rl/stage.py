@@ -182,7 +182,7 @@ def run_rl(cfg: RLConfig, stop_at: int | None = None) -> dict:
     if dist.rank() == 0 and result["stopped"] == "done":
         from glmstack.posttrain.rl.dashboard import plot_dashboard, summary
 
-        data.sync()
+        data.sync(perturb=False)
         result["heldout_acc"] = data.evaluate()
         result["heldout_acc_sampled"] = data.evaluate(data.temperature)
         (folder / "rl_summary.json").write_text(json.dumps(summary(folder, result), indent=2) + "\n")
