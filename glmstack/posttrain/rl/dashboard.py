@@ -95,16 +95,21 @@ def _mean_std(xs: list[float]) -> str:
     return f"{m:.3f} ± {sd:.3f}"
 
 
+def _seed_mean(series: list[list[float]]) -> list[float]:
+    n = min(map(len, series))
+    return [sum(s[i] for s in series) / len(series) for i in range(n)]
+
+
 def compare(groups: dict[str, list[str]], plot_path: str | None = None) -> str:
     """Settings × seeds -> a markdown table (mean ± std over seeds, std with Bessel's correction) and, with
-    `plot_path`, each setting's seed-mean reward and grad-norm curves."""
+    `plot_path`, each setting's seed-mean reward and grad-norm curves (<stem>_reward.png, <stem>_grad_norm.png)."""
     cols = ("held-out start", "held-out end", "held-out end (sampled)", "reward (last 5)", "grad norm (mean)",
             "grad norm (max)", "mean abs dlogp", "masked frac", "min/seed")  # fmt: skip
     lines = ["| setting (seeds) | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     curves = []
     for name, folders in groups.items():
         per = {c: [] for c in cols}
-        rewards = []
+        rewards, norms = [], []
         for f in folders:
             rows = derived(read_metrics(Path(f) / "metrics.jsonl"))
             summ = json.loads((Path(f) / "rl_summary.json").read_text())
@@ -118,13 +123,16 @@ def compare(groups: dict[str, list[str]], plot_path: str | None = None) -> str:
             per["masked frac"].append(summ["means"]["mismatch_masked_frac"])
             per["min/seed"].append(sum(r.get("time/step_s", 0.0) for r in rows) / 60)
             rewards.append([r["reward"] for r in rows])
+            norms.append([r["grad_norm"] for r in rows])
         lines.append(f"| {name} ({len(folders)}) | " + " | ".join(_mean_std(per[c]) for c in cols) + " |")
-        n = min(map(len, rewards))
-        curves.append((name, list(range(1, n + 1)), [sum(r[i] for r in rewards) / len(rewards) for i in range(n)], "-"))
+        curves.append((name, _seed_mean(rewards), _seed_mean(norms)))
     if plot_path:
         from glmstack.report import draw_curves
 
-        draw_curves(Path(plot_path), "reward (mean over seeds)", "step", "", curves)
+        path = Path(plot_path)
+        for i, what in ((1, "reward"), (2, "grad_norm")):
+            draw_curves(path.with_name(f"{path.stem}_{what}{path.suffix}"), f"{what} (mean over seeds)", "step", "",
+                        [(c[0], list(range(1, len(c[i]) + 1)), c[i], "-") for c in curves])  # fmt: skip
     return "\n".join(lines)
 
 
