@@ -40,8 +40,14 @@ def build_checkpoint(folder, steps: int = 150, layers: int = 2) -> str:
     texts = [render(m, t, style=STYLE) for m, t in CONVERSATIONS]
     tok = Tokenizer.train(texts * 20 + ["the quick brown fox jumps over the lazy dog. " * 20], vocab_size=400)
     # dense layers and no MTP: trains ~3x faster than the MoE preset; the server path is the same
-    cfg = ModelConfig.preset("tiny", num_hidden_layers=layers, first_k_dense_replace=layers, num_nextn_predict_layers=0,
-                             vocab_size=512, max_position_embeddings=1024)
+    cfg = ModelConfig.preset(
+        "tiny",
+        num_hidden_layers=layers,
+        first_k_dense_replace=layers,
+        num_nextn_predict_layers=0,
+        vocab_size=512,
+        max_position_embeddings=1024,
+    )
     model = GLM(cfg).init_weights(seed=0)
     rows = [encode(tok, m, t, style=STYLE) for m, t in CONVERSATIONS]
     T = max(len(ids) for ids, _ in rows)

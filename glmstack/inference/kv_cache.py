@@ -169,12 +169,18 @@ class KVCache:
             self._advance(i, ("rewind", self._n_rewinds))
 
     # ---- continuous batching (glmstack.serve.scheduler): rows join and the front is reclaimed ------------
-    def append_rows(self, other: KVCache) -> None:
+    def append_rows(self, other: KVCache, max_len: int | None = None) -> int:
         """Add `other`'s rows after ours. Both must hold one length over all rows and layers (plain decoding
-        does); rows are right-aligned, the shorter side's rows shifted right and their `start` grown to match,
-        so each row still attends exactly its own positions. Copies every buffer into `self.max_len`."""
-        n = max(self._common_len(), other._common_len())
-        self._rebuild([(self, n - self._common_len()), (other, n - other._common_len())], n)
+        does). Rows are right-aligned: the shorter side's rows move right and their `start` grows to match, so each
+        row still attends exactly its own positions; the leading positions none of our rows attends are dropped on
+        the way. New buffers of `max_len` (default: unchanged). Returns how many leading positions were dropped."""
+        front = int(self.start.min()) if self.batch_size else 0
+        ours, theirs = self._common_len() - front, other._common_len()
+        n = max(ours, theirs)
+        if max_len is not None:
+            self.max_len = max_len
+        self._rebuild([(self, n - ours - front), (other, n - theirs)], n)
+        return front
 
     def drop_front(self) -> int:
         """Forget the leading positions that no row attends (min over rows of `start`); returns how many."""

@@ -64,18 +64,21 @@ class Server:
         req.unsupported()
         return req
 
-    def budget(self, req, prompt_len: int, asked: int | None, param: str) -> int:
+    def budget(self, prompt_len: int, asked: int | None, param: str, prompt_param: str) -> int:
+        """New tokens for a prompt: `asked` (the field `param`), else the rest of the context."""
         room = self.ctx - prompt_len
         if room <= 0:
-            raise ApiError(400, f"the prompt has {prompt_len} tokens; the model's context is {self.ctx}", "messages"
-                           if param != "max_tokens" or isinstance(req, ChatRequest) else "prompt")  # fmt: skip
+            raise ApiError(400, f"the prompt has {prompt_len} tokens; the model's context is {self.ctx}", prompt_param)
         if asked is not None and asked > room:
             raise ApiError(400, f"{param} = {asked} is too large: the prompt has {prompt_len} tokens and the "
                            f"context is {self.ctx}, leaving {room}", param)  # fmt: skip
         return asked if asked is not None else room
 
-    def jobs(self, req, prompt_ids: list[int], max_new: int, top_logprobs: int) -> tuple[list[Job], asyncio.Queue]:
+    def jobs(self, req, prompt_ids: list[int], max_new: int, top_logprobs: int, logprobs: bool):
         """n jobs (choice j samples with seed + j, as Engine.generate's row j) sharing one event queue."""
+        if logprobs and self.sched.speculative:
+            raise ApiError(400, "logprobs are not available with --speculative mtp (verify steps keep no per-token "
+                           "distribution); restart the server without it", "logprobs")  # fmt: skip
         loop, queue = asyncio.get_running_loop(), asyncio.Queue()
         params = SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=max(req.top_k, 0))
         seed = req.seed if req.seed is not None else secrets.randbits(62)
@@ -83,8 +86,12 @@ class Server:
         deadline = time.monotonic() + self.time_limit_s
         jobs = []
         for j in range(req.n):
+
             def emit(ev, j=j):
-                loop.call_soon_threadsafe(queue.put_nowait, (j, ev))
+                try:
+                    loop.call_soon_threadsafe(queue.put_nowait, (j, ev))
+                except RuntimeError:  # the event loop is closed (server shutting down): nobody is listening
+                    pass
 
             jobs.append(Job(prompt_ids=prompt_ids, max_new_tokens=max_new, params=params, seed=seed + j, emit=emit,
                             stop_ids=frozenset(stop_ids), top_logprobs=top_logprobs, deadline=deadline))  # fmt: skip
@@ -154,10 +161,10 @@ def create_app(engine, model_name: str, style: str, scheduler: Scheduler, time_l
         cp = chat_prompt(req, style)
         prompt_ids = srv.tok.encode(cp.text)
         asked = req.max_completion_tokens or req.max_tokens
-        max_new = srv.budget(req, len(prompt_ids), asked, "max_completion_tokens" if req.max_completion_tokens
-                             else "max_tokens")  # fmt: skip
+        param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
+        max_new = srv.budget(len(prompt_ids), asked, param, "messages")
         k = (req.top_logprobs or 0) if req.logprobs else 0
-        jobs, queue = srv.jobs(req, prompt_ids, max_new, k)
+        jobs, queue = srv.jobs(req, prompt_ids, max_new, k, req.logprobs)
         outs = [ChoiceOutput(srv.tok, req.stops(), jobs[0].stop_ids) for _ in jobs]
         rid = "chatcmpl-" + secrets.token_hex(12)
         if req.stream:
@@ -176,8 +183,8 @@ def create_app(engine, model_name: str, style: str, scheduler: Scheduler, time_l
             raise ApiError(400, "echo with logprobs (prompt log-probs) is not supported", "echo")
         runs = []
         for ids in prompts:
-            max_new = srv.budget(req, len(ids), req.max_tokens, "max_tokens")
-            jobs, queue = srv.jobs(req, ids, max_new, req.logprobs or 0)
+            max_new = srv.budget(len(ids), req.max_tokens, "max_tokens", "prompt")
+            jobs, queue = srv.jobs(req, ids, max_new, req.logprobs or 0, req.logprobs is not None)
             runs.append((ids, jobs, queue, [ChoiceOutput(srv.tok, req.stops(), jobs[0].stop_ids) for _ in jobs]))
         rid = "cmpl-" + secrets.token_hex(12)
         if req.stream:
@@ -226,6 +233,8 @@ async def _whole_chat(srv, req, cp, prompt_ids, jobs, queue, outs, rid) -> dict:
         msg = parse(cp.prefill + out.text, cp.tools, srv.style, in_reasoning=cp.in_reasoning, calls=cp.parse_calls)
         if not req.include_reasoning:
             msg["reasoning_content"] = None
+        if not req.parallel_tool_calls:  # as vLLM: only the first call
+            msg["tool_calls"] = msg["tool_calls"][:1]
         if not msg["tool_calls"]:
             del msg["tool_calls"]
         reason = "tool_calls" if msg.get("tool_calls") and out.finish == "stop" else out.finish
@@ -322,6 +331,8 @@ async def stream_chat(srv, req, cp, prompt_ids, jobs, queue, outs, rid):
             deltas += parsers[j].finish()
         if not req.include_reasoning:
             deltas = [d for d in deltas if "reasoning_content" not in d]
+        if not req.parallel_tool_calls:
+            deltas = [d for d in deltas if all(tc["index"] == 0 for tc in d.get("tool_calls", ()))]
         sent_calls[j] |= any("tool_calls" in d for d in deltas)
         per_token = {}
         if isinstance(ev, Token):

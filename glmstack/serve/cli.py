@@ -22,13 +22,7 @@ def build(args):
     from glmstack.serve.app import create_app
     from glmstack.serve.scheduler import Scheduler
 
-    engine = _load(args)
-    if args.quantize:
-        try:
-            from glmstack.inference.quant import quantize_
-        except ImportError as e:
-            raise ValueError(f"--quantize needs glmstack.inference.quant (not in this version): {e}") from None
-        quantize_(engine.model, args.quantize)
+    engine = _load(args)  # loads, and quantizes with --quantize (glmstack.inference.quant.quantize_)
     speculative = None if args.speculative == "none" else args.speculative
     sched = Scheduler(engine, args.max_running, args.max_waiting, speculative, args.draft)
     name = args.served_model_name or Path(args.checkpoint).name
@@ -48,14 +42,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-running", type=int, default=16, help="requests decoded together (batch rows)")
     ap.add_argument("--max-waiting", type=int, default=256, help="queued requests beyond which the server answers 429")
     ap.add_argument("--time-limit", type=float, default=600.0, help="seconds a request may run before it is aborted")
-    ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None, help="default: the checkpoint's")
+    ap.add_argument(
+        "--dtype", choices=["float32", "bfloat16", "float16"], default=None, help="default: the checkpoint's"
+    )
     ap.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     ap.add_argument("--style", choices=["auto", "glm-4.5", "glm-4.7"], default="auto", help="chat format")
     args = ap.parse_args(argv)
     import torch
     import uvicorn
 
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     try:
         app, sched = build(args)
     except (ValueError, OSError, KeyError) as e:

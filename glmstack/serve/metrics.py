@@ -21,6 +21,7 @@ def prometheus_text(srv) -> str:
         ("requests_rejected_total", "counter", "requests answered 429 (queue full)", srv.counts["rejected_429"]),
         ("request_errors_total", "counter", "requests answered 4xx", srv.counts["errors_4xx"]),
         ("engine_busy_seconds_total", "counter", "time the engine thread spent stepping", st["busy_s"]),
+        ("engine_steps_total", "counter", "batched decode steps", st["steps"]),
     ]
     lines = []
     for name, kind, doc, value in rows:

@@ -23,6 +23,7 @@ class ChoiceOutput:
         self.text = ""  # decoded text of the ids (eos excluded), before stop-string truncation
         self.shown = 0  # characters of `text` already handed out
         self.stop_hit: str | None = None
+        self._done_ids, self._done_text = 0, ""  # ids[:_done_ids] decode to _done_text, ending on a whole character
         self.finish: str | None = None
         self.error: str = ""
 
@@ -31,10 +32,10 @@ class ChoiceOutput:
         self.tokens.append(token)
         if self.stop_hit is not None:
             return ""
-        text = self.tok.decode([t for t in self.ids if t not in self.eos])
+        text = self._decoded()
         if text.endswith("\ufffd"):  # byte-level BPE: half a UTF-8 character so far
             return ""
-        self.text = text
+        self.text, self._done_ids, self._done_text = text, len(self.ids), text
         for s in self.stops:
             i = self.text.find(s, max(0, self.shown - len(s)))
             if i >= 0:
@@ -49,10 +50,15 @@ class ChoiceOutput:
             self.finish = "stop"
         else:
             self.finish, self.error = fin.reason, fin.message
-            full = self.tok.decode([t for t in self.ids if t not in self.eos])
+            full = self._decoded()
             if len(full) >= len(self.text):
                 self.text = full
         return self._take(len(self.text))
+
+    def _decoded(self) -> str:
+        """Text of all ids: only the ids since the last whole character are decoded (byte-level BPE decodes piece
+        by piece), so a long answer costs O(tokens), not O(tokens^2)."""
+        return self._done_text + self.tok.decode([t for t in self.ids[self._done_ids :] if t not in self.eos])
 
     def _take(self, upto: int) -> str:
         upto = max(upto, self.shown)
@@ -69,9 +75,7 @@ class ChoiceOutput:
             return {"token": text, "logprob": max(lp, -9999.0), "bytes": list(text.encode("utf-8"))}
 
         return {
-            "content": [
-                {**entry(t.id, t.logprob), "top_logprobs": [entry(i, lp) for i, lp in t.top]} for t in tokens
-            ],
+            "content": [{**entry(t.id, t.logprob), "top_logprobs": [entry(i, lp) for i, lp in t.top]} for t in tokens],
             "refusal": None,
         }
 

@@ -43,8 +43,9 @@ def chat_prompt(req: ChatRequest, style: str) -> ChatPrompt:
     if choice == "required" and not tools:
         raise ApiError(400, "tool_choice 'required' needs a non-empty tools list", "tool_choice")
     kw = req.chat_template_kwargs
-    opts = dict(enable_thinking=kw.enable_thinking if kw else True, clear_thinking=kw.clear_thinking if kw else True)
+    opts = {"enable_thinking": kw.enable_thinking if kw else True, "clear_thinking": kw.clear_thinking if kw else True}
     shown_tools = None if choice == "none" else tools
+    req.messages = [_reasoning_key(m) for m in req.messages]
     try:
         text = render(req.messages, shown_tools, style=style, add_generation_prompt=True, **opts)
         if choice == "required" or named:  # the model continues after the template's "<tool_call>" (+ name)
@@ -60,6 +61,16 @@ def chat_prompt(req: ChatRequest, style: str) -> ChatPrompt:
         parse_calls=choice != "none",
         in_reasoning=text.rstrip().endswith(THINK_OPEN),
     )
+
+
+def _reasoning_key(message: dict) -> dict:
+    """vLLM >= 0.16 clients send history reasoning back as `reasoning`; the template reads `reasoning_content`
+    (renaming it silently dropped history reasoning in vLLM #33616)."""
+    if isinstance(message, dict) and "reasoning" in message:
+        message = dict(message)
+        reasoning = message.pop("reasoning")
+        message.setdefault("reasoning_content", reasoning)
+    return message
 
 
 def _check_tools(tools: list) -> None:

@@ -151,8 +151,8 @@ class Scheduler:
     def _run_speculative(self, job: Job) -> None:
         p = job.params
         self.stats["prompt_tokens"] += len(job.prompt_ids)
-        kw = dict(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, seeds=[job.seed],
-                  stop_ids=sorted(job.stop_ids), speculative=self.speculative, draft_k=self.draft_k)  # fmt: skip
+        kw = {"temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k, "seeds": [job.seed],
+              "stop_ids": sorted(job.stop_ids), "speculative": self.speculative, "draft_k": self.draft_k}  # fmt: skip
         last = None
         for delta in self.engine.stream(job.prompt_ids, job.max_new_tokens, **kw):
             if job.cancelled or _late(job):
@@ -193,7 +193,8 @@ class _Batch:
         self.cache: KVCache | None = None
         self.logits_BV: torch.Tensor | None = None  # the logits each row samples its next token from
         self.pos_B1: torch.Tensor | None = None  # the position of each row's next token
-        # decode never goes past the context, so two contexts of cache leave room for one context of re-use
+        # the cap of the running cache: a row's length never exceeds the context, and after a join a row may sit
+        # behind another's longer history (its start moves right), so at most two contexts
         self.max_len = 2 * sched.ctx + 1
         eng = self.engine
         self.run = (
@@ -239,10 +240,15 @@ class _Batch:
             if not job.params.greedy:
                 job.streams = RowStreams([job.seed], 1, self.device)
         if self.cache is None or not self.jobs:
-            self.cache = KVCache(0, self.max_len)
+            self.cache = KVCache(0, 0)
             self.logits_BV, self.pos_B1 = logits_NV[:0], pos_NP[:0, -1:]
-        self.cache.append_rows(cache)
         self.jobs += new
+        # room for the longest remaining generation: the buffers are rebuilt at every join anyway, so they are sized
+        # to what the running rows can still use, not to the context (64 rows x 2 contexts was GBs per join)
+        remaining = max(job.max_new_tokens - job.n_out for job in self.jobs)
+        need = max(self.cache.seq_len - (int(self.cache.start.min()) if self.cache.batch_size else 0), P)
+        self.sched.stats["reclaimed"] += self.cache.append_rows(cache, min(need + remaining + 1, self.max_len))
+
         self.logits_BV = torch.cat([self.logits_BV, logits_NV])
         self.pos_B1 = torch.cat([self.pos_B1, pos_NP[:, -1:] + 1])
 

@@ -33,6 +33,7 @@ from glmstack.train.synthetic import SyntheticLM
 # mid-training) and the model's training-only fields (MTP/aux weights, GLM-5's DSA stage, ...); any other
 # difference would not match the checkpoint's tensors.
 STAGE_MAY_CHANGE = ("rope_theta", "max_position_embeddings", *TRAINING_FIELDS)
+resolve_checkpoint = checkpoint.resolve  # init_from -> checkpoint folder (posttrain/sft.py imports this name)
 
 
 def load_config(recipe: str, stage: str, overrides: list[str]) -> TrainConfig:

@@ -20,12 +20,12 @@ import torch
 
 openai = pytest.importorskip("openai")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from serve_fixture import HELLO, ROME_Q, STYLE, TOOLS, WEATHER_Q, RunningServer, build_checkpoint  # noqa: E402
+from serve_fixture import HELLO, ROME_Q, STYLE, TOOLS, WEATHER_Q, RunningServer, build_checkpoint
 
-from glmstack.chat import render  # noqa: E402
-from glmstack.inference import Engine  # noqa: E402
-from glmstack.model import load_hf  # noqa: E402
-from glmstack.tokenizer import Tokenizer  # noqa: E402
+from glmstack.chat import render
+from glmstack.inference import Engine
+from glmstack.model import load_hf
+from glmstack.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.slow  # ~25 s to train the fixture model on a loaded 2-core machine
 
@@ -83,7 +83,7 @@ def test_chat_plain_and_streamed_equal_generate(server, client, ckpt):
 
 def test_streamed_tool_calls_parse(client):
     """Two calls in one turn, streamed: argument deltas assemble into JSON; the SDK's stream helper parses them."""
-    args = dict(model="tiny", messages=[WEATHER_Q], tools=TOOLS, temperature=0, max_tokens=100)
+    args = {"model": "tiny", "messages": [WEATHER_Q], "tools": TOOLS, "temperature": 0, "max_tokens": 100}
     whole = client.chat.completions.create(**args)
     calls = whole.choices[0].message.tool_calls
     assert [json.loads(c.function.arguments) for c in calls] == [{"city": "Paris", "days": 2},
@@ -98,11 +98,22 @@ def test_streamed_tool_calls_parse(client):
     assert [(c.function.name, json.loads(c.function.arguments)) for c in streamed] == [
         ("get_weather", {"city": "Paris", "days": 2}), ("get_weather", {"city": "Lyon", "days": 3})]  # fmt: skip
     assert final.choices[0].finish_reason == "tool_calls"
+    for stream in (False, True):  # parallel_tool_calls=false keeps the first call only (as vLLM)
+        r = client.chat.completions.create(**args, parallel_tool_calls=False, stream=stream)
+        calls = r.choices[0].message.tool_calls if not stream else [
+            tc for c in r if c.choices for tc in c.choices[0].delta.tool_calls or [] if tc.id]  # fmt: skip
+        assert len(calls) == 1 and calls[0].function.name == "get_weather"
 
 
 def test_tool_choice_modes(client, server):
     """none hides the tools and parses no call; a named function / required pre-fill the call's opening."""
-    base = dict(model="tiny", tools=TOOLS, temperature=0, max_tokens=60, extra_body={"return_token_ids": True})
+    base = {
+        "model": "tiny",
+        "tools": TOOLS,
+        "temperature": 0,
+        "max_tokens": 60,
+        "extra_body": {"return_token_ids": True},
+    }
     none = client.chat.completions.create(messages=[WEATHER_Q], tool_choice="none", **base)
     assert not none.choices[0].message.tool_calls
     assert "get_weather" not in server.engine.tokenizer.decode(none.model_extra["prompt_token_ids"])
@@ -125,11 +136,18 @@ def test_logprobs_n_seed_stop_and_thinking_off(client, server):
     assert len(lp) == r.usage.completion_tokens and all(len(e.top_logprobs) == 3 for e in lp)
     assert all(e.logprob <= 0 and e.top_logprobs[0].logprob >= e.logprob - 1e-6 for e in lp)
     assert all(e.token == e.top_logprobs[0].token for e in lp)  # greedy picks the most likely token
-    sampled = dict(model="tiny", messages=HELLO[:1], temperature=1.5, top_p=0.9, max_tokens=12, n=3, seed=7,
-                   extra_body={"top_k": 20})  # fmt: skip
+    sampled = {"model": "tiny", "messages": HELLO[:1], "temperature": 1.5, "top_p": 0.9, "max_tokens": 12, "n": 3, "seed": 7,
+                   "extra_body": {"top_k": 20}}  # fmt: skip
     a, b = client.chat.completions.create(**sampled), client.chat.completions.create(**sampled)
     texts = [c.message.content or c.message.reasoning_content or "" for c in a.choices]
     assert len(a.choices) == 3 and texts == [c.message.content or c.message.reasoning_content or "" for c in b.choices]
+    chunks = client.chat.completions.create(model="tiny", messages=HELLO[:1], temperature=0, max_tokens=60, n=2,
+                                            stream=True)  # fmt: skip
+    per_choice = {0: "", 1: ""}
+    for c in chunks:
+        for ch in c.choices:
+            per_choice[ch.index] += ch.delta.content or ""
+    assert per_choice == {0: "Hello! How can I help you?", 1: "Hello! How can I help you?"}
     stopped = client.chat.completions.create(model="tiny", messages=HELLO[:1], temperature=0, max_tokens=40,
                                              stop=["help"])  # fmt: skip
     assert stopped.choices[0].message.content == "Hello! How can I" and stopped.choices[0].finish_reason == "stop"
@@ -247,3 +265,14 @@ def test_web_chat_page_in_headless_chromium(server):
                              'tool call: get_weather({"city": "Lyon", "days": 3})']  # fmt: skip
         finally:
             browser.close()
+
+
+def test_quantized_int4_server_answers(ckpt):
+    """--quantize int4 (glmstack.inference.quant) serves through the same scheduler: the trained answer survives."""
+    srv = RunningServer(ckpt, quantize="int4")
+    try:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+        r = client.chat.completions.create(model="tiny", messages=HELLO[:1], temperature=0, max_tokens=60)
+        assert r.choices[0].message.content == "Hello! How can I help you?"
+    finally:
+        srv.stop()

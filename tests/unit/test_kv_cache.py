@@ -131,7 +131,9 @@ def test_append_rows_and_drop_front_keep_each_row_exact():
     run.append_rows(b)
     assert run.start.tolist() == [0, 3] and run.seq_len == 5 and run.batch_size == 2
     for t in range(2):
-        step = [torch.cat([x1[:, :, 5 + t : 6 + t], x2[:, :, 2 + t : 3 + t]]) for x1, x2 in ((q1, q2), (k1, k2), (v1, v2))]
+        step = [
+            torch.cat([x1[:, :, 5 + t : 6 + t], x2[:, :, 2 + t : 3 + t]]) for x1, x2 in ((q1, q2), (k1, k2), (v1, v2))
+        ]
         o = attend(run, 0, *step)
         out_a.append(o[:1])
         out_b.append(o[1:])

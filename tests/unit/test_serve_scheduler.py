@@ -27,7 +27,9 @@ def test_joining_and_leaving_rows_equal_generate_alone():
     engine = Engine(model)
     sched = Scheduler(engine, max_running=2, max_waiting=16)
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, 500, (n,), generator=g).tolist() for n in (5, 9, 3, 2, 7, 4, 6, 3, 5, 2, 8, 3, 6, 2, 4, 7)]
+    prompts = [
+        torch.randint(0, 500, (n,), generator=g).tolist() for n in (5, 9, 3, 2, 7, 4, 6, 3, 5, 2, 8, 3, 6, 2, 4, 7)
+    ]
     outs, done = {i: [] for i in range(len(prompts))}, threading.Semaphore(0)
     settings = [(0.0 if i % 2 == 0 else 1.0, 12 - len(p)) for i, p in enumerate(prompts)]
     sched.start()
@@ -67,3 +69,21 @@ def test_cancel_and_deadline_abort_between_steps():
         sched.stop()
     assert [outs[i][-1].reason for i in (0, 1)] == ["abort", "abort"]
     assert "time limit" in outs[1][-1].message and len(outs[1]) < 2000
+
+
+def test_speculative_mode_runs_one_at_a_time_and_matches_greedy():
+    """--speculative mtp: jobs run one by one through Engine.stream(speculative="mtp"): greedy output unchanged."""
+    engine = Engine(GLM(ModelConfig.preset("tiny")).init_weights(seed=0))
+    sched = Scheduler(engine, speculative="mtp", draft_k=2)
+    outs, done = {0: [], 1: []}, threading.Semaphore(0)
+    prompts = [[3, 1, 4, 1, 5], [9, 2, 6]]
+    sched.start()
+    try:
+        sched.submit([Job(prompt_ids=p, max_new_tokens=9, params=SamplingParams(temperature=0), seed=0,
+                          emit=_collect(outs, i, done)) for i, p in enumerate(prompts)])  # fmt: skip
+        assert done.acquire(timeout=60) and done.acquire(timeout=60)
+    finally:
+        sched.stop()
+    for i, p in enumerate(prompts):
+        assert outs[i][:-1] == engine.generate([p], 9, temperature=0, stop_ids=[]).tokens[0]
+        assert outs[i][-1].reason == "length"
