@@ -55,9 +55,11 @@ def main() -> None:
                 times[name].append(time.perf_counter() - t0)
                 cpu[name].append(time.process_time() - c0)
                 tokens[name] = n
-    for name in times:
-        t, c = statistics.median(times[name]), statistics.median(cpu[name])
-        print(f"{name:5s} {tokens[name] / t:8.0f} tok/s wall  {tokens[name] / c:8.0f} tok/s CPU  ({tokens[name]} tokens)")
+    for name, wall in times.items():
+        t, c = statistics.median(wall), statistics.median(cpu[name])
+        print(
+            f"{name:5s} {tokens[name] / t:8.0f} tok/s wall  {tokens[name] / c:8.0f} tok/s CPU  ({tokens[name]} tokens)"
+        )
     ratio = (tokens["rl"] / statistics.median(times["rl"])) / (tokens["bare"] / statistics.median(times["bare"]))
     ratio_cpu = (tokens["rl"] / statistics.median(cpu["rl"])) / (tokens["bare"] / statistics.median(cpu["bare"]))
     print(f"RL rollout / bare Engine.generate: {ratio:.2f} (wall), {ratio_cpu:.2f} (CPU)")

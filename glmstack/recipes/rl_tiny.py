@@ -1,6 +1,6 @@
 """RL on a random tiny GLM with the token task (no tokenizer): the smoke test of `glmstack rl` and its tests.
 
-    glmstack rl rl_tiny --set steps=4
+glmstack rl rl_tiny --set steps=4
 """
 
 from __future__ import annotations

@@ -14,10 +14,14 @@ def sample(text, meta=None, finish="stop", n=5, budget=32):
 
 def test_arithmetic_and_math_rewards():
     meta = {"answer": "12"}
-    got = rewards.get("arithmetic")([sample("The answer is 12.", meta),
-                                     sample("<think>7+5=12</think>The answer is 13.", meta)])
+    got = rewards.get("arithmetic")(
+        [sample("The answer is 12.", meta), sample("<think>7+5=12</think>The answer is 13.", meta)]
+    )
     assert got == [1.0, 0.0]
-    assert rewards.get("math")([sample("so x = 3/4", {"answer": "0.75"}), sample("x = 1", {"answer": "2"})]) == [1.0, 0.0]
+    assert rewards.get("math")([sample("so x = 3/4", {"answer": "0.75"}), sample("x = 1", {"answer": "2"})]) == [
+        1.0,
+        0.0,
+    ]
     assert rewards.get("arithmetic")([sample("12", meta)]) == [1.0]
 
 
@@ -35,7 +39,9 @@ def test_format_and_overlong():
                 sample("fine", finish="length")]) == [1.0, 0.0, 0.0]  # fmt: skip
     over = rewards.get("overlong")
     budget, cache = 32, rewards.OVERLONG_CACHE
-    vals = over([sample("", n=budget - cache), sample("", n=budget - cache // 2), sample("", n=budget, finish="length")])
+    vals = over(
+        [sample("", n=budget - cache), sample("", n=budget - cache // 2), sample("", n=budget, finish="length")]
+    )
     assert vals == [0.0, -0.5, -1.0]
 
 
@@ -51,7 +57,8 @@ def test_task_splits_are_disjoint_and_deterministic():
     test = task.problems(split="test", n=50, seed=0)
     assert not {tuple(p.prompt_ids) for p in train} & {tuple(p.prompt_ids) for p in test}
     assert [p.prompt_ids for p in task.problems(split="train", n=5, seed=3)] == [
-        p.prompt_ids for p in task.problems(split="train", n=5, seed=3)]
+        p.prompt_ids for p in task.problems(split="train", n=5, seed=3)
+    ]
 
 
 def test_curriculum_plateau_and_temperature_rules():

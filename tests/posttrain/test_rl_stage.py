@@ -31,7 +31,7 @@ def tiny_model(seed: int = 0) -> GLM:
 def small_cfg(tmp_path, **rl):
     cfg = tiny_rl()
     cfg.out_dir, cfg.steps, cfg.seq_len = str(tmp_path), 2, 16
-    base = dict(samples_per_step=8, curriculum=[[0, 0, 4]], max_new_tokens=3, heldout_n=4, eval_every=0)
+    base = {"samples_per_step": 8, "curriculum": [[0, 0, 4]], "max_new_tokens": 3, "heldout_n": 4, "eval_every": 0}
     cfg.rl = dataclasses.replace(cfg.rl, **(base | rl))
     return cfg
 
@@ -94,7 +94,9 @@ def test_bf16_rollouts_show_in_the_mismatch_figure(tmp_path):
         with torch.no_grad():
             diffs[dtype] = max(rl_loss(cfg.rl)(model, b, {})[1]["mean_abs_logp_diff"] for b in batches)
     assert diffs["float32"] < 1e-5
-    assert diffs["bfloat16"] > max(1e-4, 100 * diffs["float32"])  # bf16 weights: the trainer's fp32 π_old differs from what the engine sampled with
+    assert diffs["bfloat16"] > max(
+        1e-4, 100 * diffs["float32"]
+    )  # bf16 weights: the trainer's fp32 π_old differs from what the engine sampled with
 
 
 def test_resume_equals_uninterrupted(tmp_path):

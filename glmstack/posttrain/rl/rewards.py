@@ -92,7 +92,7 @@ def math_answer(samples: list[Sample]) -> list[float]:
     return out
 
 
-_CODE_BLOCK = re.compile(r"```(?:python)?\n(.*?)```", re.S)
+_CODE_BLOCK = re.compile(r"```(?:python)?\n(.*?)```", re.DOTALL)
 
 
 def code_of(content: str) -> str:

@@ -180,9 +180,11 @@ class Rollouts:
             t_roll, t_rew = t_roll + t1 - t0, t_rew + time.perf_counter() - t1
             new_tok += sum(len(r[1]) for r in rows)
             if round_ == 0:  # the policy's reward as sampled: first round only (no selection bias)
-                stats |= means | {"reward": sum(rew) / len(rew),
-                                  "response_len": sum(len(r[1]) for r in rows) / len(rows),
-                                  "truncated_frac": sum(s.finish == "length" for s in samples) / len(samples)}
+                stats |= means | {
+                    "reward": sum(rew) / len(rew),
+                    "response_len": sum(len(r[1]) for r in rows) / len(rows),
+                    "truncated_frac": sum(s.finish == "length" for s in samples) / len(samples),
+                }
             for g in range(len(problems)):
                 grp = [(rows[g * group + j], rew[g * group + j], samples[g * group + j]) for j in range(group)]
                 values = [r for _, r, _ in grp]
@@ -239,4 +241,3 @@ def check_divisible(samples: int, group: int, micro_batches: int) -> str | None:
     if samples % micro_batches:
         return f"rl.samples_per_step={samples} does not split into grad_accum={micro_batches} micro-batches"
     return None
-

@@ -28,8 +28,15 @@ from typing import Literal
 import torch
 
 from glmstack.config import ConfigError
-from glmstack.posttrain.rl.losses import (cispo_loss, dis_loss, entropy, gspo_loss, policy_loss, regularised,
-                                          token_logprobs)  # fmt: skip
+from glmstack.posttrain.rl.losses import (
+    cispo_loss,
+    dis_loss,
+    entropy,
+    gspo_loss,
+    policy_loss,
+    regularised,
+    token_logprobs,  # fmt: skip
+)
 from glmstack.train import dist
 from glmstack.train.config import TrainConfig
 
@@ -163,17 +170,11 @@ def build(cfg: RLConfig, model, tokenizer):
 def run_rl(cfg: RLConfig, stop_at: int | None = None) -> dict:
     """Model and optimiser as every stage builds them, rollouts as the data, the RL loss; then the held-out score
     of the final weights (rl_summary.json), the dashboard plots and (with a tokenizer) an HF model folder."""
-    from glmstack.optim import build_optimizer
-    from glmstack.train.loop import device_of, train
-    from glmstack.train.stage import build_model, check_inputs, seed_everything, stage_dir
+    from glmstack.train.loop import train
+    from glmstack.train.stage import model_and_optimizer, stage_dir
 
     check(cfg)
-    check_inputs(cfg)
-    device = device_of(cfg)
-    dist.init_from_env(device.type)
-    seed_everything(cfg.seed)
-    model = build_model(cfg, device)
-    optimizer, _ = build_optimizer(dist.unwrap(model), cfg.optim)
+    model, optimizer = model_and_optimizer(cfg)
     tokenizer = load_tokenizer(cfg)
     data = build(cfg, model, tokenizer)
     folder = stage_dir(cfg)

@@ -112,7 +112,7 @@ class Code(ChatTask):
     rewards = ("code",)
 
     def item(self, rng: random.Random, level: int) -> tuple[str, dict]:
-        name, desc, body, tests = rng.choice(CODE_FUNCS[: 2 + max(0, level)])
+        _, desc, body, tests = rng.choice(CODE_FUNCS[: 2 + max(0, level)])
         k = rng.randint(2, 9)
         q = f"Write a Python function f(x) that {desc.format(k=k)}."
         return q, {"question": q, "tests": tests.format(k=k), "entry_point": "f",
