@@ -138,3 +138,18 @@ def test_dynamic_sampling_and_the_hard_stage_of_the_curriculum(tmp_path):
             if step == 1:  # binary rewards: the two failures are the group's lowest advantages
                 assert g[0] == g[1] == g.min() < g.max()
     assert stats["kept_informative"] > 0
+
+
+def test_dynamic_temperature_sweeps_on_a_plateau(tmp_path):
+    """A plateau (window 1, any change below 10) triggers the held-out sweep; the chosen temperature is what the
+    step's rollouts and the trainer's log-probs use, and it survives a state_dict round trip."""
+    cfg = small_cfg(tmp_path, dynamic_temperature=True, plateau_window=1, plateau_tol=10.0, temperatures=[1.0, 1.7])
+    data = rollouts(tiny_model(), cfg)
+    data.make_step(), data.make_step()
+    assert data.temperature == 1.0 and len(data.history) == 2
+    batches = data.make_step()  # two rewards in the history: a plateau -> sweep -> history restarts
+    assert data.temperature in (1.0, 1.7) and len(data.history) == 1
+    assert all(b["temperature"] == data.temperature == b["stats"]["temperature"] for b in batches)
+    again = rollouts(tiny_model(), cfg)
+    again.load_state_dict(data.state_dict())
+    assert again.state_dict() == data.state_dict()
