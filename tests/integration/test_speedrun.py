@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from glmstack import speedrun
+from glmstack.recipes import speedrun as speedrun_recipe
 from glmstack.recipes.speedrun import SIZES, size_for
 
 STAGE_NAMES = ["tokenizer", "data", "pretrain", "midtrain", "sft", "rl", "evaluate", "card", "report"]
@@ -46,7 +47,7 @@ def _kill_once(out: Path, written: str) -> str:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Run A stopped after the data stage, then killed inside pre-training, inside SFT (after its first checkpoint)
+    """Run A stopped after the data stage, then killed inside pre-training, SFT and RL (after their first checkpoint)
     and inside the report card (after its first model), then finished; run B straight through. Both with seed 0."""
     base = tmp_path_factory.mktemp("speedrun")
     a, b = base / "a", base / "b"
@@ -54,7 +55,10 @@ def runs(tmp_path_factory):
     assert first.returncode == speedrun.STOPPED_EXIT, first.stdout[-3000:] + first.stderr[-3000:]
     marks = {s: (a / s / "DONE.json").stat().st_mtime_ns for s in ("tokenizer", "data")}
     logs = {}
-    for stage, written in (("pretrain", "pretrain/latest"), ("sft", "sft/latest"), ("card", "card/pretrain.json")):
+    kills = [("pretrain", "pretrain/latest"), ("sft", "sft/latest"), ("card", "card/pretrain.json")]
+    if speedrun_recipe.rl(1) is not None:  # this checkout has the RL stage
+        kills.insert(2, ("rl", "rl/latest"))
+    for stage, written in kills:
         logs[stage] = _kill_once(a, written)
         assert (a / written).exists() and not (a / stage / "DONE.json").exists(), stage
     second = _speedrun(a)
@@ -95,8 +99,12 @@ def test_rerun_continues_and_skips_finished_stages(runs):
     # killed in the card), the report card (in the last run)
     pre = runs["logs"]["sft"].split("midtrain: 2x context")[0]
     assert "step     30/30" in pre and "step      1/" not in pre, "pre-training started over"
-    sft = runs["logs"]["card"].split("] sft: ")[1].split("] rl: ")[0]
+    after_sft_kill = runs["logs"]["rl" if "rl" in runs["logs"] else "card"]
+    sft = after_sft_kill.split("] sft: ")[1].split("] rl: ")[0]
     assert "step     60/60" in sft and "step      1/" not in sft, "SFT started over"
+    if "rl" in runs["logs"]:
+        rl = runs["logs"]["card"].split("] rl: ")[1].split("] evaluate: ")[0]
+        assert "resuming from" in rl and "step      1/" not in rl, "RL started over"
     assert "report card: pre-trained" not in second.stdout, "the report card started over"
     assert all((a / s / "DONE.json").exists() for s in STAGE_NAMES)
 
