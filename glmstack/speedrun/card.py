@@ -129,7 +129,9 @@ def _transcript(messages: list[dict]) -> str:
             lines.append(f"<think>{m['reasoning_content']}</think>")
         for c in m.get("tool_calls") or []:
             fn = c.get("function", c)
-            lines.append(f"[tool call] {fn.get('name')}({json.dumps(fn.get('arguments'), ensure_ascii=False)})")
+            args = fn.get("arguments")  # a JSON string in OpenAI messages
+            args = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+            lines.append(f"[tool call] {fn.get('name')}({args})")
         if m.get("content"):
             lines.append(f"[{m['role']}] {m['content']}")
     return "\n".join(lines)
