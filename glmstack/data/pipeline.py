@@ -36,7 +36,8 @@ from tqdm import tqdm
 
 from glmstack.config import to_dict, write_json
 from glmstack.data.corpus import CorpusConfig
-from glmstack.data.dedup import MinHashConfig, dedup_decisions
+from glmstack.data.dedup import MinHashConfig
+from glmstack.data.dedup_shards import make_plan, run_sharded_dedup
 from glmstack.data.executor import run_units
 from glmstack.data.filters import FilterConfig
 from glmstack.data.fim import FIMConfig, doc_key
@@ -72,6 +73,8 @@ class PipelineConfig:
     executor_options: dict[str, Any] = field(default_factory=dict)  # extra kwargs for datatrove's executor
     progress: bool = True  # tqdm bars (rate + ETA) and the summary table on stdout
     keep_work: bool = False  # keep the per-unit work files after a successful build
+    dedup_block_docs: int = 65536  # documents per task of the sharded dedup's keys stage (dedup_shards.py)
+    dedup_shard_records: int = 1 << 21  # LSH band records per dedup shard: bounds memory per shard task
 
 
 def with_seed(cfg: PipelineConfig, seed: int) -> PipelineConfig:
@@ -85,7 +88,15 @@ def with_seed(cfg: PipelineConfig, seed: int) -> PipelineConfig:
 
 
 # fields that change how a build runs but never its bytes: a rerun with other values resumes the same build
-EXECUTION_FIELDS = ("executor", "workers", "executor_options", "progress", "keep_work")
+EXECUTION_FIELDS = (
+    "executor",
+    "workers",
+    "executor_options",
+    "progress",
+    "keep_work",
+    "dedup_block_docs",
+    "dedup_shard_records",
+)
 
 
 # bumped when the bytes a config produces change: 2 = FIM moved from the shards to the loader
@@ -137,7 +148,7 @@ def build_dataset(
     run(functools.partial(filter_unit, ctx), units, lambda u: ctx.path("report", u, "json"), desc="filter")
     rows = _gather(ctx, units, summary)
     # ---- 2. dedup ----------------------------------------------------------------------------------------------
-    _dedup(ctx, units, rows, summary)
+    _dedup(ctx, units, rows, summary, run)
     _semdedup(ctx, units, rows, summary)
     # ---- 3. mixture --------------------------------------------------------------------------------------------
     _mixture(cfg, rows, summary)
@@ -264,17 +275,30 @@ def _gather(ctx: StageContext, units: list[int], summary: Summary) -> list[dict]
     return rows
 
 
-def _dedup(ctx: StageContext, units: list[int], rows: list[dict], summary: Summary) -> None:
+def _dedup(ctx: StageContext, units: list[int], rows: list[dict], summary: Summary, run) -> None:
+    """Exact + MinHash as sharded disk-based stages on the executor; decisions as dedup.dedup_decisions would make
+    them over the canonical order (eval first, then read order), so a train copy of an eval page loses."""
     if not ctx.cfg.dedup:
         return
-    hashes = np.concatenate([np.load(ctx.path("hash", u, "npy")) for u in units])
-    sigs = np.concatenate([np.load(ctx.path("sig", u, "npy")) for u in units])
     order = sorted(range(len(rows)), key=lambda i: rows[i]["split"] != "eval")  # eval first, then stable
-    decisions = dedup_decisions([hashes[i].tobytes() for i in order], [sigs[i] for i in order], ctx.cfg.minhash)
-    for i, why in zip(order, decisions):
-        if why:
+    rank = np.empty(len(rows), np.int64)
+    rank[order] = np.arange(len(rows))
+    counts = [0] * len(units)
+    for r in rows:
+        counts[r["unit"]] += 1
+    start = 0
+    for u in units:
+        save_npy(ctx.path("rank", u, "npy"), rank[start : start + counts[u]])
+        start += counts[u]
+    plan = make_plan(
+        ctx.work, ctx.work / "dedup", counts, ctx.cfg.minhash, ctx.cfg.dedup_block_docs, ctx.cfg.dedup_shard_records
+    )
+    result = run_sharded_dedup(plan, run)
+    for why in ("exact", "minhash"):
+        for i in np.asarray(order)[result[why]].tolist():
             rows[i]["drop"] = why
             summary.count_drop(why, rows[i])
+    summary.stages.update({f"dedup/{k}": v for k, v in result["stages"].items()})
 
 
 def _semdedup(ctx: StageContext, units: list[int], rows: list[dict], summary: Summary) -> None:
