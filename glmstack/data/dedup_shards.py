@@ -300,3 +300,16 @@ def decisions_from(result: dict, n: int) -> list[str | None]:
     return out
 
 
+
+
+def write_units(inputs: Path, sigs: np.ndarray, hashes: np.ndarray, unit_docs: int, first_unit: int = 0) -> list[int]:
+    """Write documents already in canonical order as units of `unit_docs` (bench and tests); returns their sizes."""
+    inputs.mkdir(parents=True, exist_ok=True)
+    counts = []
+    for k, a in enumerate(range(0, len(sigs), unit_docs)):
+        u, n = first_unit + k, min(unit_docs, len(sigs) - a)
+        np.save(inputs / f"sig_{u:05d}.npy", sigs[a : a + n])
+        np.save(inputs / f"hash_{u:05d}.npy", hashes[a : a + n])
+        np.save(inputs / f"rank_{u:05d}.npy", np.arange(a, a + n, dtype=np.int64))
+        counts.append(n)
+    return counts
