@@ -300,8 +300,6 @@ def decisions_from(result: dict, n: int) -> list[str | None]:
     return out
 
 
-
-
 def write_units(inputs: Path, sigs: np.ndarray, hashes: np.ndarray, unit_docs: int, first_unit: int = 0) -> list[int]:
     """Write documents already in canonical order as units of `unit_docs` (bench and tests); returns their sizes."""
     inputs.mkdir(parents=True, exist_ok=True)

@@ -126,7 +126,7 @@ def test_a_task_killed_mid_stage_is_redone_with_identical_bytes(tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (work / "minhash_0000.json").exists()  # killed before the last stage finished
-    plan, result = sharded(tmp_path / "in", work, counts, block_docs=2000, shard_records=20000)
+    _, result = sharded(tmp_path / "in", work, counts, block_docs=2000, shard_records=20000)
     ref = _files(tmp_path / "ref")
     assert _files(work) == ref and len(ref) > 100
     assert not list(work.rglob(".*.tmp-*"))
