@@ -47,7 +47,15 @@ from glmstack.data.report import Summary
 from glmstack.data.semdedup import SemDedupConfig, semdedup_drops
 from glmstack.data.shards import ShardWriter
 from glmstack.data.sources import Doc, EmptyInputError, SourceConfig, SourceStats, read_hf, read_source
-from glmstack.data.stages import StageContext, filter_unit, read_docs, save_npy, tokenize_unit, write_docs
+from glmstack.data.stages import (
+    StageContext,
+    filter_unit,
+    read_docs,
+    save_npy,
+    tokenize_unit,
+    write_decontam_bloom,
+    write_docs,
+)
 
 
 @dataclass(kw_only=True)
@@ -145,6 +153,7 @@ def build_dataset(
         options=cfg.executor_options,
     )
     # ---- 1. filter ---------------------------------------------------------------------------------------------
+    write_decontam_bloom(ctx)
     run(functools.partial(filter_unit, ctx), units, lambda u: ctx.path("report", u, "json"), desc="filter")
     rows = _gather(ctx, units, summary)
     # ---- 2. dedup ----------------------------------------------------------------------------------------------

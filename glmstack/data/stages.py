@@ -6,6 +6,8 @@ Work folder layout (one file set per unit u, the marker written last):
     sig_{u}.npy / hash_{u}.npy        MinHash signatures and exact hashes of the kept documents (stage 1)
     meta_{u}.json                     [id, source, kind, split, quality, chars] per kept document (stage 1)
     report_{u}.json                   filter report; the stage-1 marker
+    decontam_bloom.npy (+ .json)      evaluation n-gram Bloom filter every filter task loads (driver, once)
+    rank_{u}.npy, dedup/              canonical rank per kept document; the sharded dedup's files (dedup_shards.py)
     keep_{u}.npy                      copies per kept document after dedup + mixture (driver)
     tok_{u}.bin / tok_{u}.idx.npy     tokens of the surviving documents (stage 2); tok_{u}.done marker
 """
@@ -72,7 +74,7 @@ def _cached(ctx: StageContext, key: str, make):
 def filter_unit(ctx: StageContext, u: int) -> None:
     """Stage 1: filters, decontamination, quality score, exact hash and MinHash signature of one unit."""
     cfg = ctx.cfg
-    filters = _cached(ctx, "filters", lambda: build_filters(cfg.filters, _decontaminator(cfg)))
+    filters = _cached(ctx, "filters", lambda: build_filters(cfg.filters, _decontaminator(ctx)))
     hasher = _cached(ctx, "minhash", lambda: MinHasher(cfg.minhash))
     quality = _cached(ctx, "quality", lambda: _load_quality(ctx.work))
     report, kept = FilterReport(), []
@@ -97,12 +99,23 @@ def filter_unit(ctx: StageContext, u: int) -> None:
     write_atomic(ctx.path("report", u, "json"), json.dumps(rep))
 
 
-def _decontaminator(cfg):
-    if not cfg.filters.decontaminate:
-        return None
-    from glmstack.data.decontam import Decontaminator, default_eval_texts
+def write_decontam_bloom(ctx: StageContext) -> None:
+    """Driver, once per build: the evaluation sets' n-gram Bloom filter that every filter task loads."""
+    from glmstack.data.decontam import NgramBloom, default_eval_texts
 
-    return Decontaminator(default_eval_texts(), cfg.filters.decontam_n)
+    path = ctx.work / "decontam_bloom.npy"
+    if ctx.cfg.filters.decontaminate and not path.exists():
+        NgramBloom.build(default_eval_texts(), ctx.cfg.filters.decontam_n).save(path)
+
+
+def _decontaminator(ctx: StageContext):
+    """The task's decontamination filter: the driver's Bloom filter (memory-mapped); exact n-grams on first hit."""
+    if not ctx.cfg.filters.decontaminate:
+        return None
+    from glmstack.data.decontam import Decontaminator, NgramBloom, default_eval_texts
+
+    bloom = NgramBloom.load(ctx.work / "decontam_bloom.npy")
+    return Decontaminator(default_eval_texts, ctx.cfg.filters.decontam_n, bloom=bloom)
 
 
 def _load_quality(work: Path):
