@@ -26,6 +26,7 @@ import heapq
 import json
 import pickle
 import shutil
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,13 +45,14 @@ from glmstack.data.fim import FIMConfig, doc_key
 from glmstack.data.mixture import MixtureConfig, assign_levels, epochs_for, n_copies, unit_hash
 from glmstack.data.quality import QualityConfig, QualityModel
 from glmstack.data.report import Summary
-from glmstack.data.semdedup import SemDedupConfig, semdedup_drops
+from glmstack.data.semdedup import SemDedupConfig, resolve_embedder
+from glmstack.data.semdedup_shards import SemPlan, run_sharded_semdedup, shards_for
 from glmstack.data.shards import ShardWriter
 from glmstack.data.sources import Doc, EmptyInputError, SourceConfig, SourceStats, read_hf, read_source
 from glmstack.data.stages import (
     StageContext,
+    embed_unit,
     filter_unit,
-    read_docs,
     save_npy,
     tokenize_unit,
     write_decontam_bloom,
@@ -158,7 +160,7 @@ def build_dataset(
     rows = _gather(ctx, units, summary)
     # ---- 2. dedup ----------------------------------------------------------------------------------------------
     _dedup(ctx, units, rows, summary, run)
-    _semdedup(ctx, units, rows, summary)
+    _semdedup(ctx, units, rows, summary, run)
     # ---- 3. mixture --------------------------------------------------------------------------------------------
     _mixture(cfg, rows, summary)
     for u in units:
@@ -310,25 +312,41 @@ def _dedup(ctx: StageContext, units: list[int], rows: list[dict], summary: Summa
     summary.stages.update({f"dedup/{k}": v for k, v in result["stages"].items()})
 
 
-def _semdedup(ctx: StageContext, units: list[int], rows: list[dict], summary: Summary) -> None:
-    if not ctx.cfg.semdedup.enabled:
+def _semdedup(ctx: StageContext, units: list[int], rows: list[dict], summary: Summary, run) -> None:
+    """SemDeDup of the prose that survived dedup, as sharded stages (semdedup_shards.py): the in-memory path's
+    decisions while the prose fits one k-means sample (semdedup.sample_docs)."""
+    cfg = ctx.cfg.semdedup
+    if not cfg.enabled:
         return
-    idx, texts = [], []
-    by_unit = {}
-    for i, r in enumerate(rows):
-        if r["kind"] == "text" and r["drop"] is None:
-            by_unit.setdefault(r["unit"], []).append(i)
-    for u, members in by_unit.items():
-        docs = read_docs(ctx.path("kept", u, "jsonl.zst"))
-        for i in members:
-            idx.append(i)
-            texts.append(docs[rows[i]["pos"]].text)
-    if len(texts) < 2:
+    idx = [i for i, r in enumerate(rows) if r["kind"] == "text" and r["drop"] is None]
+    if len(idx) < 2:
         return
-    for i, drop in zip(idx, semdedup_drops(texts, ctx.cfg.semdedup)):
-        if drop:
-            rows[i]["drop"] = "semdedup"
-            summary.count_drop("semdedup", rows[i])
+    by_unit: dict[int, list[int]] = {u: [] for u in units}
+    for k, i in enumerate(idx):
+        by_unit[rows[i]["unit"]].append(k)
+    for u in units:
+        save_npy(ctx.path("sem_pos", u, "npy"), np.array([rows[idx[k]]["pos"] for k in by_unit[u]], np.int64))
+        save_npy(ctx.path("sem_idx", u, "npy"), np.array(by_unit[u], np.int64))
+    start = time.perf_counter()
+    run(functools.partial(embed_unit, ctx), units, lambda u: ctx.path("emb", u, "json"), desc="semdedup/embed")
+    stats = [json.loads(ctx.path("emb", u, "json").read_text()) for u in units]
+    embedder = resolve_embedder(cfg)
+    plan = SemPlan(
+        work=ctx.work, units=units, cfg=cfg, embedder=embedder, n_shards=shards_for(len(idx), cfg.shard_docs)
+    )
+    result = run_sharded_semdedup(plan, run, len(idx), cfg.sample_docs)
+    summary.stages["semdedup/embed"] = {
+        "tasks": len(units),
+        "docs_in": len(idx),
+        "docs_out": len(idx),
+        "seconds": round(time.perf_counter() - start, 3),
+        "peak_mb_per_task": round(max(s["peak_mb"] for s in stats), 1),
+        "embedder": embedder,
+    }
+    summary.stages.update({f"semdedup/{k}": v for k, v in result["stages"].items()})
+    for k in result["drop"].tolist():
+        rows[idx[k]]["drop"] = "semdedup"
+        summary.count_drop("semdedup", rows[idx[k]])
 
 
 def _mixture(cfg: PipelineConfig, rows: list[dict], summary: Summary) -> None:

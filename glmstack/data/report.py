@@ -93,10 +93,11 @@ class Summary:
             lines += [f"  {e}" for e in s["errors"][:5]]
         lines.append("")
         if self.stages:
-            lines.append(f"{'stage':<20}{'tasks':>7}{'docs in':>10}{'docs out':>10}{'seconds':>9}{'peak MB/task':>14}")
+            lines.append(f"{'stage':<28}{'tasks':>7}{'docs in':>10}{'docs out':>10}{'seconds':>9}{'peak MB/task':>14}")
             for name, st in self.stages.items():
+                label = f"{name} ({st['embedder']})" if "embedder" in st else name
                 lines.append(
-                    f"{name:<20}{st['tasks']:>7}{st['docs_in']:>10}{st['docs_out']:>10}{st['seconds']:>9.2f}"
+                    f"{label:<28}{st['tasks']:>7}{st['docs_in']:>10}{st['docs_out']:>10}{st['seconds']:>9.2f}"
                     f"{st['peak_mb_per_task']:>14.0f}"
                 )
             lines.append("")

@@ -34,6 +34,8 @@ class SemDedupConfig:
     max_clusters: int = 50_000  # cap on K = round(sqrt(N))
     n_features: int = 2**18  # hashed embedder width
     seed: int = 0  # k-means initialisation
+    sample_docs: int = 200_000  # k-means is fitted on the first this many embeddings (canonical order)
+    shard_docs: int = 100_000  # embeddings per SemDeDup shard task (clusters are split among shards)
 
 
 def hashed_embed(texts: list[str], n_features: int = 2**18):

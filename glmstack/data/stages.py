@@ -17,6 +17,8 @@ from __future__ import annotations
 import io
 import json
 import pickle
+import resource
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -149,3 +151,24 @@ def tokenize_unit(ctx: StageContext, u: int) -> None:
     write_atomic(ctx.path("tok", u, "bin"), flat.tobytes())
     save_npy(ctx.path("tok", u, "idx.npy"), offsets)
     ctx.path("tok", u, "done").write_text("ok")
+
+
+def embed_unit(ctx: StageContext, u: int) -> None:
+    """SemDeDup stage 1: embeddings of the unit's prose survivors (positions in sem_pos_{u}.npy, from the driver)."""
+    from glmstack.data.semdedup import embed, hashed_embed, resolve_embedder
+    from glmstack.data.semdedup_shards import save_rows
+
+    start = time.perf_counter()
+    pos = np.load(ctx.path("sem_pos", u, "npy"))
+    docs = read_docs(ctx.path("kept", u, "jsonl.zst")) if len(pos) else []
+    texts = [docs[p].text for p in pos.tolist()]
+    if texts:
+        X = embed(texts, ctx.cfg.semdedup)
+    elif resolve_embedder(ctx.cfg.semdedup) == "minilm":
+        X = np.zeros((0, 384), np.float32)
+    else:
+        X = hashed_embed([], ctx.cfg.semdedup.n_features)
+    save_rows(ctx.work / f"emb_{u:05d}", X)
+    stats = {"seconds": time.perf_counter() - start, "in": len(texts), "out": len(texts)}
+    stats["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    write_atomic(ctx.path("emb", u, "json"), json.dumps(stats))

@@ -131,3 +131,28 @@ def test_a_task_killed_mid_stage_is_redone_with_identical_bytes(tmp_path):
     assert _files(work) == ref and len(ref) > 100
     assert not list(work.rglob(".*.tmp-*"))
     assert len(result["minhash"]) == n // 10 and len(result["exact"]) == n // 50
+
+
+@pytest.fixture(scope="module")
+def semdedup_texts():
+    docs = list(corpus_docs(CorpusConfig(size_mb=0.6, seed=1), split="all"))
+    return [d.text for d in docs if d.source in ("templates", "pydoc")]
+
+
+@pytest.mark.parametrize("executor,workers", [("local", 1), ("processes", 2), ("processes", 4)])
+def test_sharded_semdedup_equals_the_in_memory_path(semdedup_texts, tmp_path, executor, workers):
+    from glmstack.data.semdedup import SemDedupConfig, hashed_embed, semdedup_drops
+    from glmstack.data.semdedup_shards import SemPlan, run_sharded_semdedup, save_rows
+
+    cfg = SemDedupConfig(embedder="hashed")
+    texts = semdedup_texts
+    ref = np.flatnonzero(semdedup_drops(texts, cfg))
+    units = list(range(0, len(texts), 29))
+    for u, a in enumerate(units):  # embeddings written per unit, as the pipeline's embed stage does
+        save_rows(tmp_path / f"emb_{u:05d}", hashed_embed(texts[a : a + 29], cfg.n_features))
+        np.save(tmp_path / f"sem_idx_{u:05d}.npy", np.arange(a, min(a + 29, len(texts))))
+    plan = SemPlan(work=tmp_path, units=list(range(len(units))), cfg=cfg, embedder="hashed", n_shards=3)
+    run = functools.partial(run_units, executor=executor, workers=workers, progress=False)
+    result = run_sharded_semdedup(plan, run, len(texts), sample_docs=10**6)
+    assert len(ref) > 20 and result["drop"].tolist() == ref.tolist()
+    assert result["stages"]["dedup"]["docs_out"] == len(texts) - len(ref)
