@@ -85,6 +85,37 @@ def test_sharded_dedup_on_ray_gives_the_in_memory_decisions(cluster, tmp_path):
     assert plan.n_shards >= 4 and ref.count("minhash") > 2 and ref.count("exact") > 2
 
 
+def test_sharded_semdedup_on_ray_gives_the_in_memory_decisions(cluster, tmp_path):
+    from glmstack.data.executor import run_units
+    from glmstack.data.semdedup import SemDedupConfig, hashed_embed, semdedup_drops
+    from glmstack.data.semdedup_shards import SemPlan, run_sharded_semdedup, save_rows
+
+    docs = corpus_docs(CorpusConfig(size_mb=0.6, seed=1), split="all")
+    texts = [d.text for d in docs if d.source in ("templates", "pydoc")]
+    cfg = SemDedupConfig(embedder="hashed")
+    ref = np.flatnonzero(semdedup_drops(texts, cfg)).tolist()
+    starts = list(range(0, len(texts), 40))
+    for u, a in enumerate(starts):
+        save_rows(tmp_path / f"emb_{u:05d}", hashed_embed(texts[a : a + 40], cfg.n_features))
+        np.save(tmp_path / f"sem_idx_{u:05d}.npy", np.arange(a, min(a + 40, len(texts))))
+    for workers in (4,):  # 1 and 2 workers: the process executor (test_dedup_shards.py) and the whole-build test
+        work = tmp_path / f"w{workers}"
+        work.mkdir()
+        for p in tmp_path.glob("*_0*.np*"):
+            shutil.copy(p, work / p.name)
+        plan = SemPlan(work=work, units=list(range(len(starts))), cfg=cfg, embedder="hashed", n_shards=4)
+        run = functools.partial(
+            run_units,
+            executor="ray",
+            workers=workers,
+            progress=False,
+            logging_dir=work / "logs",
+            options=RAY["executor_options"],
+        )
+        assert run_sharded_semdedup(plan, run, len(texts), sample_docs=10**6)["drop"].tolist() == ref
+    assert len(ref) > 20
+
+
 def test_a_failing_ray_task_fails_the_build_with_its_log(cluster, tok, local_build, tmp_path):
     # resume the finished build's work folder with one unit's raw file gone: that unit's filter task raises
     out = tmp_path / "out"
