@@ -229,14 +229,12 @@ def minhash_task(plan: ShardPlan, s: int) -> None:
 
 
 def _exact_dropped(plan: ShardPlan, ranks: np.ndarray) -> np.ndarray:
-    """Boolean mask: rank is in some shard's (sorted) exact-drop list; the lists are memory-mapped."""
-    mask = np.zeros(len(ranks), bool)
-    for s in range(plan.n_shards):
-        drops = np.load(plan.work / f"exact_drop_{s:04d}.npy", mmap_mode="r")
-        if len(drops):
-            at = np.minimum(np.searchsorted(drops, ranks), len(drops) - 1)
-            mask |= drops[at] == ranks
-    return mask
+    """Boolean mask: rank is exact-dropped (the driver's merged, sorted list, memory-mapped)."""
+    drops = np.load(plan.work / "exact_drop_all.npy", mmap_mode="r")
+    if not len(drops):
+        return np.zeros(len(ranks), bool)
+    at = np.minimum(np.searchsorted(drops, ranks), len(drops) - 1)
+    return drops[at] == ranks
 
 
 STAGES = (("keys", keys_task), ("exact", exact_task), ("minhash", minhash_task))
@@ -255,7 +253,10 @@ def run_sharded_dedup(plan: ShardPlan, run: Callable) -> dict:
         marker = functools.partial(_marker, plan.work, STATS[name])
         run(functools.partial(fn, plan), list(items[name]), marker, desc=f"dedup/{name}")
         stages[name] = _stage_summary(plan.work, STATS[name], items[name], time.perf_counter() - start)
-    exact, minhash = _union(plan, "exact_drop"), _union(plan, "minhash_drop")
+        if name == "exact":  # one sorted list for the minhash tasks (one lookup each, not one per shard)
+            exact = _union(plan, "exact_drop")
+            write_atomic(plan.work / "exact_drop_all.npy", functools.partial(np.save, arr=exact))
+    minhash = _union(plan, "minhash_drop")
     n = stages["keys"]["records_in"]
     stages["keys"].update(docs_in=n, docs_out=n)
     stages["exact"].update(docs_in=n, docs_out=n - len(exact))
