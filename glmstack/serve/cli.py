@@ -4,6 +4,7 @@
     glmstack serve CKPT --speculative mtp                          # one request at a time, MTP speculation
     glmstack serve CKPT --quantize int4                            # weights quantised in place (glmstack.inference.quant)
     glmstack serve CKPT --max-running 16 --max-waiting 256 --time-limit 600
+    glmstack serve CKPT --prefix-cache-mb 1024 --prefix-block 16     # reuse the KV of re-sent prefixes (0: off)
 
 The model name clients send is the folder's name unless --served-model-name says otherwise. Open http://HOST:PORT/
 for the web chat page.
@@ -24,9 +25,19 @@ def build(args):
 
     engine = _load(args)  # loads, and quantizes with --quantize (glmstack.inference.quant.quantize_)
     speculative = None if args.speculative == "none" else args.speculative
-    sched = Scheduler(engine, args.max_running, args.max_waiting, speculative, args.draft)
+    sched = Scheduler(engine, args.max_running, args.max_waiting, speculative, args.draft, _prefix_cache(args))
     name = args.served_model_name or Path(args.checkpoint).name
     return create_app(engine, name, _style(args, engine), sched, args.time_limit), sched
+
+
+def _prefix_cache(args):
+    """--prefix-cache-mb > 0: a PrefixCache (argparse namespaces built by tests may lack the options: off)."""
+    from glmstack.inference.prefix_cache import PrefixCache
+
+    mb = getattr(args, "prefix_cache_mb", 0)
+    if not mb:
+        return None
+    return PrefixCache(getattr(args, "prefix_block", 16), int(mb * 2**20), getattr(args, "fault_block", None))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,6 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    ap.add_argument("--prefix-cache-mb", type=float, default=1024.0,
+                    help="memory for cached prompt-prefix KV blocks, reused across requests (0: off)")
+    ap.add_argument("--prefix-block", type=int, default=16, help="tokens per prefix-cache block")
+    ap.add_argument("--fault-block", type=int, default=None,
+                    help="testing only: corrupt the N-th cached block (shows the stress harness and monitor catch it)")
     ap.add_argument("--style", choices=["auto", "glm-4.5", "glm-4.7"], default="auto", help="chat format")
     args = ap.parse_args(argv)
     import torch

@@ -23,6 +23,18 @@ def prometheus_text(srv) -> str:
         ("engine_busy_seconds_total", "counter", "time the engine thread spent stepping", st["busy_s"]),
         ("engine_steps_total", "counter", "batched decode steps", st["steps"]),
     ]
+    rows.append(("prefill_tokens_computed_total", "counter", "prompt tokens prefilled (not from the prefix cache)",
+                 st["prefill_computed"]))
+    pc = s.prefix_cache
+    if pc is not None:
+        rows += [
+            ("prefix_cache_hit_tokens_total", "counter", "prompt tokens found in the prefix cache", pc.stats["hit_tokens"]),
+            ("prefix_cache_query_tokens_total", "counter", "prompt tokens looked up", pc.stats["lookup_tokens"]),
+            ("prefix_cache_hit_rate", "gauge", "hit tokens / looked-up tokens since start", pc.hit_rate),
+            ("prefix_cache_bytes", "gauge", "bytes of cached KV blocks", pc.bytes),
+            ("prefix_cache_blocks", "gauge", "cached KV blocks", len(pc.blocks)),
+            ("prefix_cache_evicted_total", "counter", "blocks evicted (LRU, budget)", pc.stats["evicted"]),
+        ]
     lines = []
     for name, kind, doc, value in rows:
         lines += [f"# HELP glmstack:{name} {doc}", f"# TYPE glmstack:{name} {kind}", f"glmstack:{name} {value}"]
