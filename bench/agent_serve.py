@@ -23,6 +23,57 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 
+def turns(ckpt: str, n_turns: int, system_tokens: int, user_tokens: int, reply_tokens: int) -> dict:
+    """The same agent conversation against a cache-on and a cache-off server, turn by turn (alternating first)."""
+    import random
+
+    import openai
+    from serve_fixture import RunningServer
+
+    servers = {"cache": RunningServer(ckpt, prefix_cache_mb=256, prefix_block=16),
+               "no_cache": RunningServer(ckpt, prefix_cache_mb=0)}  # fmt: skip
+    rng = random.Random(0)
+    vocab = servers["cache"].engine.tokenizer.vocab_size
+    prompt = [rng.randrange(3, vocab) for _ in range(system_tokens + user_tokens)]
+    ttft = {k: [] for k in servers}
+    equal = True
+    try:
+        clients = {k: openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=600)
+                   for k, s in servers.items()}  # fmt: skip
+        for t in range(n_turns):
+            replies = {}
+            for name in (list(servers) if t % 2 == 0 else list(servers)[::-1]):
+                t0, first, got = time.perf_counter(), None, []
+                stream = clients[name].completions.create(
+                    model="tiny", prompt=prompt, max_tokens=reply_tokens, temperature=0, stream=True,
+                    extra_body={"return_token_ids": True, "ignore_eos": True})  # fmt: skip
+                for chunk in stream:
+                    for c in chunk.choices:
+                        ids = (c.model_extra or {}).get("token_ids") or []
+                        if ids and first is None:
+                            first = time.perf_counter() - t0
+                        got += ids
+                ttft[name].append(first)
+                replies[name] = got
+            equal &= replies["cache"] == replies["no_cache"]
+            prompt = prompt + replies["no_cache"] + [rng.randrange(3, vocab) for _ in range(user_tokens)]
+    finally:
+        for s in servers.values():
+            s.stop()
+    computed = {k: s.sched.stats["prefill_computed"] for k, s in servers.items()}
+    prompt_tokens = servers["no_cache"].sched.stats["prompt_tokens"]
+    mean = {k: sum(v) / len(v) for k, v in ttft.items()}
+    late = {k: sum(v[1:]) / max(len(v) - 1, 1) for k, v in ttft.items()}  # turns 2..n (turn 1 has nothing cached)
+    return {
+        "turns": n_turns, "prompt_tokens_total": prompt_tokens, "prefill_computed": computed,
+        "prefill_reduction": round(1 - computed["cache"] / computed["no_cache"], 3),
+        "ttft_s_per_turn": {k: [round(x, 4) for x in v] for k, v in ttft.items()},
+        "ttft_mean_s": {k: round(v, 4) for k, v in mean.items()},
+        "ttft_ratio_no_cache_over_cache_turns_2_on": round(late["no_cache"] / late["cache"], 2),
+        "outputs_identical": equal,
+    }  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -50,8 +101,6 @@ def main() -> None:
             ckpt = build_random_checkpoint(Path(d) / "tiny")
             res = stress(ckpt, args.requests, args.concurrency, args.budget_mb, args.fault_block, args.seed)
         else:
-            from agent_turns import turns
-
             ckpt = build_random_checkpoint(Path(d) / "tiny", num_hidden_layers=args.layers,
                                            first_k_dense_replace=args.layers)  # fmt: skip
             res = turns(ckpt, args.turns, args.system_tokens, args.user_tokens, args.reply_tokens)
