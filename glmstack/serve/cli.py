@@ -25,7 +25,8 @@ def build(args):
 
     engine = _load(args)  # loads, and quantizes with --quantize (glmstack.inference.quant.quantize_)
     speculative = None if args.speculative == "none" else args.speculative
-    sched = Scheduler(engine, args.max_running, args.max_waiting, speculative, args.draft, _prefix_cache(args))
+    sched = Scheduler(engine, args.max_running, args.max_waiting, speculative, args.draft, _prefix_cache(args),
+                      _monitor(args))
     name = args.served_model_name or Path(args.checkpoint).name
     return create_app(engine, name, _style(args, engine), sched, args.time_limit), sched
 
@@ -38,6 +39,15 @@ def _prefix_cache(args):
     if not mb:
         return None
     return PrefixCache(getattr(args, "prefix_block", 16), int(mb * 2**20), getattr(args, "fault_block", None))
+
+
+def _monitor(args):
+    from glmstack.serve.monitor import MonitorConfig
+
+    return MonitorConfig(action=getattr(args, "monitor", "flag"),
+                         min_acceptance_length=getattr(args, "monitor_min_length", 1.4),
+                         max_acceptance_rate=getattr(args, "monitor_max_rate", 0.96),
+                         min_tokens=getattr(args, "monitor_min_tokens", 128))  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,6 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefix-block", type=int, default=16, help="tokens per prefix-cache block")
     ap.add_argument("--fault-block", type=int, default=None,
                     help="testing only: corrupt the N-th cached block (shows the stress harness and monitor catch it)")
+    ap.add_argument("--monitor", choices=["flag", "abort", "off"], default="flag",
+                    help="--speculative mtp: what an acceptance anomaly does (glmstack.serve.monitor)")
+    ap.add_argument("--monitor-min-length", type=float, default=1.4, help="acceptance length below: corrupted context")
+    ap.add_argument("--monitor-max-rate", type=float, default=0.96, help="acceptance rate above: degenerate repetition")
+    ap.add_argument("--monitor-min-tokens", type=int, default=128, help="the rules apply after this many tokens")
     ap.add_argument("--style", choices=["auto", "glm-4.5", "glm-4.7"], default="auto", help="chat format")
     args = ap.parse_args(argv)
     import torch
