@@ -33,3 +33,31 @@ def test_stress_outputs_equal_no_cache_references(ckpt):
 def test_stress_catches_a_corrupted_block(ckpt):
     res = stress(ckpt, n=24, concurrency=8, budget_mb=0.25, fault_block=0, time_limit=300)
     assert res["errors"] == 0 and res["mismatches"] > 0, res
+
+
+def test_speculative_metadata_and_metrics(tmp_path):
+    """--speculative mtp over the prefix cache: the response carries acceptance length / rate and the monitor's
+    verdict, /metrics the totals and the anomaly counts, usage the cached prompt tokens; output == no-cache generate."""
+    import urllib.request
+
+    import openai
+    from serve_fixture import RunningServer
+
+    ckpt = build_random_checkpoint(tmp_path / "mtp", num_nextn_predict_layers=1)
+    srv = RunningServer(ckpt, speculative="mtp", draft=2, prefix_cache_mb=1, monitor="flag", monitor_min_tokens=8)
+    try:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        prompt, outs = list(range(3, 60)), []
+        for p in (prompt, prompt + [7, 8]):
+            r = client.completions.create(model="tiny", prompt=p, max_tokens=16, temperature=0,
+                                          extra_body={"return_token_ids": True, "ignore_eos": True})  # fmt: skip
+            outs.append(r.choices[0].model_extra["token_ids"])
+        spec = r.choices[0].model_extra["speculative"]
+        metrics = urllib.request.urlopen(srv.url + "/metrics").read().decode()
+    finally:
+        srv.stop()
+    assert r.usage.prompt_tokens_details.cached_tokens == 48  # the second request reused 3 blocks of 16
+    assert spec["verify_steps"] > 0 and spec["acceptance_length"] >= 1.0 and spec["anomaly"] == "corrupted-context"
+    assert 'glmstack:speculative_anomalies_total{rule="corrupted-context"} 2' in metrics
+    assert "glmstack:speculative_acceptance_length" in metrics and "glmstack:prefix_cache_hit_rate" in metrics
+    assert outs == [srv.engine.generate([p], 16, stop_ids=[]).tokens[0] for p in (prompt, prompt + [7, 8])]
