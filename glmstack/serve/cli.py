@@ -50,6 +50,32 @@ def _monitor(args):
                          min_tokens=getattr(args, "monitor_min_tokens", 128))  # fmt: skip
 
 
+def _serve_replicas(args, argv: list[str]) -> int:
+    """--replicas N: N engine processes on private ports, the router (glmstack.serve.router) on --host/--port."""
+    import uvicorn
+
+    from glmstack.serve.router import create_router, launch_replicas
+
+    rest, skip = [], False
+    for a in argv:  # the replicas get every option but these three
+        if skip:
+            skip = False
+        elif a in ("--replicas", "--port", "--host"):
+            skip = True
+        elif not a.startswith(("--replicas=", "--port=", "--host=")):
+            rest.append(a)
+    procs, urls = launch_replicas(rest, args.replicas)
+    print(f"glmstack serve: router on http://{args.host}:{args.port}/ over {', '.join(urls)}", file=sys.stderr)
+    try:
+        uvicorn.run(create_router(urls), host=args.host, port=args.port, log_level="warning")
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=30)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="glmstack serve", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -79,7 +105,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--monitor-max-rate", type=float, default=0.96, help="acceptance rate above: degenerate repetition")
     ap.add_argument("--monitor-min-tokens", type=int, default=128, help="the rules apply after this many tokens")
     ap.add_argument("--style", choices=["auto", "glm-4.5", "glm-4.7"], default="auto", help="chat format")
+    ap.add_argument("--replicas", type=int, default=1,
+                    help="engine processes behind one router, conversations pinned by consistent hashing (router.py)")
     args = ap.parse_args(argv)
+    if args.replicas > 1:
+        return _serve_replicas(args, sys.argv[1:] if argv is None else argv)
     import torch
     import uvicorn
 
@@ -98,3 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         sched.stop()
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
