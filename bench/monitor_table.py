@@ -7,8 +7,9 @@ the context: each sequence follows one of 8 hidden "topics" (a random permutatio
 with probability 0.75, else a uniform token), so the model must read the history to predict, and its MTP layer
 learns to draft. Generations then run through the server's scheduler (MTP speculation, draft_k 2, the prefix
 cache on, the monitor on GLM-5's default rules: acceptance length < 1.4 or rate > 0.96 after 128 tokens). A
-corrupted generation re-sends a prompt whose first cached block was corrupted (PrefixCache fault_block=0) on the
-previous request; a clean one the same without the fault. Prints the table (caught / flagged per rule) as JSON.
+corrupted generation re-sends a 64-token prompt one of whose cached blocks was corrupted (PrefixCache fault_block,
+default the third of the three it reuses; noise at 1x and 30x the block's own scale) on the previous request; a
+clean one the same without the fault. Prints the table (caught / flagged per rule) as JSON.
 """
 
 from __future__ import annotations
@@ -75,6 +76,8 @@ def main() -> None:
     ap.add_argument("--corrupted", type=int, default=100)
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--new-tokens", type=int, default=160)
+    ap.add_argument("--fault-block", type=int, default=2, help="which block of the prompt's 4 is corrupted")
+    ap.add_argument("--fault-scales", default="1,30", help="noise std per corrupted run, x the block's std")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -83,11 +86,14 @@ def main() -> None:
     train_s = time.time() - t0
     sched = Scheduler(Engine(model), speculative="mtp", draft_k=2, monitor=MonitorConfig(action="flag"))
     sched.start()
-    rows = {"clean": [], "corrupted": []}
+    scales = [float(x) for x in args.fault_scales.split(",")]
+    kinds = [("clean", args.clean, None)] + [(f"corrupted x{s:g}", args.corrupted, s) for s in scales]
+    rows = {kind: [] for kind, _, _ in kinds}
     try:
-        for kind, n in (("clean", args.clean), ("corrupted", args.corrupted)):
+        for kind, n, scale in kinds:
             for i in range(n):
-                sched.prefix_cache = PrefixCache(16, 2**26, fault_block=0 if kind == "corrupted" else None)
+                sched.prefix_cache = PrefixCache(16, 2**26, fault_block=None if scale is None else args.fault_block,
+                                                 fault_scale=scale or 1.0)  # fmt: skip
                 prompt = corpus(1, 64, gen, perms)[0].tolist()
                 generate(sched, prompt, 1, seed=i)  # fills the cache (block 0 corrupted when faulty)
                 job = generate(sched, prompt, args.new_tokens, seed=10_000 + i)

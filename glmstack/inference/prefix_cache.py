@@ -14,7 +14,8 @@ How:
     reference-counted: a running request pins the blocks it was admitted with (`acquire` / `release`), and only
     unpinned leaves (no cached child) are evicted, least recently used first, when an insertion would exceed
     `budget_bytes`. A chain is touched deepest-first so that a parent is always more recent than its children.
-  - `fault_block=n` corrupts the n-th inserted block (its keys and values replaced by noise): the fault-injection
+  - `fault_block=n` corrupts the n-th inserted block (keys and values replaced by Gaussian noise of `fault_scale`
+    times their std; a large scale mimics reading memory that was never written): the fault-injection
     switch that shows the stress harness and the anomaly monitor catching a corrupted cache (tests/serve_stress.py).
 
     pc = PrefixCache(block_size=16, budget_bytes=256 * 2**20)
@@ -41,10 +42,12 @@ class Block:
 
 
 class PrefixCache:
-    def __init__(self, block_size: int = 16, budget_bytes: int = 256 * 2**20, fault_block: int | None = None):
+    def __init__(self, block_size: int = 16, budget_bytes: int = 256 * 2**20, fault_block: int | None = None,
+                 fault_scale: float = 1.0):
         if block_size < 1 or budget_bytes < 0:
             raise ValueError(f"prefix cache: block_size must be >= 1 and budget_bytes >= 0 ({block_size}, {budget_bytes})")
         self.block_size, self.budget_bytes, self.fault_block = block_size, budget_bytes, fault_block
+        self.fault_scale = fault_scale  # the noise's std in units of the block's own std (at least 1)
         self.blocks: OrderedDict[int, Block] = OrderedDict()  # key -> block, least recently used first
         self.bytes = 0
         self.stats = {"lookups": 0, "hit_tokens": 0, "lookup_tokens": 0, "inserted": 0, "evicted": 0, "skipped": 0}
@@ -122,8 +125,8 @@ class PrefixCache:
         if self.fault_block is not None and self.stats["inserted"] == self.fault_block:
             gen = torch.Generator(device="cpu").manual_seed(1234)
             for k, v in b.kv.values():
-                k.copy_(torch.randn(k.shape, generator=gen).to(k) * k.float().std().clamp_min(1.0).item())
-                v.copy_(torch.randn(v.shape, generator=gen).to(v) * v.float().std().clamp_min(1.0).item())
+                for t in (k, v):
+                    t.copy_(torch.randn(t.shape, generator=gen).to(t) * t.float().std().clamp_min(1.0).item() * self.fault_scale)
             self.corrupted = b
         self.blocks[b.key] = b
         self.bytes += b.nbytes
