@@ -6,9 +6,10 @@ these; with `memory_mb=256` a program held 1.5 GB through them (issue 26). A mem
 the run allocates, whatever holds it: the kernel OOM-kills inside the cgroup at `memory_mb`, and we flag `oom`
 when its OOM counter moves.
 
-How: as root, per execution, a cgroup named after the sandbox uid under `glmstack-sandbox/` of the memory
+How: as root, per cold execution, a cgroup named after the sandbox uid under `glmstack-sandbox/` of the memory
 hierarchy, with the limit set and swap off. The parent opens its `cgroup.procs` and hands the fd to boot.py,
-which writes "0" (itself) before it runs anything untrusted, so every process of the program starts inside.
+which writes "0" (itself) before it runs anything untrusted, so every process of the program starts inside. A
+warm box (warm.py) keeps one cgroup that its zygote joins once, and re-arms it before each execution.
 cgroup v2 (`memory.max`, `memory.swap.max`, `memory.oom.group`, `memory.events`) when the unified hierarchy has
 the memory controller, else cgroup v1 (`memory.limit_in_bytes`, `memory.oom_control`). Without either (no root,
 no writable hierarchy, or env GLMSTACK_SANDBOX_CGROUP=off) `available()` is None and the uid's resident-set
@@ -82,15 +83,29 @@ def available() -> tuple[str, int] | None:
         mounts = _mounts()
         for point, fstype, _ in mounts:
             if fstype == "cgroup2" and (parent := _v2_parent(point)):
+                _clear_stale(parent)
                 return parent, 2
         for point, fstype, opts in mounts:
             if fstype == "cgroup" and "memory" in opts:
                 parent = os.path.join(point, PARENT)
                 os.makedirs(parent, exist_ok=True)
+                _clear_stale(parent)
                 return parent, 1
     except OSError:
         pass
     return None
+
+
+def _clear_stale(parent: str) -> None:
+    """Remove the cgroups of runners that were killed before their cleanup (their uid lock is free)."""
+    from glmstack.sandbox.uids import is_free
+
+    for name in os.listdir(parent):
+        if name.isdigit() and is_free(int(name)):
+            try:
+                _remove(os.path.join(parent, name))
+            except OSError:
+                pass
 
 
 def layer() -> str | None:

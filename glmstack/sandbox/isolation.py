@@ -86,7 +86,9 @@ def file_view(extra: tuple[str, ...] = (), tmp_link: bool = True) -> list[tuple[
         elif os.path.isdir(top):
             ops.append(("ro-bind", top, top))
     ops.append(("dir", "/etc"))
-    ops += [("ro-bind-try", f, f) for f in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/localtime", "/etc/alternatives")]
+    ops += [
+        ("ro-bind-try", f, f) for f in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/localtime", "/etc/alternatives")
+    ]
     exe = python_exe()
     prefix = os.path.realpath(sys.base_prefix) if exe == os.path.realpath(sys._base_executable) else None
     made = set()
@@ -307,7 +309,9 @@ def read_proof(proof: tuple[int, bytes] | None) -> bool | None:
     return proof[1] in data
 
 
-def prepare(mode: str, limits: Limits, site: bool = False, extra_ro: tuple[str, ...] = (), prove: bool = False) -> Launch:
+def prepare(
+    mode: str, limits: Limits, site: bool = False, extra_ro: tuple[str, ...] = (), prove: bool = False
+) -> Launch:
     """Allocate the uid, memory cgroup, proof channel and work dir, and build the command line for `mode`."""
     exe = interpreter(mode)
     slot = UidSlot() if uid_usable(mode) else None

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import errno
 import functools
-import os
 import platform
 import struct
 

@@ -10,7 +10,6 @@ share one, and a free lock proves that a uid's leftover work dirs and processes 
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import itertools
 import os
@@ -107,7 +106,7 @@ def kill_uid(uid: int, wait_s: float = 5.0) -> None:
         time.sleep(min(0.001 * rnd, 0.02))
 
 
-def _is_free(uid: int) -> bool:
+def is_free(uid: int) -> bool:
     """Whether no live runner holds `uid`'s lock (so its work dirs are stale)."""
     try:
         fd = os.open(LOCK_DIR / f"{uid - UID_BASE}.lock", os.O_RDWR)
@@ -135,68 +134,53 @@ def clear_stale_work_dirs(own_uid: int) -> None:
             continue
         if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (uid, os.geteuid()):
             continue  # not one of ours: leave other users' files alone
-        if uid == own_uid or _is_free(uid):
+        if uid == own_uid or is_free(uid):
             kill_uid(uid)
             remove_tree(str(d))
 
 
 def remove_tree(path: str) -> None:
     """`rm -rf path` that survives whatever a program left there: any depth (a 3000-deep tree breaks
-    shutil.rmtree's recursion and PATH_MAX), dirs without permissions, entries vanishing meanwhile. Nested dirs
-    are renamed up into `path` before being emptied, so we never hold more than two directory fds."""
+    shutil.rmtree's recursion and PATH_MAX), dirs without permissions, entries vanishing meanwhile. A loop, not
+    a recursion: it holds one directory fd and the stack of names from `path` down, and climbs back by "..".
+    Only for trees nobody changes any more (every process of the uid is dead)."""
     try:
-        top = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except FileNotFoundError:
         return
     except OSError:  # a file or a symlink, not a dir
         _ignore_missing(os.unlink, path)
         return
-    try:
-        moved = itertools.count()
-        while names := os.listdir(top):
-            for name in names:
-                _empty_into(top, name, moved)
-    finally:
-        os.close(top)
+    names: list[str] = []
+    while True:
+        sub = _first_subdir_after_unlinking_the_rest(fd)
+        if sub is not None:
+            try:
+                child = os.open(sub, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except PermissionError:  # a dir the program made unreadable (we are not root)
+                os.chmod(sub, 0o700, dir_fd=fd)
+                continue
+            os.close(fd)
+            fd = child
+            names.append(sub)
+            continue
+        if not names:
+            break
+        parent = os.open("..", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = parent
+        _ignore_missing(os.rmdir, names.pop(), dir_fd=fd)
+    os.close(fd)
     _ignore_missing(os.rmdir, path)
 
 
-def _empty_into(top: int, name: str, moved) -> None:
-    """Remove entry `name` of dir fd `top`; a dir's subdirs are renamed into `top` for a later pass."""
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=top)
-    except FileNotFoundError:
-        return
-    except PermissionError:  # a dir the program made unreadable (we are not root)
-        os.chmod(name, 0o700, dir_fd=top)
-        return
-    except OSError:  # not a dir
-        _ignore_missing(os.unlink, name, dir_fd=top)
-        return
-    try:
-        with os.scandir(fd) as entries:
-            for e in entries:
-                if e.is_dir(follow_symlinks=False):
-                    _rename_up(fd, e.name, top, moved)
-                else:
-                    _ignore_missing(os.unlink, e.name, dir_fd=fd)
-    finally:
-        os.close(fd)
-    _ignore_missing(os.rmdir, name, dir_fd=top)
-
-
-def _rename_up(src_fd: int, name: str, top: int, moved) -> None:
-    while True:
-        try:
-            os.rename(name, f".glmstack-rm-{next(moved)}", src_dir_fd=src_fd, dst_dir_fd=top)
-            return
-        except FileExistsError:
-            continue
-        except FileNotFoundError:
-            return
-        except OSError as e:
-            if e.errno != errno.ENOTEMPTY:  # rename onto a non-empty dir of that name: pick the next name
-                raise
+def _first_subdir_after_unlinking_the_rest(fd: int) -> str | None:
+    with os.scandir(fd) as entries:
+        for e in entries:
+            if e.is_dir(follow_symlinks=False):
+                return e.name
+            _ignore_missing(os.unlink, e.name, dir_fd=fd)
+    return None
 
 
 def _ignore_missing(fn, *args, **kw) -> None:
@@ -212,8 +196,11 @@ def remove_ipc(uid: int) -> None:
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
-    for kind, remove in (("shm", lambda i: libc.shmctl(i, 0, None)), ("msg", lambda i: libc.msgctl(i, 0, None)),
-                         ("sem", lambda i: libc.semctl(i, 0, 0))):  # fmt: skip  -- IPC_RMID = 0
+    for kind, remove in (
+        ("shm", lambda i: libc.shmctl(i, 0, None)),
+        ("msg", lambda i: libc.msgctl(i, 0, None)),
+        ("sem", lambda i: libc.semctl(i, 0, 0)),
+    ):  # fmt: skip  -- IPC_RMID = 0
         try:
             with open(f"/proc/sysvipc/{kind}") as f:
                 header, *rows = [line.split() for line in f]

@@ -82,7 +82,14 @@ class WarmSandbox:
                 os.close(cg_fd)
         self._ctl = ours
         memory = cgroup.layer() or "memory-watchdog"
-        self.layers = (*isolation.LAYERS["bwrap"], *isolation.kernel_layers(), "uid", memory, "tmpfs-inodes", "warm-fork")
+        self.layers = (
+            *isolation.LAYERS["bwrap"],
+            *isolation.kernel_layers(),
+            "uid",
+            memory,
+            "tmpfs-inodes",
+            "warm-fork",
+        )
 
     def close(self) -> None:
         """Stop the zygote (closing its socket ends it; SIGKILL if it lingers) and remove the box's cgroup."""

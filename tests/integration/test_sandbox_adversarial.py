@@ -246,7 +246,9 @@ def test_killing_the_runner_kills_the_sandbox(mode):
         while _alive(procs) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not _alive(procs)
-    run("pass", limits=LIM, mode="bwrap" if mode == "warm" else mode)  # the next run clears work dirs (and in plain mode processes) of dead runners
+    run(
+        "pass", limits=LIM, mode="bwrap" if mode == "warm" else mode
+    )  # the next run clears work dirs (and in plain mode processes) of dead runners
     assert not any(d.exists() for d in left_dirs)
     deadline = time.monotonic() + 2
     while _alive(procs) and time.monotonic() < deadline:

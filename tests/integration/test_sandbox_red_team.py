@@ -1,3 +1,4 @@
+# ruff: noqa: F811 -- the `mode` and `sandbox` fixtures come from test_sandbox_adversarial.py
 """Issue 26's attacks on the sandbox, each in every mode this host offers: all contained.
 
 Reward hacking through the exit status (run_tests needs proof that the tests completed), memory outside the
@@ -12,6 +13,7 @@ import ctypes
 import os
 import shutil
 import socket
+import tempfile
 import textwrap
 import uuid
 import warnings
@@ -223,22 +225,28 @@ print("read", libc.syscall(250, 11, {serial}, buf, 64), buf.value)  # KEYCTL_REA
 
 # ---------------------------------------------------------------- 4. what a program leaves behind
 DEEP_TREE = """import os
-for d in (".", "/tmp", "/dev/shm"):
-    try:
-        fd = os.open(d, os.O_RDONLY)
-        for _ in range(3000):
-            os.mkdir("a", dir_fd=fd)
-            fd = os.open("a", os.O_RDONLY, dir_fd=fd)
-        os.chmod(".", 0)
-    except OSError:
-        pass
+for i, d in enumerate({places}):  # /tmp may be the work dir itself: a name per place
+    fd = os.open(d, os.O_RDONLY)
+    for _ in range({depth}):
+        os.mkdir(f"deep{{i}}", dir_fd=fd)
+        fd, old = os.open(f"deep{{i}}", os.O_RDONLY, dir_fd=fd), fd
+        os.close(old)
+    os.close(fd)
+    os.chmod(os.path.join(d, f"deep{{i}}"), 0)
 print("left")"""
 
 
 @ROOT
-def test_the_runner_survives_what_a_program_leaves(sandbox):
-    planted = "glmstack-sandbox-9x-planted"  # named like a stale work dir of ours, but unparsable
-    code = DEEP_TREE + f"\ntry:\n    os.mkdir('/tmp/{planted}')\nexcept OSError:\n    pass"
+def test_the_runner_survives_what_a_program_leaves(sandbox, mode):
+    """A tree deeper than shutil.rmtree's recursion and PATH_MAX allow (plain mode: in its host work dir, on
+    disk, 1100 deep to keep the test short; elsewhere everywhere it can write, 3000 deep), and a name in /tmp
+    like a stale work dir of ours but unparsable (only plain mode reaches the host's /tmp)."""
+    planted = "glmstack-sandbox-9x-planted"
+    places, depth = ((".",), 1100) if mode == "plain" else ((".", "/tmp", "/dev/shm"), 3000)
+    code = (
+        DEEP_TREE.format(places=places, depth=depth)
+        + f"\ntry:\n    os.mkdir('/tmp/{planted}')\nexcept OSError:\n    pass"
+    )
     r = sandbox(code, limits=LIM.replace(timeout_s=10))
     try:
         assert r.ok and r.stdout == "left\n", r.stderr
@@ -249,12 +257,19 @@ def test_the_runner_survives_what_a_program_leaves(sandbox):
         shutil.rmtree(f"/tmp/{planted}", ignore_errors=True)  # only plain mode reaches the host's /tmp
 
 
-def test_remove_tree_takes_any_depth(tmp_path):
+def test_remove_tree_takes_any_depth():
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm (a tmpfs keeps this fast)")
+    tmp_path = Path(tempfile.mkdtemp(dir="/dev/shm"))
     fd = os.open(tmp_path, os.O_RDONLY)
     for _ in range(3000):  # deeper than shutil.rmtree's recursion and PATH_MAX allow
         os.mkdir("d", dir_fd=fd)
-        os.open("f", os.O_CREAT | os.O_WRONLY, dir_fd=fd)
-        fd = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(os.open("f", os.O_CREAT | os.O_WRONLY, dir_fd=fd))
+        fd, old = os.open("d", os.O_RDONLY, dir_fd=fd), fd
+        os.close(old)
+    os.close(fd)
+    with pytest.raises(RecursionError):
+        shutil.rmtree(tmp_path)
     uids.remove_tree(str(tmp_path))
     assert not tmp_path.exists()
 
@@ -285,7 +300,9 @@ def test_auto_without_bubblewrap_is_unshare_with_the_same_view(hidden):
     hidden("bwrap")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # unshare is as confined: no warning
-        r = run("import os\nprint(os.path.exists('/work'), os.path.exists('/root/.bashrc'), os.listdir('/tmp'))", limits=LIM)
+        r = run(
+            "import os\nprint(os.path.exists('/work'), os.path.exists('/root/.bashrc'), os.listdir('/tmp'))", limits=LIM
+        )
     assert r.mode == "unshare" and r.stdout == "False False []\n", r.stderr
     assert {"ro-root", "hidden-host-files", "private-proc", "seccomp"} <= set(r.layers)
 
@@ -295,9 +312,8 @@ def test_auto_falls_back_to_plain_with_one_warning(hidden, monkeypatch):
     hidden("bwrap", "unshare")
     monkeypatch.setenv("GLMSTACK_SANDBOX_PYTHON", "/usr/bin/python3")
     with pytest.warns(RuntimeWarning, match="weak 'plain' mode") as caught:
-        assert run("print(1)", limits=LIM).mode == "plain"
-        assert run("print(2)", limits=LIM).mode == "plain"
-    assert len([w for w in caught if "plain" in str(w.message)]) == 1
+        modes = [run(f"print({i})", limits=LIM).mode for i in range(2)]
+    assert modes == ["plain", "plain"] and len([w for w in caught if "plain" in str(w.message)]) == 1
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert run("print(3)", mode="plain", limits=LIM).ok  # an explicit choice: no warning

@@ -1,6 +1,5 @@
 """run_batch: order, per-job settings, concurrency (two sleepers overlap), progress callback."""
 
-
 from glmstack.sandbox import Job, Limits, run_batch
 
 
