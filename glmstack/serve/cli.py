@@ -38,7 +38,8 @@ def _prefix_cache(args):
     mb = getattr(args, "prefix_cache_mb", 0)
     if not mb:
         return None
-    return PrefixCache(getattr(args, "prefix_block", 16), int(mb * 2**20), getattr(args, "fault_block", None))
+    return PrefixCache(getattr(args, "prefix_block", 16), int(mb * 2**20), getattr(args, "fault_block", None),
+                       getattr(args, "fault_scale", 1.0))
 
 
 def _monitor(args):
@@ -99,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefix-block", type=int, default=16, help="tokens per prefix-cache block")
     ap.add_argument("--fault-block", type=int, default=None,
                     help="testing only: corrupt the N-th cached block (shows the stress harness and monitor catch it)")
+    ap.add_argument("--fault-scale", type=float, default=1.0, help="testing only: the corruption's noise, x the block's std")
     ap.add_argument("--monitor", choices=["flag", "abort", "off"], default="flag",
                     help="--speculative mtp: what an acceptance anomaly does (glmstack.serve.monitor)")
     ap.add_argument("--monitor-min-length", type=float, default=1.4, help="acceptance length below: corrupted context")
