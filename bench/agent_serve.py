@@ -42,7 +42,7 @@ def turns(ckpt: str, n_turns: int, system_tokens: int, user_tokens: int, reply_t
                    for k, s in servers.items()}  # fmt: skip
         for t in range(n_turns):
             replies = {}
-            for name in (list(servers) if t % 2 == 0 else list(servers)[::-1]):
+            for name in list(servers) if t % 2 == 0 else list(servers)[::-1]:
                 t0, first, got = time.perf_counter(), None, []
                 stream = clients[name].completions.create(
                     model="tiny", prompt=prompt, max_tokens=reply_tokens, temperature=0, stream=True,

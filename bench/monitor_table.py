@@ -18,6 +18,7 @@ import argparse
 import json
 import threading
 import time
+from pathlib import Path
 
 import torch
 
@@ -115,7 +116,7 @@ def main() -> None:
            "rules": "length < 1.4 or rate > 0.96 after 128 tokens; draft_k 2; temperature 1.0"}  # fmt: skip
     print(json.dumps(res, indent=1))
     if args.out:
-        open(args.out, "w").write(json.dumps(res, indent=1))
+        Path(args.out).write_text(json.dumps(res, indent=1))
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ import torch
 
 
 class Block:
-    __slots__ = ("key", "tokens", "parent", "kv", "hidden", "ref", "children", "nbytes")
+    __slots__ = ("children", "hidden", "key", "kv", "nbytes", "parent", "ref", "tokens")
 
     def __init__(self, key: int, tokens: tuple[int, ...], parent: Block | None, kv: dict, hidden):
         self.key, self.tokens, self.parent, self.kv, self.hidden = key, tokens, parent, kv, hidden
@@ -42,10 +42,17 @@ class Block:
 
 
 class PrefixCache:
-    def __init__(self, block_size: int = 16, budget_bytes: int = 256 * 2**20, fault_block: int | None = None,
-                 fault_scale: float = 1.0):
+    def __init__(
+        self,
+        block_size: int = 16,
+        budget_bytes: int = 256 * 2**20,
+        fault_block: int | None = None,
+        fault_scale: float = 1.0,
+    ):
         if block_size < 1 or budget_bytes < 0:
-            raise ValueError(f"prefix cache: block_size must be >= 1 and budget_bytes >= 0 ({block_size}, {budget_bytes})")
+            raise ValueError(
+                f"prefix cache: block_size must be >= 1 and budget_bytes >= 0 ({block_size}, {budget_bytes})"
+            )
         self.block_size, self.budget_bytes, self.fault_block = block_size, budget_bytes, fault_block
         self.fault_scale = fault_scale  # the noise's std in units of the block's own std (at least 1)
         self.blocks: OrderedDict[int, Block] = OrderedDict()  # key -> block, least recently used first
@@ -126,7 +133,11 @@ class PrefixCache:
             gen = torch.Generator(device="cpu").manual_seed(1234)
             for k, v in b.kv.values():
                 for t in (k, v):
-                    t.copy_(torch.randn(t.shape, generator=gen).to(t) * t.float().std().clamp_min(1.0).item() * self.fault_scale)
+                    t.copy_(
+                        torch.randn(t.shape, generator=gen).to(t)
+                        * t.float().std().clamp_min(1.0).item()
+                        * self.fault_scale
+                    )
             self.corrupted = b
         self.blocks[b.key] = b
         self.bytes += b.nbytes

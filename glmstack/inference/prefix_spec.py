@@ -46,7 +46,9 @@ class _PrefixRun:
 
         def kv_of(j):
             lo, hi = j * bs, (j + 1) * bs
-            return {i: (k[0, :, lo:hi], v[0, :, lo:hi]) for i, (k, v) in cache.buffers().items()}, hidden_BSD[0, lo - n : hi - n]
+            return {i: (k[0, :, lo:hi], v[0, :, lo:hi]) for i, (k, v) in cache.buffers().items()}, hidden_BSD[
+                0, lo - n : hi - n
+            ]
 
         self.pc.insert(self.prompt, self.chain, kv_of)
         if n:

@@ -25,8 +25,9 @@ def build(args):
 
     engine = _load(args)  # loads, and quantizes with --quantize (glmstack.inference.quant.quantize_)
     speculative = None if args.speculative == "none" else args.speculative
-    sched = Scheduler(engine, args.max_running, args.max_waiting, speculative, args.draft, _prefix_cache(args),
-                      _monitor(args))
+    sched = Scheduler(
+        engine, args.max_running, args.max_waiting, speculative, args.draft, _prefix_cache(args), _monitor(args)
+    )
     name = args.served_model_name or Path(args.checkpoint).name
     return create_app(engine, name, _style(args, engine), sched, args.time_limit), sched
 
@@ -38,8 +39,12 @@ def _prefix_cache(args):
     mb = getattr(args, "prefix_cache_mb", 0)
     if not mb:
         return None
-    return PrefixCache(getattr(args, "prefix_block", 16), int(mb * 2**20), getattr(args, "fault_block", None),
-                       getattr(args, "fault_scale", 1.0))
+    return PrefixCache(
+        getattr(args, "prefix_block", 16),
+        int(mb * 2**20),
+        getattr(args, "fault_block", None),
+        getattr(args, "fault_scale", 1.0),
+    )
 
 
 def _monitor(args):
@@ -95,20 +100,38 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    ap.add_argument("--prefix-cache-mb", type=float, default=1024.0,
-                    help="memory for cached prompt-prefix KV blocks, reused across requests (0: off)")
+    ap.add_argument(
+        "--prefix-cache-mb",
+        type=float,
+        default=1024.0,
+        help="memory for cached prompt-prefix KV blocks, reused across requests (0: off)",
+    )
     ap.add_argument("--prefix-block", type=int, default=16, help="tokens per prefix-cache block")
-    ap.add_argument("--fault-block", type=int, default=None,
-                    help="testing only: corrupt the N-th cached block (shows the stress harness and monitor catch it)")
-    ap.add_argument("--fault-scale", type=float, default=1.0, help="testing only: the corruption's noise, x the block's std")
-    ap.add_argument("--monitor", choices=["flag", "abort", "off"], default="flag",
-                    help="--speculative mtp: what an acceptance anomaly does (glmstack.serve.monitor)")
+    ap.add_argument(
+        "--fault-block",
+        type=int,
+        default=None,
+        help="testing only: corrupt the N-th cached block (shows the stress harness and monitor catch it)",
+    )
+    ap.add_argument(
+        "--fault-scale", type=float, default=1.0, help="testing only: the corruption's noise, x the block's std"
+    )
+    ap.add_argument(
+        "--monitor",
+        choices=["flag", "abort", "off"],
+        default="flag",
+        help="--speculative mtp: what an acceptance anomaly does (glmstack.serve.monitor)",
+    )
     ap.add_argument("--monitor-min-length", type=float, default=1.4, help="acceptance length below: corrupted context")
     ap.add_argument("--monitor-max-rate", type=float, default=0.96, help="acceptance rate above: degenerate repetition")
     ap.add_argument("--monitor-min-tokens", type=int, default=128, help="the rules apply after this many tokens")
     ap.add_argument("--style", choices=["auto", "glm-4.5", "glm-4.7"], default="auto", help="chat format")
-    ap.add_argument("--replicas", type=int, default=1,
-                    help="engine processes behind one router, conversations pinned by consistent hashing (router.py)")
+    ap.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="engine processes behind one router, conversations pinned by consistent hashing (router.py)",
+    )
     args = ap.parse_args(argv)
     if args.replicas > 1:
         return _serve_replicas(args, sys.argv[1:] if argv is None else argv)

@@ -23,24 +23,45 @@ def prometheus_text(srv) -> str:
         ("engine_busy_seconds_total", "counter", "time the engine thread spent stepping", st["busy_s"]),
         ("engine_steps_total", "counter", "batched decode steps", st["steps"]),
     ]
-    rows.append(("prefill_tokens_computed_total", "counter", "prompt tokens prefilled (not from the prefix cache)",
-                 st["prefill_computed"]))
+    rows.append(
+        (
+            "prefill_tokens_computed_total",
+            "counter",
+            "prompt tokens prefilled (not from the prefix cache)",
+            st["prefill_computed"],
+        )
+    )
     if s.speculative:
         steps = max(st["spec_steps"], 1)
         rows += [
             ("speculative_verify_steps_total", "counter", "verify steps of finished requests", st["spec_steps"]),
             ("speculative_emitted_tokens_total", "counter", "tokens those steps emitted", st["spec_emitted"]),
             ("speculative_acceptance_length", "gauge", "mean tokens per verify step", st["spec_emitted"] / steps),
-            ("speculative_acceptance_rate", "gauge", "accepted / drafted tokens",
-             (st["spec_emitted"] - st["spec_steps"]) / (steps * s.draft_k)),
+            (
+                "speculative_acceptance_rate",
+                "gauge",
+                "accepted / drafted tokens",
+                (st["spec_emitted"] - st["spec_steps"]) / (steps * s.draft_k),
+            ),
         ]
         for rule, n in st["anomalies"].items():
-            rows.append((f'speculative_anomalies_total{{rule="{rule}"}}', "counter",
-                         f"generations the monitor flagged ({s.monitor.action})", n))
+            rows.append(
+                (
+                    f'speculative_anomalies_total{{rule="{rule}"}}',
+                    "counter",
+                    f"generations the monitor flagged ({s.monitor.action})",
+                    n,
+                )
+            )
     pc = s.prefix_cache
     if pc is not None:
         rows += [
-            ("prefix_cache_hit_tokens_total", "counter", "prompt tokens found in the prefix cache", pc.stats["hit_tokens"]),
+            (
+                "prefix_cache_hit_tokens_total",
+                "counter",
+                "prompt tokens found in the prefix cache",
+                pc.stats["hit_tokens"],
+            ),
             ("prefix_cache_query_tokens_total", "counter", "prompt tokens looked up", pc.stats["lookup_tokens"]),
             ("prefix_cache_hit_rate", "gauge", "hit tokens / looked-up tokens since start", pc.hit_rate),
             ("prefix_cache_bytes", "gauge", "bytes of cached KV blocks", pc.bytes),

@@ -183,7 +183,7 @@ def create_router(replicas: list[str]) -> FastAPI:
 
 
 def _metric(text: str, name: str) -> float:
-    m = re.search(rf"^glmstack:{name} ([0-9.eE+-]+)$", text, re.M)
+    m = re.search(rf"^glmstack:{name} ([0-9.eE+-]+)$", text, re.MULTILINE)
     return float(m.group(1)) if m else 0.0
 
 

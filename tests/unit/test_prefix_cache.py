@@ -94,7 +94,7 @@ def _served_equals_generate(preset: str, n: int = 12) -> tuple[int, dict]:
     sched.start()
     try:
         for i, p in enumerate(prompts):
-            emit = lambda ev, i=i: outs[i].append(ev.id) if isinstance(ev, Token) else done.release()  # noqa: E731
+            emit = lambda ev, i=i: outs[i].append(ev.id) if isinstance(ev, Token) else done.release()
             sched.submit([Job(prompt_ids=p, max_new_tokens=6, params=SamplingParams(temperature=0), seed=0, emit=emit)])
             if i % 3 == 2:
                 for _ in range(3):

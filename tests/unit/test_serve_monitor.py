@@ -11,11 +11,11 @@ from glmstack.inference.prefix_cache import PrefixCache
 from glmstack.inference.sampling import SamplingParams
 from glmstack.model import GLM, ModelConfig
 from glmstack.serve.monitor import AcceptanceMonitor, MonitorConfig
-from glmstack.serve.scheduler import Finished, Job, Scheduler, Token
+from glmstack.serve.scheduler import Job, Scheduler, Token
 
 
-def _run(steps, cfg=MonitorConfig(), k=2):
-    mon = AcceptanceMonitor(cfg, k)
+def _run(steps, cfg=None, k=2):
+    mon = AcceptanceMonitor(cfg or MonitorConfig(), k)
     hits = [mon.step(n) for n in steps]
     return mon, [h for h in hits if h]
 
@@ -53,11 +53,13 @@ def test_scheduler_flags_or_aborts(action):
     sched = Scheduler(engine, speculative="mtp", draft_k=2, prefix_cache=PrefixCache(8, 2**22),
                       monitor=MonitorConfig(min_tokens=8, action=action))  # fmt: skip
     got, fin, done = [], [], threading.Event()
-    emit = lambda ev: got.append(ev.id) if isinstance(ev, Token) else (fin.append(ev), done.set())  # noqa: E731
+    emit = lambda ev: got.append(ev.id) if isinstance(ev, Token) else (fin.append(ev), done.set())
     prompt = list(range(3, 40))
     sched.start()
     try:
-        sched.submit([Job(prompt_ids=prompt, max_new_tokens=30, params=SamplingParams(temperature=0), seed=0, emit=emit)])
+        sched.submit(
+            [Job(prompt_ids=prompt, max_new_tokens=30, params=SamplingParams(temperature=0), seed=0, emit=emit)]
+        )
         assert done.wait(120)
     finally:
         sched.stop()
