@@ -70,7 +70,11 @@ def _serve_replicas(args, argv: list[str]) -> int:
             skip = True
         elif not a.startswith(("--replicas=", "--port=", "--host=")):
             rest.append(a)
-    procs, urls = launch_replicas(rest, args.replicas)
+    try:
+        procs, urls = launch_replicas(rest, args.replicas)
+    except RuntimeError as e:
+        print(f"glmstack serve: {e}", file=sys.stderr)
+        return 2
     print(f"glmstack serve: router on http://{args.host}:{args.port}/ over {', '.join(urls)}", file=sys.stderr)
     try:
         uvicorn.run(create_router(urls), host=args.host, port=args.port, log_level="warning")
