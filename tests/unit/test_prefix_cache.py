@@ -113,3 +113,22 @@ def _served_equals_generate(preset: str, n: int = 12) -> tuple[int, dict]:
 def test_scheduler_with_prefix_cache_equals_no_cache_generate(preset):
     computed, stats = _served_equals_generate(preset)
     assert computed < stats["prompt_tokens"]  # the cache did serve part of the prompts
+
+
+def test_speculative_path_reuses_the_prefix_mla():
+    """--speculative mtp over the cache on an MLA model (latent cache + MTP catch-up from cached hidden states)."""
+    engine = Engine(GLM(ModelConfig.preset("tiny-glm47-flash", max_position_embeddings=256)).init_weights(seed=0))
+    sched = Scheduler(engine, speculative="mtp", draft_k=2, prefix_cache=PrefixCache(8, 2**22))
+    sched.start()
+    results = []
+    try:
+        for p in (list(range(3, 40)), list(range(3, 40)) + [9, 9, 9]):
+            got, done = [], threading.Event()
+            emit = lambda ev, got=got, done=done: got.append(ev.id) if isinstance(ev, Token) else done.set()
+            job = Job(prompt_ids=p, max_new_tokens=12, params=SamplingParams(temperature=0), seed=0, emit=emit)
+            sched.submit([job])
+            assert done.wait(120)
+            results.append((got == engine.generate([p], 12, stop_ids=[]).tokens[0], job.cached_tokens))
+    finally:
+        sched.stop()
+    assert results == [(True, 0), (True, 32)]
