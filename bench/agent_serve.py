@@ -96,14 +96,18 @@ def main() -> None:
     torch.set_num_threads(1)
     from serve_stress import build_random_checkpoint, stress
 
+    res = {}
     with tempfile.TemporaryDirectory() as d:
         if args.cmd == "stress":
             ckpt = build_random_checkpoint(Path(d) / "tiny")
             res = stress(ckpt, args.requests, args.concurrency, args.budget_mb, args.fault_block, args.seed)
         else:
+            h = args.hidden
             ckpt = build_random_checkpoint(Path(d) / "tiny", num_hidden_layers=args.layers,
-                                           first_k_dense_replace=args.layers)  # fmt: skip
-            res = turns(ckpt, args.turns, args.system_tokens, args.user_tokens, args.reply_tokens)
+                                           first_k_dense_replace=args.layers, hidden_size=h, intermediate_size=3 * h,
+                                           num_attention_heads=h // 32, num_key_value_heads=2, head_dim=32)  # fmt: skip
+            res["model"] = f"{args.layers} dense layers, hidden {h}"
+            res = turns(ckpt, args.turns, args.system_tokens, args.user_tokens, args.reply_tokens) | res
     res["load_avg_1min"] = round(__import__("os").getloadavg()[0], 1)
     res["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     print(json.dumps(res, indent=1))

@@ -111,11 +111,13 @@ def references(engine, reqs: list[Req]) -> dict[tuple, list[int]]:
 def check(reqs: list[Req], refs: dict) -> dict:
     """Counts: completed, cancelled, errors, mismatches (a completed output != its reference, or a cancelled one
     that is not a prefix of it)."""
-    out = {"requests": len(reqs), "completed": 0, "cancelled": 0, "errors": 0, "mismatches": 0}
+    out = {"requests": len(reqs), "completed": 0, "cancelled": 0, "errors": 0, "mismatches": 0, "error_kinds": {}}
     for r in reqs:
         ref = refs[(tuple(r.prompt), r.max_tokens)]
         if r.error:
             out["errors"] += 1
+            kind = r.error[:120]
+            out["error_kinds"][kind] = out["error_kinds"].get(kind, 0) + 1
         elif r.finish == "cancelled":
             out["cancelled"] += 1
             out["mismatches"] += r.got != ref[: len(r.got)]
