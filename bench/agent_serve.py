@@ -89,6 +89,7 @@ def main() -> None:
     t.add_argument("--user-tokens", type=int, default=24)
     t.add_argument("--reply-tokens", type=int, default=24)
     t.add_argument("--layers", type=int, default=4)
+    t.add_argument("--hidden", type=int, default=256, help="model width (heads of 32, 2 kv heads): prefill-bound")
     ap.add_argument("--out", default=None, help="write the result as JSON here")
     args = ap.parse_args()
     import torch
