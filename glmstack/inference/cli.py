@@ -56,18 +56,14 @@ def _load(args):
     a checkpoint without its MTP layer (written by transformers) loads without MTP, with a warning. Bad files raise
     a GlmstackError that `glmstack` prints as one line."""
     from glmstack.inference import Engine
-    from glmstack.inference.quant import QuantError, quantize_
+    from glmstack.inference.quant import quantize_
     from glmstack.model import load_hf
     from glmstack.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.load(args.checkpoint)
     model = load_hf(args.checkpoint, dtype=DTYPES.get(args.dtype), device=args.device, missing_mtp="drop")
-    if args.quantize:
-        try:
-            quantize_(model, args.quantize)
-        except QuantError as e:
-            print(f"glmstack: --quantize {args.quantize}: {e}", file=sys.stderr)
-            raise SystemExit(2) from None
+    if args.quantize:  # a model it cannot quantize raises QuantError, a GlmstackError: one line from `glmstack`
+        quantize_(model, args.quantize)
     return Engine(model, tokenizer)
 
 
@@ -216,10 +212,15 @@ def chat_main(argv: list[str] | None = None) -> int:
     )
     _common(ap, temperature=0.6, top_p=0.95, max_new=1024)
     ap.add_argument("--system", default=None, help="system message")
-    ap.add_argument("--tools", default=None, help="JSON file with OpenAI-style tool definitions, or 'builtin' "
-                    "(calculator + python)")
-    ap.add_argument("--run-tools", action="store_true", help="execute calls of the builtin tools (python runs in the "
-                    "sandbox) and let the model answer from the results")
+    ap.add_argument(
+        "--tools", default=None, help="JSON file with OpenAI-style tool definitions, or 'builtin' (calculator + python)"
+    )
+    ap.add_argument(
+        "--run-tools",
+        action="store_true",
+        help="execute calls of the builtin tools (python runs in the "
+        "sandbox) and let the model answer from the results",
+    )
     ap.add_argument("--no-think", action="store_true", help="disable thinking (enable_thinking=False)")
     ap.add_argument("--stats", action="store_true", help="print speed/acceptance stats after each reply")
     args = ap.parse_args(argv)
@@ -250,4 +251,3 @@ def chat_main(argv: list[str] | None = None) -> int:
             if not (args.run_tools and reply.get("tool_calls")):
                 break
             messages += _run_tools(reply["tool_calls"])
-
