@@ -178,7 +178,8 @@ def loader_options(kind: str, packing: str) -> set[str]:
 
         cls = {"concat": mod.PretrainLoader, "best_fit": mod.PackedLoader}[packing]
         classes = [c for c in cls.__mro__ if "__init__" in vars(c) and c is not object]
-    return {name for c in classes for name in inspect.signature(c.__init__).parameters} - STAGE_LOADER_ARGS
+    own = {name for c in classes for name in inspect.signature(c.__init__).parameters} - STAGE_LOADER_ARGS
+    return own | {"blank_infilling"}  # GLM blank infilling around the loader (stage.build_data)
 
 
 # Fields that may differ between the config a checkpoint was written with and the one resuming from it.
