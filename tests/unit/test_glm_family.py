@@ -166,3 +166,16 @@ def test_options_stay_out_of_a_default_config_json():
     assert back.deepnorm and back.position_2d and back.embedding_grad_shrink == 1.0  # shrink: training-only
     with pytest.raises(Exception, match="position_2d"):
         ModelConfig.preset("tiny", position_2d=True, partial_rotary_factor=0.125)  # rotary dim 2: not two halves
+
+
+def test_glm2021_recipe_trains_on_the_one_loop(tmp_path):
+    from glmstack.train.stage import load_config, run
+
+    cfg = load_config("glm2021", "pretrain", [
+        "steps=3", "seq_len=32", "micro_batch_size=2", f"out_dir={tmp_path}", "log.progress=false",
+        "log.plots=false", "log.val_every=0", "ckpt.every=3", "schedule.warmup_steps=1",
+        "schedule.batch_warmup_tokens=0", "schedule.batch_warmup_start_tokens=0"])
+    result = run(cfg)
+    assert result["stopped"] == "done" and math.isfinite(result["loss"])
+    saved = ModelConfig.from_hf(result["checkpoint"])
+    assert saved.position_2d and not saved.deepnorm
