@@ -5,7 +5,7 @@ mix of the paper's §2.3 (half blank infilling [MASK], half generation objective
 tail spans). Sentences of the synthetic stream end at ids below 32 (~1 token in 15).
 
     glmstack pretrain glm2021                              # ~1-2 min on a CPU
-    glmstack pretrain glm2021 --set data.options.blank_infilling.weights='{"mask": 1.0}'
+    glmstack pretrain glm2021 --set 'data.options={"reserved_ids": 5, "blank_infilling": {"weights": {"mask": 1}}}'
 
 GLM-130B's stabilisers are model options any recipe can set: `--set model_overrides.deepnorm=true`,
 `--set model_overrides.embedding_grad_shrink=0.1` (docs/model.md, "GLM-family options").

@@ -179,3 +179,11 @@ def test_glm2021_recipe_trains_on_the_one_loop(tmp_path):
     assert result["stopped"] == "done" and math.isfinite(result["loss"])
     saved = ModelConfig.from_hf(result["checkpoint"])
     assert saved.position_2d and not saved.deepnorm
+
+
+def test_bad_blank_options_are_one_config_error():
+    from glmstack.config import ConfigError
+    from glmstack.train.stage import load_config
+
+    with pytest.raises(ConfigError, match="data.options.blank_infilling: .*bogus"):
+        load_config("glm2021", "pretrain", ['data.options={"blank_infilling": {"weights": {"bogus": 1}}}'])
