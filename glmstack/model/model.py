@@ -197,7 +197,7 @@ class GLM(nn.Module):
             offset = cache.seq_len if cache is not None else 0
             position_ids = (torch.arange(T, device=input_ids.device) + offset).expand(B, T)
         if (segment_ids is not None or prefix_len is not None) and cache is not None:
-            raise ValueError("segment_ids with a KV cache: give the mask through cache.attention_mask instead")
+            raise ValueError("segment_ids or prefix_len with a KV cache: give the mask through cache.attention_mask instead")
         if prefix_len is not None:
             mask = prefix_lm_mask(prefix_len, T, segment_ids)
         else:
