@@ -1,8 +1,8 @@
 """Ablations of issue 21 on a micro GLM, every arm trained by the one training loop (glmstack/train/loop.py).
 
   blank   GLM blank infilling (glm2021's objective mix) vs plain causal LM, same architecture (2D RoPE, no MTP):
-          infill_nll = mean NLL of held-out [MASK] span tokens (blank: Part B, both-side context; causal: the same
-          tokens under left-to-right LM, left context only);  l2r_nll = mean NLL of a document's second half given
+          infill_nll = mean NLL of held-out [MASK] span tokens but a document's first (blank: Part B, both-side
+          context; causal: the same tokens under left-to-right LM, left context only);  l2r_nll = mean NLL of a document's second half given
           its first half (blank: [gMASK] format; causal: plain LM).
   stab    Pre-LN vs DeepNorm vs embedding-gradient shrink (a = 0.1) at a high AdamW lr: final loss, spikes (steps
           whose loss exceeds the running mean (EMA 0.9) by > 20%), max grad norm.
@@ -91,8 +91,10 @@ def evaluate(model, blank: bool, seed: int) -> dict:
         for name, spans in tasks.items():
             mask_id = ids["gmask"] if name == "l2r" else ids["mask"]
             s = build_sample(doc, spans, mask_id, ids["sop"], ids["eop"], shuffle=False)
-            if blank:  # score the span tokens only (not <eop>)
+            if blank:  # score the span tokens only (not <eop>), and not a document's first token (as causal)
                 labels = [t if t != ids["eop"] else -100 for t in s["labels"].tolist()]
+                if spans[0][0] == 0:  # Part B in document order: the first span's first target
+                    labels[s["prefix_len"]] = -100
                 got = nll(model, s["input_ids"].tolist(), labels, s["position_ids"].tolist(), s["prefix_len"])
             else:  # causal LM on the original document, scored on the same tokens
                 labels = [-100] * (len(doc) - 1)
@@ -137,6 +139,7 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=3e-2)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--clip", type=float, default=1.0, help="stab: grad-norm clip (0 = off)")
+    p.add_argument("--arms", nargs="+", default=None, help="run only these arms (names as printed)")
     args = p.parse_args()
     torch.set_num_threads(1)
     MICRO["num_hidden_layers"] = MICRO["first_k_dense_replace"] = args.layers
@@ -145,6 +148,7 @@ def main() -> None:
     else:
         arms = {"Pre-LN": (False, {}), "DeepNorm": (False, {"deepnorm": True}),
                 "shrink a=0.1": (False, {"embedding_grad_shrink": 0.1})}
+    arms = {a: v for a, v in arms.items() if args.arms is None or a in args.arms}
     results: dict[str, list[dict]] = {a: [] for a in arms}
     for seed in args.seeds:  # arms interleaved per seed: load drift hits them alike
         for arm, (blank, over) in arms.items():
