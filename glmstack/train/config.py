@@ -197,7 +197,9 @@ def loader_options(kind: str, packing: str) -> set[str]:
 
 
 # Fields that may differ between the config a checkpoint was written with and the one resuming from it.
-RESUME_MAY_CHANGE = ("steps", "ckpt.", "log.", "guard.", "device", "compile", "dist.", "data.path", "data.val_path")
+RESUME_MAY_CHANGE = (
+    "steps", "ckpt.", "log.", "guard.", "device", "compile", "dist.", "data.path", "data.val_path", "optim_state"
+)
 
 
 def resume_conflicts(old: dict, new: dict) -> list[str]:
