@@ -155,6 +155,7 @@ def problems(cfg: TrainConfig) -> list[str]:
     if bad:
         p.append(f"data.options: unknown key(s) {', '.join(bad)} for the {cfg.data.kind} loader; "
                  f"valid: {', '.join(sorted(allowed)) or 'none'}")
+    p += _blank_problems(cfg.data.options.get("blank_infilling"))
     if cfg.device != "auto":
         import torch
 
@@ -163,6 +164,19 @@ def problems(cfg: TrainConfig) -> list[str]:
         except RuntimeError:
             p.append(f"device: {cfg.device!r} is not a torch device (auto, cpu, cuda, cuda:N)")
     return p
+
+
+def _blank_problems(blank) -> list[str]:
+    """data.options.blank_infilling must build a BlankConfig (glmstack/data/blank_infilling.py)."""
+    if blank is None:
+        return []
+    from glmstack.data.blank_infilling import BlankConfig
+
+    try:
+        BlankConfig(**blank)
+    except (TypeError, ValueError) as e:
+        return [f"data.options.blank_infilling: {e}"]
+    return []
 
 
 def loader_options(kind: str, packing: str) -> set[str]:
@@ -178,7 +192,8 @@ def loader_options(kind: str, packing: str) -> set[str]:
 
         cls = {"concat": mod.PretrainLoader, "best_fit": mod.PackedLoader}[packing]
         classes = [c for c in cls.__mro__ if "__init__" in vars(c) and c is not object]
-    return {name for c in classes for name in inspect.signature(c.__init__).parameters} - STAGE_LOADER_ARGS
+    own = {name for c in classes for name in inspect.signature(c.__init__).parameters} - STAGE_LOADER_ARGS
+    return own | {"blank_infilling"}  # GLM blank infilling around the loader (stage.build_data)
 
 
 # Fields that may differ between the config a checkpoint was written with and the one resuming from it.

@@ -63,6 +63,7 @@ def pretrain_loss(model, batch: dict, values: dict) -> tuple[torch.Tensor, dict]
         segment_ids=batch.get("segment_ids"),
         mtp_weight=values["mtp_weight"],
         aux_loss_weight=values["aux_loss_weight"],
+        **({"prefix_len": batch["prefix_len"]} if "prefix_len" in batch else {}),  # GLM blank infilling's Part A
     )
     metrics = {"lm_loss": out.lm_loss.detach()}
     if getattr(out, "mtp_loss", None):

@@ -27,13 +27,17 @@ class SyntheticLM:
         seed: int = 0,
         branching: int = 4,
         split: str = "train",
+        reserved_ids: int = 0,
     ):
+        """reserved_ids: the top ids of the vocabulary never appear in the text (special tokens of a transform,
+        e.g. blank infilling's [MASK] ... <eop>); 0 = the whole vocabulary (the default stream)."""
         self.vocab_size, self.seq_len, self.batch_size = vocab_size, seq_len, batch_size
         self.rank, self.world_size, self.seed = rank, world_size, seed
         self.stream = 0 if split == "train" else 1  # validation draws from a disjoint stream
         self.position = 0
         g = torch.Generator().manual_seed(seed)  # the chain itself is shared by every rank and split
-        self.successors = torch.randint(0, vocab_size, (vocab_size, branching), generator=g)  # (V, k)
+        self.n_text = vocab_size - reserved_ids  # ids that appear in the text
+        self.successors = torch.randint(0, self.n_text, (vocab_size, branching), generator=g)  # (V, k)
 
     def batch(self, index: int) -> dict[str, torch.Tensor]:
         """The `index`-th batch of this rank (pure in seed, rank, index)."""
@@ -42,7 +46,7 @@ class SyntheticLM:
         g = torch.Generator().manual_seed(mix % (2**63))
         B, T = self.batch_size, self.seq_len
         tokens = torch.empty(B, T + 1, dtype=torch.long)
-        tokens[:, 0] = torch.randint(0, self.vocab_size, (B,), generator=g)
+        tokens[:, 0] = torch.randint(0, self.n_text, (B,), generator=g)
         choice = torch.randint(0, self.successors.shape[1], (B, T), generator=g)
         for t in range(T):
             tokens[:, t + 1] = self.successors[tokens[:, t], choice[:, t]]
