@@ -182,7 +182,10 @@ def loader_options(kind: str, packing: str) -> set[str]:
 
 
 # Fields that may differ between the config a checkpoint was written with and the one resuming from it.
-RESUME_MAY_CHANGE = ("steps", "ckpt.", "log.", "guard.", "device", "compile", "dist.", "data.path", "data.val_path")
+RESUME_MAY_CHANGE = (
+    "steps", "ckpt.", "log.", "guard.", "device", "compile", "dist.", "data.path", "data.val_path",
+    "out_dir",  # a run folder moved to another cluster or disk
+)
 
 
 def resume_conflicts(old: dict, new: dict) -> list[str]:
