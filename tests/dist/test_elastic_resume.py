@@ -4,11 +4,13 @@ The checkpoint's resume format is DCP (glmstack/train/resharding.py): model, Muo
 saved per rank with their global shapes and re-cut for the new layout. Each resume first re-saves step 2 without
 training (the weights after loading, gathered: they must equal the saved ones bit for bit), then trains steps 3-4.
 
-Tolerance for the losses, 1e-5 relative: every layout computes the same fp32 math but sums gradients in another
-order (FSDP2's reduce-scatter, DDP's all-reduce, one process's accumulation, EP's all-to-all). Such differences
-are last-bit (~1e-7 relative per reduction; tests/dist/test_train_dist.py measured <= 6e-8 over 4 steps), and
-Newton–Schulz runs in fp32 here (optim.ns_dtype=float32) so bf16 rounding cannot amplify them. A wrong data
-position or a lost optimizer state moves the step-3 loss by far more (measured below, printed).
+Tolerance for the losses, 5e-5 relative: every layout computes the same fp32 math but sums in another order
+(FSDP2's reduce-scatter, DDP's all-reduce, one process's accumulation, EP's all-to-all dispatch and combine), and
+Newton–Schulz runs in fp32 here (optim.ns_dtype=float32) so bf16 rounding cannot amplify that. Measured at
+steps 3-4: one process 0.0, DDP 0.0, EP 2 + FSDP2 5.1e-6 (the forward's expert sums in another order, grown by one
+Muon step). What the bound must catch: resuming with the optimizer state lost (weights and data right) moves the
+step-4 loss by 5.0e-4 relative; a wrong data position changes the batch and so the step-3 loss by far more. 5e-5
+is 10x above the noise and 10x below the smallest error.
 
 Data: the synthetic stream's batch g (global index) is a pure function of g; the position is saved in global
 batches, so the resumed run must continue at the same global batch on any number of ranks: the rank files of
@@ -42,7 +44,7 @@ BASE = [
     "schedule.warmup_steps=1",
     "optim.ns_dtype=float32",
 ]
-TOL = 1e-5
+TOL = 5e-5
 
 
 def _free_port() -> int:
