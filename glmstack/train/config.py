@@ -74,6 +74,7 @@ class LogConfig:
     val_every: int = 0  # steps between validation losses (0 = never)
     val_batches: int = 4  # micro-batches per validation
     tensorboard: bool = False  # also write TensorBoard scalars
+    wandb: Literal["off", "offline", "online"] = "off"  # also Weights & Biases (offline: no network; `wandb sync`)
     plots: bool = True  # PNG plots from metrics.jsonl at the end
     progress: bool = True  # tqdm bar on rank 0
     peak_flops: float = 989e12  # accelerator bf16 peak for MFU (H100 SXM dense); 0 disables MFU

@@ -313,7 +313,8 @@ def train(
         for leftover in checkpoint.clean_partial(stage_dir):
             print(f"removed {leftover}, the partial checkpoint of an interrupted save", flush=True)
     state = _resume(stage_dir, cfg, model, optimizer, data)
-    metrics = Metrics(stage_dir, enabled=rank0, tensorboard=cfg.log.tensorboard)
+    metrics = Metrics(stage_dir, enabled=rank0, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb,
+                      name=f"{cfg.run}/{cfg.stage}", config=to_dict(cfg))
     metrics.truncate_after(state.step)
     if rank0:
         stage_dir.mkdir(parents=True, exist_ok=True)
