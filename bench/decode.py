@@ -210,12 +210,13 @@ def speculative_speedup(
     vocab = frequent_tokens(sample(64, 32, torch.Generator().manual_seed(5)), draft_vocab) if draft_vocab else None
     variants = [(0, None)] + [(k, None) for k in ks] + ([(k, vocab) for k in ks] if draft_vocab else [])
     times = {v[0] if v[1] is None else (v[0], "dv"): [] for v in variants}
+    cpu = {key: [] for key in times}  # CPU time of the process: less inflated than wall clock by a busy machine
     stats = {}
     for _ in range(repeats):
         for (k, dv), key in zip(variants, times):
             engine.draft_vocab = dv
             kw = {"speculative": "mtp", "draft_k": k} if k else {}
-            t, res = time_ours(engine, prompts, n, **kw)
+            t, res = time_ours(engine, prompts, n, cpu[key], **kw)
             assert res.tokens == plain_ref, "speculative output differs from plain greedy"
             times[key].append(t)
             stats[key] = res.stats
@@ -233,15 +234,53 @@ def speculative_speedup(
             "ms_per_token": 1e3 * statistics.median(times[key]) / n,
             "plain_ms_per_token": 1e3 * base / n,
             "speedup": base / statistics.median(times[key]),
+            "cpu_time_speedup": statistics.median(cpu[0]) / statistics.median(cpu[key]),
         }
         print(
             f"batch {batch} k={k}{'' if row['draft_vocab'] is None else f' draft vocab {draft_vocab}'}: accepted "
             f"length {row['mean_accepted_length']:.2f}, per depth {row['acceptance_per_depth']}, "
-            f"{row['ms_per_token']:.2f} ms/token vs plain {row['plain_ms_per_token']:.2f}: x{row['speedup']:.2f}",
+            f"{row['ms_per_token']:.2f} ms/token vs plain {row['plain_ms_per_token']:.2f}: x{row['speedup']:.2f} "
+            f"(CPU time x{row['cpu_time_speedup']:.2f})",
             flush=True,
         )
         rows.append(row)
     return rows
+
+
+@torch.inference_mode()
+def phase_times(model, sample, ks, repeats: int = 30, draft_vocab=None) -> dict:
+    """Per-phase costs at batch 1 after a 32-token prompt (ms, medians over `repeats` rounds, each phase rewound): a
+    plain step (1 token), a verify block (k + 1 tokens), one MTP step (1 position); each round runs them one after
+    the other, so, as in the decode loop, no phase finds its weights left in cache by itself."""
+    from glmstack.inference import KVCache
+    from glmstack.inference.fast import FastForward
+
+    fwd = FastForward(model, 256, {}, draft_vocab=draft_vocab)
+    cache, ids = KVCache(1, 256), sample(1, 40, torch.Generator().manual_seed(99))
+    n, mtp = model.cfg.num_hidden_layers, model.cfg.num_hidden_layers
+    pos = torch.arange(40)[None]
+    _, h = fwd.forward(ids[:, :32], pos[:, :32], cache)
+    fwd.mtp_step(0, ids[:, 1:33], h, pos[:, :32], cache)
+
+    main_layers, phases = range(n), {}
+    phases["plain"] = (lambda: fwd.forward(ids[:, 32:33], pos[:, 32:33], cache, last_only=True), 1, main_layers)
+    for k in ks:
+        block = (ids[:, 32 : 33 + k], pos[:, 32 : 33 + k])
+        phases[f"verify_{k + 1}"] = (lambda block=block: fwd.forward(*block, cache), k + 1, main_layers)
+    phases["mtp_step"] = (lambda: fwd.mtp_step(0, ids[:, 33:34], h[:, -1:], pos[:, 32:33], cache), 1, [mtp])
+    times = {name: [] for name in phases}
+    for _ in range(repeats):  # the phases interleaved, so that load on a shared machine hits them alike
+        for name, (fn, drop, layers) in phases.items():
+            t = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t)
+            cache.rewind(drop, layers=layers)
+    return {name: 1e3 * statistics.median(ts) for name, ts in times.items()}
+
+
+def bound(phases: dict, k: int, accepted: float) -> float:
+    """Speedup at most: accepted tokens per round x plain step / (verify + catch-up + k - 1 draft steps)."""
+    return accepted * phases["plain"] / (phases[f"verify_{k + 1}"] + k * phases["mtp_step"])
 
 
 def main(argv=None) -> int:
@@ -279,6 +318,18 @@ def main(argv=None) -> int:
         ks = tuple(int(k) for k in args.ks.split(","))
         result["mtp"] = speculative_speedup(model, sample, args.new_tokens, args.repeats, ks=ks,
                                             draft_vocab=args.draft_vocab)
+        vocab = None
+        if args.draft_vocab:
+            vocab = frequent_tokens(sample(64, 32, torch.Generator().manual_seed(5)), args.draft_vocab)
+        for dv in (None, vocab) if vocab is not None else (None,):
+            phases = phase_times(model, sample, ks, draft_vocab=dv)
+            print(f"phases (ms{'' if dv is None else f', draft vocab {len(dv)}'}): "
+                  + ", ".join(f"{k} {v:.3f}" for k, v in phases.items()), flush=True)
+            for row in result["mtp"]:
+                if row["batch"] == 1 and (row["draft_vocab"] is None) == (dv is None):
+                    row["bound"] = bound(phases, row["k"], row["mean_accepted_length"])
+                    print(f"  k={row['k']}: bound x{row['bound']:.2f} (accepted {row['mean_accepted_length']:.2f}), "
+                          f"measured x{row['speedup']:.2f}", flush=True)
         if not args.skip_batch8:
             result["mtp"] += speculative_speedup(model, sample, args.new_tokens, args.repeats, batch=8, ks=(2, 4))
     if args.out:

@@ -1,7 +1,8 @@
 """INT4 / FP8 weights (glmstack.inference.quant) against full precision: perplexity on held-out text, weight memory,
 decode speed, in one process.
 
-The model (default: the speedrun's, /work/runs/speedrun/model) is loaded in fp32 and copied per variant:
+The model (default: the speedrun's, runs/speedrun/model from `glmstack speedrun --out runs/speedrun`) is loaded in
+fp32 and copied per variant:
   fp32 fast   the engine's fast path (the default for an unquantized model)
   fp32 ref    the model's own forward, the path quantized models decode through (so the kernels compare alike)
   int4        quantize_(model, "int4"): group-wise, torch's int4 weight-only GEMM (bf16 activations)
@@ -52,8 +53,8 @@ def perplexity(model, windows: torch.Tensor, batch: int = 8) -> float:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="/work/runs/speedrun/model")
-    ap.add_argument("--data", default="/work/runs/speedrun/data/pretrain/eval", help="held-out token shards")
+    ap.add_argument("--model", default="runs/speedrun/model", help="checkpoint folder (make speedrun writes this one)")
+    ap.add_argument("--data", default="runs/speedrun/data/pretrain/eval", help="held-out token shards")
     ap.add_argument("--windows", type=int, default=64)
     ap.add_argument("--seq", type=int, default=129, help="tokens per window (seq - 1 predictions)")
     ap.add_argument("--new-tokens", type=int, default=64)
@@ -85,7 +86,8 @@ def main(argv=None) -> int:
         ppl = ppl0 if name.startswith("fp32") else perplexity(model, windows)
         rows.append({
             "weights": name, "perplexity": ppl, "ppl_change_pct": 100 * (ppl / ppl0 - 1),
-            "weight_mib": weight_bytes(model) / 2**20, "ms_per_token": 1e3 * statistics.median(times[name]) / args.new_tokens,
+            "weight_mib": weight_bytes(model) / 2**20,
+            "ms_per_token": 1e3 * statistics.median(times[name]) / args.new_tokens,
             "same_tokens": same,
         })
     print(f"model {args.model}, held-out {len(windows)} x {args.seq} tokens from {args.data}, {args.threads} thread(s)")

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from glmstack.errors import ConfigError
 from glmstack.model.hf import DTYPES
 
 DIM, RESET = "\x1b[2m", "\x1b[0m"
@@ -55,18 +56,14 @@ def _load(args):
     a checkpoint without its MTP layer (written by transformers) loads without MTP, with a warning. Bad files raise
     a GlmstackError that `glmstack` prints as one line."""
     from glmstack.inference import Engine
-    from glmstack.inference.quant import QuantError, quantize_
+    from glmstack.inference.quant import quantize_
     from glmstack.model import load_hf
     from glmstack.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.load(args.checkpoint)
     model = load_hf(args.checkpoint, dtype=DTYPES.get(args.dtype), device=args.device, missing_mtp="drop")
-    if args.quantize:
-        try:
-            quantize_(model, args.quantize)
-        except QuantError as e:
-            print(f"glmstack: --quantize {args.quantize}: {e}", file=sys.stderr)
-            raise SystemExit(2) from None
+    if args.quantize:  # a model it cannot quantize raises QuantError, a GlmstackError: one line from `glmstack`
+        quantize_(model, args.quantize)
     return Engine(model, tokenizer)
 
 
@@ -201,7 +198,12 @@ def _tools(spec: str | None):
         from glmstack.posttrain.tools import TOOLS
 
         return TOOLS
-    return json.loads(Path(spec).read_text()) if spec else None
+    if not spec:
+        return None
+    try:
+        return json.loads(Path(spec).read_text())
+    except (OSError, ValueError) as e:  # a missing file, or not JSON: one line naming it
+        raise ConfigError(f"--tools {spec}: not a readable JSON file of tool definitions ({e})") from None
 
 
 def chat_main(argv: list[str] | None = None) -> int:

@@ -21,7 +21,7 @@ style FP8 folder and `load_hf` of such a folder builds this model with the FP8 w
     from glmstack.inference.quant import quantize_, weight_bytes
     quantize_(model, "int4")                       # or "fp8"; then Engine(model, tok).generate(...)
     glmstack generate CKPT --quantize int4 --prompt "..."        # also chat / serve
-    python bench/quant.py --model /work/runs/speedrun/model      # perplexity, memory, decode speed
+    python bench/quant.py --model runs/speedrun/model      # perplexity, memory, decode speed
 Shape legend: N output features, K input features, E experts, F expert width, T tokens.
 """
 
@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from glmstack.errors import GlmstackError
 from glmstack.model.attention import Attention
 from glmstack.model.moe import MoE
 
@@ -41,8 +42,8 @@ INT4_GROUP = 128
 FP8_CONFIG = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
 
 
-class QuantError(ValueError):
-    """A model or scheme quantize_ cannot handle; the message says which."""
+class QuantError(GlmstackError):
+    """A model or scheme quantize_ cannot handle; the message says which (`glmstack` prints it as one line)."""
 
 
 # ---------------------------------------------------------------- FP8 (block-wise e4m3)
@@ -219,23 +220,34 @@ def quantize_(model, scheme: str, group_size: int = INT4_GROUP):
     return model
 
 
-def fp8_skeleton_(model) -> None:
-    """Swap in empty FP8 layers on a meta-built model, for load_hf to fill from a released FP8 folder."""
+def fp8_skeleton_(model, names=None) -> None:
+    """Swap in empty FP8 layers on a meta-built model, for load_hf to fill from a released FP8 folder. names: the
+    folder's tensor names; then only the layers it stores in FP8 (those with a `weight_scale_inv`) are swapped, so
+    a checkpoint that keeps some of them in bf16 (e.g. its MTP layer) loads as it is."""
+    from glmstack.model.hf import _hf_prefix
+
     qc = model.cfg.hf_metadata.get("quantization_config") or {}
     if qc.get("quant_method") != "fp8" or list(qc.get("weight_block_size", [])) != [FP8_BLOCK, FP8_BLOCK]:
         raise QuantError(f"quantization_config {qc}: only fp8 with weight_block_size [128, 128] is supported")
+    path = {id(m): p for p, m in model.named_modules()}
+
+    def stored_fp8(module, suffix: str) -> bool:
+        hf = _hf_prefix(f"{path[id(module)]}.{suffix}", model.cfg.num_hidden_layers)
+        return names is None or hf in names
+
     linears, banks = _targets(model)
     for parent, name, lin in linears:
-        dt = lin.weight.dtype
-        setattr(parent, name, FP8Linear(lin.in_features, lin.out_features, lin.bias is not None, "meta", dt))
+        if stored_fp8(lin, "weight_scale_inv"):
+            dt = lin.weight.dtype
+            setattr(parent, name, FP8Linear(lin.in_features, lin.out_features, lin.bias is not None, "meta", dt))
     for moe in banks:
+        if not stored_fp8(moe.experts, "0.gate_proj.weight_scale_inv"):
+            continue
         E, D, F_ = moe.experts.down_proj.shape
         dt = moe.experts.down_proj.dtype
-
-        def fp8(k, n):
-            return FP8Linear(k, n, False, "meta", dt)
-
-        moe.experts = QuantExperts(_Expert(fp8(D, F_), fp8(D, F_), fp8(F_, D)) for _ in range(E))
+        moe.experts = QuantExperts(
+            _Expert(*(FP8Linear(k, n, False, "meta", dt) for k, n in ((D, F_), (D, F_), (F_, D)))) for _ in range(E)
+        )
     model.quant_scheme = "fp8"
 
 

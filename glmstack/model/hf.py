@@ -163,7 +163,7 @@ def load_hf(folder: str | os.PathLike, dtype: torch.dtype | None = None, device=
         from glmstack.inference.quant import QuantError, fp8_skeleton_
 
         try:
-            fp8_skeleton_(model)
+            fp8_skeleton_(model, set(checkpoint_files(folder)))
         except QuantError as e:
             raise CheckpointError(f"{folder / 'config.json'}: {e}") from None
     tensors = checkpoint_tensors(model, folder)  # checked here, before anything is allocated

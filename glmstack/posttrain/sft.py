@@ -82,9 +82,9 @@ def data_files(entries: list[str], out: Path, n: int, seed: int, split: str) -> 
 
 def load_tokenizer(cfg: SFTConfig):
     from glmstack.tokenizer import Tokenizer
-    from glmstack.train.stage import resolve_checkpoint
+    from glmstack.train.checkpoint import resolve
 
-    folder = Path(cfg.sft.tokenizer) if cfg.sft.tokenizer else resolve_checkpoint(cfg.init_from, cfg.out_dir)
+    folder = Path(cfg.sft.tokenizer) if cfg.sft.tokenizer else resolve(cfg.init_from, cfg.out_dir)
     if not (folder / "tokenizer.json").exists():
         raise ConfigError(f"no tokenizer.json in {folder} (set sft.tokenizer=FOLDER)")
     return Tokenizer.load(folder)

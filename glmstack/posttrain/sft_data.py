@@ -23,6 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from glmstack.atomic import write_atomic
 from glmstack.chat import encode
 from glmstack.chat.schema import check_messages, trains
 from glmstack.config import ConfigError
@@ -192,9 +193,10 @@ def write_jsonl(records, path: str | Path) -> Path:
     """Records as JSONL (atomic: written to a temporary name, then renamed)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        for r in records:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    tmp.replace(path)
-    return path
+
+    def write(tmp: Path) -> None:
+        with tmp.open("w", encoding="utf-8") as f:
+            for r in records:
+                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+
+    return write_atomic(path, write)

@@ -92,7 +92,8 @@ def midtrain(minutes: float = 15, out: str = "runs/speedrun", seed: int = 0, voc
     cfg.seq_len, cfg.micro_batch_size, cfg.rope_theta = size.mid_seq_len, size.batch_size // 2, 1e6
     cfg.data = dataclasses.replace(cfg.data, packing="best_fit", path=str(out / "data" / "midtrain" / "train"),
                                    val_path=str(out / "data" / "midtrain" / "eval"))
-    cfg.schedule = dataclasses.replace(cfg.schedule, warmup_steps=0, step_offset=size.pretrain_steps,
+    cfg.schedule = dataclasses.replace(cfg.schedule, step_offset=size.pretrain_steps,  # warm-up kept: same curve
+                                       rewarmup_steps=cfg.schedule.warmup_steps,  # if optimizer state is not carried
                                        mtp_weight=[[0, 0.1]], balance_rate=[[0, 0.0]])
     cfg.ckpt.every = max(10, size.midtrain_steps // 3)
     cfg.log.every = max(1, size.midtrain_steps // 50)

@@ -69,3 +69,21 @@ def test_bfcl_prompt_goes_through_glm_template(checkpoint):
     prompt = client.prompt_text(item.request)
     assert prompt.startswith("[gMASK]<sop><|system|>") and "calculate_triangle_area" in prompt
     assert prompt.endswith("<|assistant|>\n<think></think>")
+
+
+def test_prompts_longer_than_the_context_fail_without_stopping_the_run(checkpoint, tmp_path):
+    from glmstack.eval.client import LocalClient
+    from glmstack.eval.humaneval import HumanEvalTask
+    from glmstack.eval.runner import run_task
+    from glmstack.eval.store import ResultStore
+
+    client = LocalClient.from_checkpoint(str(checkpoint / "ckpt"))
+    client.engine.cfg.max_position_embeddings = 160  # HumanEval prompts here are ~60-500 tokens
+    task = HumanEvalTask(style="base")
+    task.max_tokens = 8
+    items = task.items(6)
+    lengths = [len(client.engine.tokenizer.encode(it.request["prompt"])) for it in items]
+    assert min(lengths) < 152 and max(lengths) >= 160  # some fit, some do not
+    summary = run_task(task, client, ResultStore(tmp_path / "r.jsonl"), limit=6, progress=False)
+    assert summary["overall"]["items"] == 6
+    assert summary["overall"]["prompt_too_long"] == sum(n >= 160 for n in lengths)

@@ -1,7 +1,7 @@
 """glmstack.chat.render == the official GLM chat templates rendered by transformers' jinja code.
 
 References: the official templates vendored in glmstack/chat/templates (glm-4.6.jinja for style "glm-4.5",
-glm-4.7.jinja for "glm-4.7"; checked byte-equal to /work/shared/reference/chat_templates when present), rendered with `transformers.utils.chat_template_utils.render_jinja_template` (trim_blocks,
+glm-4.7.jinja for "glm-4.7"; checked byte-equal to ../shared/reference/chat_templates when present, tests/reference.py), rendered with `transformers.utils.chat_template_utils.render_jinja_template` (trim_blocks,
 lstrip_blocks, tojson = json.dumps(ensure_ascii=False)), i.e. exactly what `apply_chat_template(tokenize=False)`
 returns. Conversations come from hypothesis: all roles, unicode, list contents, reasoning in both forms, tool calls
 with nested arguments, consecutive tool results, thinking on/off, clear_thinking.

@@ -78,14 +78,15 @@ def test_quantized_model_is_close_and_decodes_as_its_own_forward(scheme):
     assert engine.generate(prompts, 8, stop_ids=[], speculative="mtp", draft_k=2).tokens == res.tokens
 
 
-def write_released_fp8(model, folder):
+def write_released_fp8(model, folder, keep=()):
     """The layout of released GLM FP8 checkpoints, written here without glmstack's quantizer: every linear weight
-    of the decoder blocks as float8_e4m3fn with a `weight_scale_inv` per 128 x 128 block; the rest as it is."""
+    of the decoder blocks (but those starting with a `keep` prefix) as float8_e4m3fn with a `weight_scale_inv` per
+    128 x 128 block; the rest as it is."""
     save_hf(model, folder)
     tensors = load_file(str(folder / "model.safetensors"))
     linear = (".self_attn.q_proj.weight", ".self_attn.k_proj.weight", ".self_attn.v_proj.weight",
               ".self_attn.o_proj.weight", "gate_proj.weight", "up_proj.weight", "down_proj.weight")
-    for key in [k for k in tensors if k.endswith(linear)]:
+    for key in [k for k in tensors if k.endswith(linear) and not k.startswith(tuple(keep))]:
         w = tensors[key]
         n, k = -(-w.shape[0] // 128), -(-w.shape[1] // 128)
         scale, w8 = torch.empty(n, k), torch.empty(w.shape)
@@ -110,7 +111,8 @@ def test_released_style_fp8_folder_loads_as_stored(tmp_path):
     stored = load_file(str(folder / "model.safetensors"))
     q = loaded.layers[1].mlp.experts[3].up_proj
     assert q.weight.dtype == torch.float8_e4m3fn
-    assert torch.equal(q.weight.view(torch.uint8), stored["model.layers.1.mlp.experts.3.up_proj.weight"].view(torch.uint8))
+    want = stored["model.layers.1.mlp.experts.3.up_proj.weight"]
+    assert torch.equal(q.weight.view(torch.uint8), want.view(torch.uint8))
     x = torch.randint(1, 512, (1, 10), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         torch.testing.assert_close(loaded(x).logits, ours(x).logits)
@@ -119,6 +121,23 @@ def test_released_style_fp8_folder_loads_as_stored(tmp_path):
     assert {k: (v.dtype, v.shape) for k, v in again.items()} == {k: (v.dtype, v.shape) for k, v in stored.items()}
     with pytest.raises(CheckpointError, match="int4"):
         save_hf(quantize_(tiny(), "int4"), tmp_path / "int4")
+
+
+def test_fp8_folder_with_bf16_layers_and_other_methods(tmp_path):
+    """Layers a folder keeps unquantized (here the MTP layer, model.layers.3) load as plain layers; a quantization
+    method other than block-wise fp8 is refused naming config.json."""
+    write_released_fp8(tiny(), tmp_path / "mixed", keep=("model.layers.3.",))
+    loaded = load_hf(tmp_path / "mixed")
+    assert type(loaded.mtp[0].block.self_attn.q_proj).__name__ == "Linear"
+    assert isinstance(loaded.layers[2].self_attn.q_proj, FP8Linear)
+    x = torch.randint(1, 512, (1, 10), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x).logits, quantize_(tiny(), "fp8")(x).logits)
+    cfg = json.loads((tmp_path / "mixed" / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "awq", "bits": 4}
+    (tmp_path / "mixed" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="config.json.*awq"):
+        load_hf(tmp_path / "mixed")
 
 
 def test_bad_scheme_and_cli_quantize(tmp_path, capsys):

@@ -92,7 +92,11 @@ def test_speculative_stops_mid_block(model, monkeypatch):
 
 @pytest.mark.parametrize(
     "sampling, draft_vocab",
-    [({"temperature": 0.7}, None), ({"temperature": 1.0, "top_k": 4, "top_p": 0.9}, None), ({"temperature": 0.7}, [0, 2, 3])],
+    [
+        ({"temperature": 0.7}, None),
+        ({"temperature": 1.0, "top_k": 4, "top_p": 0.9}, None),
+        ({"temperature": 0.7}, [0, 2, 3]),
+    ],
 )
 def test_speculative_sampling_keeps_distribution(sampling, draft_vocab):
     """First two sampled tokens over many rows: speculative frequencies == the model's exact joint p(x1) p(x2|x1),

@@ -74,8 +74,8 @@ def test_sft_exports_renders_like_transformers_and_resumes_exactly(base_dir, tmp
 def test_bad_input_is_one_clear_line(base_dir, tmp_path, capsys, extra, message):
     argv = ["sft_speedrun", "--set", f"init_from={base_dir}", "--set", f"out_dir={tmp_path}", *extra]
     assert sft.main(argv) == 2
-    out = capsys.readouterr().out.strip().splitlines()
-    assert out[-1].startswith("glmstack sft: ") and message in out[-1]
+    err = capsys.readouterr().err.strip().splitlines()  # errors go to stderr, one line
+    assert err[-1].startswith("glmstack sft: ") and message in err[-1]
 
 
 def test_file_without_valid_records_is_one_clear_line(base_dir, tmp_path, capsys):
@@ -84,6 +84,6 @@ def test_file_without_valid_records_is_one_clear_line(base_dir, tmp_path, capsys
     argv = ["sft_speedrun", "--set", f"init_from={base_dir}", "--set", f"out_dir={tmp_path}",
             "--set", f'sft.data=["{bad}"]', "--set", "log.val_every=0"]  # fmt: skip
     assert sft.main(argv) == 2
-    out = capsys.readouterr().out.strip().splitlines()
-    assert out[-2] == f"skipped {bad}:1: no trained assistant turn"
-    assert out[-1] == f"glmstack sft: {bad}: no valid conversation in the file (1 skipped so far)"
+    captured = capsys.readouterr()
+    assert captured.out.strip().splitlines()[-1] == f"skipped {bad}:1: no trained assistant turn"
+    assert captured.err.strip() == f"glmstack sft: {bad}: no valid conversation in the file (1 skipped so far)"
