@@ -90,6 +90,7 @@ class GuardConfig:
 class DistConfig:
     dp: Literal["auto", "none", "ddp", "fsdp"] = "auto"  # data parallel under torchrun (auto: ddp if world > 1)
     expert_parallel: bool = False  # shard routed experts over ranks, all-to-all dispatch/combine
+    ep: int = 0  # expert-parallel degree: ranks per expert group (0 = all ranks); divides the number of ranks
 
 
 @dataclass(kw_only=True)

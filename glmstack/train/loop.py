@@ -170,6 +170,7 @@ def _train_step(model, optimizer, data_iter, cfg: TrainConfig, state: LoopState,
     load = metrics.pop("expert_load", None)
     metrics = dist.means_over_ranks({"loss": loss} | metrics)  # every rank decides the guard on the same loss
     loss = metrics.pop("loss")
+    dist.reduce_expert_grads(model)
     grad_norm = dist.clip_grad_norm_(model, cfg.optim.grad_clip)
     row = {"loss": loss, "lr": lr, "grad_norm": grad_norm, "accum": accum, "mtp_weight": values["mtp_weight"]}
     row |= metrics

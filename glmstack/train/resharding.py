@@ -26,7 +26,6 @@ import warnings
 from pathlib import Path
 
 import torch
-import torch.distributed as tdist
 
 from glmstack.train import dist
 
@@ -70,21 +69,22 @@ def load(folder: Path, model, optimizer=None, *, weights: bool = True) -> None:
 def model_state(model) -> dict:
     """name -> tensor sharing storage with the model (a DCP load writes straight into the parameters)."""
     inner = dist.unwrap(model)
-    ep = _ep_names(inner)
-    return {name: _global(t) if name in ep else t for name, t in inner.state_dict().items()}
+    ep = _ep_meshes(inner)
+    return {name: _global(t, ep[name]) if name in ep else t for name, t in inner.state_dict().items()}
 
 
 def optimizer_state(model, optimizer) -> dict:
     """optim/<kind>/<param name>/<key> -> state tensor (or Python value) for every parameter with state."""
     inner = dist.unwrap(model)
-    names = {id(p): n for n, p in inner.named_parameters()}
+    names, meshes = {id(p): n for n, p in inner.named_parameters()}, _ep_meshes(inner)
     out = {}
     for kind, opt in _parts(optimizer):
         for group in opt.param_groups:
             for p in group["params"]:
+                name = names[id(p)]
                 for key, value in opt.state.get(p, {}).items():
-                    ep = dist._is_ep(p) and torch.is_tensor(value) and value.shape == p.shape
-                    out[f"optim/{kind}/{names[id(p)]}/{key}"] = _global(value) if ep else value
+                    ep = name in meshes and torch.is_tensor(value) and value.shape == p.shape
+                    out[f"optim/{kind}/{name}/{key}"] = _global(value, meshes[name]) if ep else value
     return out
 
 
@@ -141,24 +141,18 @@ def _parts(optimizer) -> list[tuple[str, torch.optim.Optimizer]]:
     return list(getattr(optimizer, "optimizers", {"opt": optimizer}).items())
 
 
-def _ep_names(inner) -> set[str]:
+def _ep_meshes(inner) -> dict:
+    """Expert-parallel bank name -> its (replica, ep) device mesh."""
     from glmstack.train.expert_parallel import _ep_modules
 
-    return {f"{name}.{p}" for name, _ in _ep_modules(inner) for p in ("gate_up_proj", "down_proj")}
+    return {f"{name}.{p}": m.mesh for name, m in _ep_modules(inner) for p in ("gate_up_proj", "down_proj")}
 
 
-_MESHES: dict[str, object] = {}
+def _global(local: torch.Tensor, mesh):
+    """This rank's expert slice (E/W, ...) as a view of the whole bank (E, ...): sharded over the expert group,
+    repeated over the replica group (saved once), no copy."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
 
-
-def _global(local: torch.Tensor):
-    """This rank's expert slice (E/W, ...) as a view of the whole bank (E, ...) sharded over dim 0 (no copy)."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor, Shard
-
-    kind = local.device.type
-    if kind not in _MESHES:
-        _MESHES[kind] = init_device_mesh(kind, (tdist.get_world_size(),))
-    world = tdist.get_world_size()
-    shape = (local.shape[0] * world, *local.shape[1:])
-    return DTensor.from_local(local.detach(), _MESHES[kind], [Shard(0)], run_check=False, shape=torch.Size(shape),
-                              stride=torch.empty(shape, device="meta").stride())
+    shape = (local.shape[0] * mesh["ep"].size(), *local.shape[1:])
+    return DTensor.from_local(local.detach(), mesh, [Replicate(), Shard(0)], run_check=False,
+                              shape=torch.Size(shape), stride=torch.empty(shape, device="meta").stride())
