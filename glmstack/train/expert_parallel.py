@@ -159,9 +159,9 @@ def gather_expert_state(model: nn.Module, state: dict) -> dict:
         if m.mesh["replica"].get_local_rank() != 0:
             continue
         for p_name in ("gate_up_proj", "down_proj"):
-            local = getattr(m, p_name).detach().cpu().contiguous()
+            local = getattr(m, p_name).detach().contiguous()  # on its device: NCCL gathers no CPU tensors
             parts = [torch.empty_like(local) for _ in range(m.world)] if dist.get_rank() == 0 else None
             dist.gather(local, parts, group_dst=0, group=m.group)
             if dist.get_rank() == 0:
-                state[f"{name}.{p_name}"] = torch.cat(parts)
+                state[f"{name}.{p_name}"] = torch.cat(parts).cpu()
     return state

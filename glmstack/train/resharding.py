@@ -41,8 +41,9 @@ def save(folder: Path, model, optimizer) -> None:
     import torch.distributed.checkpoint as dcp
 
     state = model_state(model) | optimizer_state(model, optimizer)
-    writer = dcp.FileSystemWriter(str(Path(folder) / "trainer_state" / FOLDER), single_file_per_rank=True,
-                                  sync_files=True, thread_count=1)
+    writer = dcp.FileSystemWriter(
+        str(Path(folder) / "trainer_state" / FOLDER), single_file_per_rank=True, sync_files=True, thread_count=1
+    )
     with _single_process_quiet():
         dcp.save(state, storage_writer=writer)
 
@@ -119,8 +120,11 @@ def _copy_back(model, optimizer, state: dict) -> None:
                     if not torch.is_tensor(value):
                         opt.state[p][key] = loaded
                     elif loaded is not value and not _shares_storage(loaded, value):
-                        value.copy_(loaded.to_local() if hasattr(loaded, "to_local") and not hasattr(value, "to_local")
-                                    else loaded)
+                        value.copy_(
+                            loaded.to_local()
+                            if hasattr(loaded, "to_local") and not hasattr(value, "to_local")
+                            else loaded
+                        )
 
 
 def _shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -154,5 +158,11 @@ def _global(local: torch.Tensor, mesh):
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
     shape = (local.shape[0] * mesh["ep"].size(), *local.shape[1:])
-    return DTensor.from_local(local.detach(), mesh, [Replicate(), Shard(0)], run_check=False,
-                              shape=torch.Size(shape), stride=torch.empty(shape, device="meta").stride())
+    return DTensor.from_local(
+        local.detach(),
+        mesh,
+        [Replicate(), Shard(0)],
+        run_check=False,
+        shape=torch.Size(shape),
+        stride=torch.empty(shape, device="meta").stride(),
+    )

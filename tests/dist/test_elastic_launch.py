@@ -90,8 +90,17 @@ def _assert_same_losses(got: dict[int, float], want: dict[int, float]) -> None:
 
 def test_killed_rank_restarts_all_ranks_from_latest(tmp_path, reference):
     port = _free_port()
-    agent = _torchrun(tmp_path, "--nproc-per-node", "2", "--max-restarts", "1", "--rdzv-backend", "c10d",
-                      "--rdzv-endpoint", f"127.0.0.1:{port}")
+    agent = _torchrun(
+        tmp_path,
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+    )
     deadline = time.time() + 240
     while len(_losses(tmp_path)) < 3:  # step 2's checkpoint is written before step 3 is logged
         assert agent.poll() is None and time.time() < deadline, agent.communicate()[0]
@@ -105,8 +114,18 @@ def test_killed_rank_restarts_all_ranks_from_latest(tmp_path, reference):
 
 def test_two_torchrun_agents_rehearse_two_nodes(tmp_path, reference):
     endpoint = f"127.0.0.1:{_free_port()}"
-    launch = ("--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
-              "--rdzv-id", "rehearsal")
+    launch = (
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        endpoint,
+        "--rdzv-id",
+        "rehearsal",
+    )
     agents = [_torchrun(tmp_path, *launch) for _ in range(2)]
     logs = [a.communicate(timeout=240)[0] for a in agents]
     assert [a.returncode for a in agents] == [0, 0], logs

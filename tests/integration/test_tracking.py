@@ -60,7 +60,8 @@ def test_wandb_offline_holds_the_metrics_jsonl_scalars(tmp_path, monkeypatch):
                  "log.val_every=0", "ckpt.every=0", "log.wandb=offline", f"out_dir={tmp_path}"]  # fmt: skip
     run(load_config("tiny", "pretrain", overrides))
     stage = tmp_path / "tiny" / "pretrain"
-    want = {r["step"]: {k: v for k, v in r.items() if k != "step"} for r in map(json.loads, open(stage / "metrics.jsonl"))}
+    rows = [json.loads(line) for line in (stage / "metrics.jsonl").read_text().splitlines()]
+    want = {r["step"]: {k: v for k, v in r.items() if k != "step"} for r in rows}
     (run_file,) = stage.glob("wandb/offline-run-*/run-*.wandb")
     got, config, run_name = _history_config_name(run_file)
     assert sorted(got) == sorted(want) == [1, 2, 3]
@@ -68,4 +69,9 @@ def test_wandb_offline_holds_the_metrics_jsonl_scalars(tmp_path, monkeypatch):
         assert got[step].keys() == row.keys(), (step, set(got[step]) ^ set(row))
         assert all(math.isclose(got[step][k], v, rel_tol=1e-12) for k, v in row.items()), (got[step], row)
     # the stage's TrainConfig travels with the run
-    assert run_name == "tiny/pretrain" and config["run"] == "tiny" and config["log"]["wandb"] == "offline" and config["seq_len"] == 32
+    assert (
+        run_name == "tiny/pretrain"
+        and config["run"] == "tiny"
+        and config["log"]["wandb"] == "offline"
+        and config["seq_len"] == 32
+    )
