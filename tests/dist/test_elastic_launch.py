@@ -8,39 +8,21 @@ run: the single-process run on the same global batch (2 micro-batches accumulate
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from tiny_runs import TINY, free_port
 
 from glmstack.train.stage import load_config, run
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 8
-BASE = [
-    "seq_len=32",
-    "micro_batch_size=2",
-    f"steps={STEPS}",
-    "log.progress=false",
-    "log.plots=false",
-    "log.val_every=0",
-    "ckpt.every=2",
-    "schedule.batch_warmup_tokens=0",
-    "schedule.warmup_steps=1",
-    "optim.ns_dtype=float32",
-    "dist.dp=ddp",
-]
+BASE = TINY + [f"steps={STEPS}", "ckpt.every=2", "optim.ns_dtype=float32", "dist.dp=ddp"]
 TOL = 1e-5
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _losses(out: Path) -> dict[int, float]:
@@ -89,7 +71,7 @@ def _assert_same_losses(got: dict[int, float], want: dict[int, float]) -> None:
 
 
 def test_killed_rank_restarts_all_ranks_from_latest(tmp_path, reference):
-    port = _free_port()
+    port = free_port()
     agent = _torchrun(
         tmp_path,
         "--nproc-per-node",
@@ -113,7 +95,7 @@ def test_killed_rank_restarts_all_ranks_from_latest(tmp_path, reference):
 
 
 def test_two_torchrun_agents_rehearse_two_nodes(tmp_path, reference):
-    endpoint = f"127.0.0.1:{_free_port()}"
+    endpoint = f"127.0.0.1:{free_port()}"
     launch = (
         "--nnodes",
         "2",

@@ -21,37 +21,19 @@ steps 2 and 4 say 4 and 8 global batches, and the losses (a function of the data
 import json
 import os
 import shutil
-import socket
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
+from tiny_runs import TINY, free_port
 
 from glmstack.train.stage import load_config, run
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 STEPS = 4
-BASE = [
-    "seq_len=32",
-    "micro_batch_size=2",
-    f"steps={STEPS}",
-    "log.progress=false",
-    "log.plots=false",
-    "log.val_every=0",
-    "ckpt.every=2",
-    "ckpt.keep_last=3",
-    "schedule.batch_warmup_tokens=0",
-    "schedule.warmup_steps=1",
-    "optim.ns_dtype=float32",
-]
+BASE = TINY + [f"steps={STEPS}", "ckpt.every=2", "ckpt.keep_last=3", "optim.ns_dtype=float32"]
 TOL = 5e-5
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank, world, port, overrides, resave_first):
@@ -90,7 +72,7 @@ def _data_position(folder):
 def uninterrupted(tmp_path_factory):
     """2 ranks FSDP2, 4 steps straight; keeps its step-2 checkpoint (ckpt.every=2)."""
     out = tmp_path_factory.mktemp("fsdp2")
-    mp.spawn(_worker, args=(2, _free_port(), BASE + ["dist.dp=fsdp", f"out_dir={out}"], False), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, free_port(), BASE + ["dist.dp=fsdp", f"out_dir={out}"], False), nprocs=2, join=True)
     return out
 
 
@@ -115,7 +97,7 @@ def test_fsdp2_checkpoint_resumes_on_another_layout(uninterrupted, tmp_path, wor
     if world == 1:
         _run(overrides, resave_first=True)
     else:
-        mp.spawn(_worker, args=(world, _free_port(), overrides, True), nprocs=world, join=True)
+        mp.spawn(_worker, args=(world, free_port(), overrides, True), nprocs=world, join=True)
 
     # the weights after resume are the saved ones, bit for bit (step 2 re-saved before any training)
     resaved = _weights(_stage(tmp_path) / "step_0000002")
