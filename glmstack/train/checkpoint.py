@@ -198,7 +198,10 @@ def load(folder: str | Path, *, model, optimizer, data) -> dict:
     rank_state = torch.load(rank_file if rank_file.exists() else ts / "rank_00000.pt", weights_only=False)
     set_rng_state(rank_state["rng"])
     if rank_state["data"] is not None and hasattr(data, "load_state_dict"):
-        data.load_state_dict(rank_state["data"])
+        try:
+            data.load_state_dict(rank_state["data"])
+        except ValueError as e:  # a position this number of ranks cannot continue evenly
+            raise CheckpointError(f"{folder}: {e}") from None
     return torch.load(ts / "state.pt", weights_only=False)
 
 

@@ -68,7 +68,9 @@ class ExpertParallel(nn.Module):
         super().__init__()
         E, world = experts.n_experts, mesh["ep"].size()
         if E % world:
-            raise ValueError(f"dist.ep={world}: {E} experts do not split over {world} ranks")
+            from glmstack.config import ConfigError
+
+            raise ConfigError(f"dist.ep={world}: {E} experts do not split over {world} ranks")
         self.mesh, self.group = mesh, mesh["ep"].get_group()
         self.n_experts, self.world, self.n_local = E, world, E // world
         self.grad_scale = 1.0 / dist.get_world_size()  # DDP's mean over all ranks
@@ -118,7 +120,9 @@ def expert_mesh(degree: int):
     world = dist.get_world_size()
     degree = degree or world
     if degree < 1 or world % degree:
-        raise ValueError(f"dist.ep={degree} must divide the number of ranks ({world})")
+        from glmstack.config import ConfigError
+
+        raise ConfigError(f"dist.ep={degree} must divide the number of ranks ({world})")
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"
     return init_device_mesh(device, (world // degree, degree), mesh_dim_names=("replica", "ep"))
 

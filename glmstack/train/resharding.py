@@ -53,14 +53,16 @@ def load(folder: Path, model, optimizer=None, *, weights: bool = True) -> None:
     folder/trainer_state/dcp into them, in this rank's layout."""
     import torch.distributed.checkpoint as dcp
 
+    reader = dcp.FileSystemReader(str(Path(folder) / "trainer_state" / FOLDER))
     state = {}
     if weights:
         state |= model_state(model)
     if optimizer is not None:
         allocate_optimizer_state(model, optimizer)
+        _drop_unsaved(model, optimizer, set(reader.read_metadata().state_dict_metadata))
         state |= optimizer_state(model, optimizer)
     with _single_process_quiet():
-        dcp.load(state, storage_reader=dcp.FileSystemReader(str(Path(folder) / "trainer_state" / FOLDER)))
+        dcp.load(state, storage_reader=reader)
     _copy_back(model, optimizer, state)
 
 
@@ -104,6 +106,16 @@ def allocate_optimizer_state(model, optimizer) -> None:
     optimizer.zero_grad(set_to_none=True)
     for g, lr in zip(optimizer.param_groups, lrs):
         g["lr"] = lr
+
+
+def _drop_unsaved(model, optimizer, saved: set[str]) -> None:
+    """Forget the allocated state of parameters that had none when saved (never had a gradient): they must start
+    from no state, as they would have in the saved run."""
+    names = {id(p): n for n, p in dist.unwrap(model).named_parameters()}
+    for kind, opt in _parts(optimizer):
+        for p in [p for g in opt.param_groups for p in g["params"]]:
+            if p in opt.state and not any(f"optim/{kind}/{names[id(p)]}/{k}" in saved for k in opt.state[p]):
+                del opt.state[p]
 
 
 def _copy_back(model, optimizer, state: dict) -> None:
