@@ -40,11 +40,29 @@ def reference(tmp_path_factory) -> dict[int, float]:
     return _losses(out)
 
 
-def _torchrun(out: Path, *launch: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "torch.distributed.run", *launch, "-m", "glmstack.cli", "pretrain", "tiny"]
-    cmd += [a for o in BASE + [f"out_dir={out}"] for a in ("--set", o)]
-    env = os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+class _Agent:
+    """A `torchrun ... -m glmstack.cli pretrain tiny` process whose output goes to a file (a pipe nobody reads
+    while the test waits could fill up and stall the job)."""
+
+    def __init__(self, out: Path, *launch: str, name: str = "agent"):
+        cmd = [sys.executable, "-m", "torch.distributed.run", *launch, "-m", "glmstack.cli", "pretrain", "tiny"]
+        cmd += [a for o in BASE + [f"out_dir={out}"] for a in ("--set", o)]
+        env = os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        self.log_path = out / f"{name}.log"
+        out.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"torchrun did not finish in {timeout} s:\n{self.log()[-6000:]}") from None
 
 
 def _workers(agent_pid: int) -> dict[int, int]:
@@ -72,7 +90,7 @@ def _assert_same_losses(got: dict[int, float], want: dict[int, float]) -> None:
 
 def test_killed_rank_restarts_all_ranks_from_latest(tmp_path, reference):
     port = free_port()
-    agent = _torchrun(
+    agent = _Agent(
         tmp_path,
         "--nproc-per-node",
         "2",
@@ -85,12 +103,11 @@ def test_killed_rank_restarts_all_ranks_from_latest(tmp_path, reference):
     )
     deadline = time.time() + 240
     while len(_losses(tmp_path)) < 3:  # step 2's checkpoint is written before step 3 is logged
-        assert agent.poll() is None and time.time() < deadline, agent.communicate()[0]
+        assert agent.proc.poll() is None and time.time() < deadline, agent.log()
         time.sleep(0.05)
-    os.kill(_workers(agent.pid)[1], signal.SIGKILL)  # rank 1 dies mid-run
-    log = agent.communicate(timeout=240)[0]
-    assert agent.returncode == 0, log
-    assert "resuming from" in log, log  # every rank restarted from the newest complete checkpoint
+    os.kill(_workers(agent.proc.pid)[1], signal.SIGKILL)  # rank 1 dies mid-run
+    assert agent.wait(timeout=300) == 0, agent.log()
+    assert "resuming from" in agent.log(), agent.log()  # every rank restarted from the newest complete checkpoint
     _assert_same_losses(_losses(tmp_path), reference)
 
 
@@ -108,7 +125,7 @@ def test_two_torchrun_agents_rehearse_two_nodes(tmp_path, reference):
         "--rdzv-id",
         "rehearsal",
     )
-    agents = [_torchrun(tmp_path, *launch) for _ in range(2)]
-    logs = [a.communicate(timeout=240)[0] for a in agents]
-    assert [a.returncode for a in agents] == [0, 0], logs
+    agents = [_Agent(tmp_path, *launch, name=f"node{i}") for i in range(2)]
+    codes = [a.wait(timeout=300) for a in agents]
+    assert codes == [0, 0], [a.log() for a in agents]
     _assert_same_losses(_losses(tmp_path), reference)
