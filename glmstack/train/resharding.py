@@ -119,30 +119,15 @@ def _drop_unsaved(model, optimizer, saved: set[str]) -> None:
 
 
 def _copy_back(model, optimizer, state: dict) -> None:
-    """DCP replaces non-tensor values (and may replace tensors it could not load in place): put them back."""
+    """DCP loads tensors in place but returns non-tensor values (a Python step count) in `state`: put them back."""
     if optimizer is None:
         return
-    inner = dist.unwrap(model)
-    names = {id(p): n for n, p in inner.named_parameters()}
+    names = {id(p): n for n, p in dist.unwrap(model).named_parameters()}
     for kind, opt in _parts(optimizer):
-        for group in opt.param_groups:
-            for p in group["params"]:
-                for key, value in opt.state.get(p, {}).items():
-                    loaded = state[f"optim/{kind}/{names[id(p)]}/{key}"]
-                    if not torch.is_tensor(value):
-                        opt.state[p][key] = loaded
-                    elif loaded is not value and not _shares_storage(loaded, value):
-                        value.copy_(
-                            loaded.to_local()
-                            if hasattr(loaded, "to_local") and not hasattr(value, "to_local")
-                            else loaded
-                        )
-
-
-def _shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
-    a = a.to_local() if hasattr(a, "to_local") else a
-    b = b.to_local() if hasattr(b, "to_local") else b
-    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+        for p in [p for g in opt.param_groups for p in g["params"]]:
+            for key, value in opt.state.get(p, {}).items():
+                if not torch.is_tensor(value):
+                    opt.state[p][key] = state[f"optim/{kind}/{names[id(p)]}/{key}"]
 
 
 @contextlib.contextmanager
