@@ -20,7 +20,7 @@ $PY bench/train_step.py --json --repeats 10 2>&1 | tail -1 | tee "$OUT/train_ste
 for compile in off on; do
   $PY -m glmstack.cli pretrain tiny --set model=glm-4.5-air --set model_overrides.num_hidden_layers=2 \
     --set seq_len=4096 --set micro_batch_size=2 --set steps=20 --set compile=$compile --set data.kind=synthetic \
-    --set log.val_every=0 --set log.plots=false --set ckpt.every=0 --set schedule.batch_warmup_steps=0 \
+    --set log.val_every=0 --set log.plots=false --set ckpt.every=0 --set schedule.batch_warmup_tokens=0 \
     --set "out_dir=$OUT/mfu_compile_$compile" 2>&1 | tail -5 | tee "$OUT/mfu_compile_$compile.txt"
 done
 echo "figures in $OUT"

@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from model_throughput import timed
 
-from glmstack.model import GLM, ModelConfig, load_hf
+from glmstack.model import load_hf
 from glmstack.optim import build_optimizer
 from glmstack.posttrain.packed import PackedSFT
 from glmstack.posttrain.sft import sft_loss
@@ -35,7 +35,7 @@ from glmstack.posttrain.synthetic import SETS, generate
 from glmstack.train.config import TrainConfig
 from glmstack.train.loop import LoopState, _train_step, pretrain_loss
 
-SPEEDRUN_15 = dict(hidden_size=128, num_hidden_layers=4, n_routed_experts=8, vocab_size=2048)  # SIZES, 15 minutes
+SPEEDRUN_15 = {"hidden_size": 128, "num_hidden_layers": 4, "n_routed_experts": 8, "vocab_size": 2048}  # 15-min row
 
 
 def model_and_tokenizer(folder: str | None):
@@ -104,11 +104,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(r))
         return 0
-    print(f"train step, hidden {r['hidden']} x {r['layers']} layers, batch {r['batch']}x{r['seq']}, {r['threads']} thread(s)")
+    print(
+        f"train step, hidden {r['hidden']} x {r['layers']} layers, batch {r['batch']}x{r['seq']}, {r['threads']} thread(s)"
+    )
     for side in ("pretrain", "sft"):
         print(f"  {side:<9} {r[side]['tok_per_s_cpu']:>7} tok/s (CPU time) {r[side]['tok_per_s_wall']:>7} tok/s (wall)")
-    print(f"  SFT / pre-training tokens/s (median of pairs): {r['ratio_cpu']}x CPU time, {r['ratio_wall']}x wall;"
-          f" SFT rows {r['sft_row_fill']:.0%} full")
+    print(
+        f"  SFT / pre-training tokens/s (median of pairs): {r['ratio_cpu']}x CPU time, {r['ratio_wall']}x wall;"
+        f" SFT rows {r['sft_row_fill']:.0%} full"
+    )
     return 0
 
 

@@ -93,6 +93,9 @@ def run(args) -> dict:
     for name, ts in times.items():
         wall, cpu = statistics.median(t[0] for t in ts), statistics.median(t[1] for t in ts)
         result[name] = {"tok_per_s_wall": round(B * T / wall), "tok_per_s_cpu": round(B * T / cpu)}
+    # Muon's own time: what a step with Muon costs over the same step with AdamW everywhere (median of pairs)
+    pairs = zip(times["glmstack"], times["glmstack-adamw"])
+    result["muon_own_ms_cpu"] = round(1e3 * statistics.median(a[1] - b[1] for a, b in pairs), 1)
     return result
 
 
@@ -123,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             f"  ratio {ours_name} / transformers+AdamW (median of pairs): {r['ratio_cpu_' + ours_name]}x CPU time, "
             f"{r['ratio_wall_' + ours_name]}x wall"
         )
+    print(f"  Muon's own time per step (glmstack - glmstack-adamw, CPU time): {r['muon_own_ms_cpu']} ms")
     return 0
 
 

@@ -110,7 +110,11 @@ class _EpochLoader:
 
     @staticmethod
     def _collate(rows: list[dict]) -> dict[str, torch.Tensor]:
-        return {k: torch.from_numpy(np.stack([r[k] for r in rows])) for k in rows[0]}
+        """Stack rows; a key only some rows carry (a pre-training window FIM left padded has segment_ids) is
+        filled with ones — one segment, no padding — in the others."""
+        keys = dict.fromkeys(k for r in rows for k in r)
+        fill = lambda r, k: r[k] if k in r else np.ones_like(r["input_ids"])
+        return {k: torch.from_numpy(np.stack([fill(r, k) for r in rows])) for k in keys}
 
 
 class PretrainLoader(_EpochLoader):
@@ -126,7 +130,10 @@ class PretrainLoader(_EpochLoader):
         w, n = self.fim.window(i * self.seq_len, w, epoch)
         labels = w[1:].copy()
         labels[max(0, n - 1) :] = -100  # the padding after a window that FIM made shorter predicts nothing
-        return {"input_ids": w[:-1], "labels": labels}
+        row = {"input_ids": w[:-1], "labels": labels}
+        if n < self.seq_len:  # segment 0 = padding: routed, but not counted in the balancing load or aux loss
+            row["segment_ids"] = (np.arange(self.seq_len) < n).astype(np.int64)
+        return row
 
 
 class PackedLoader(_EpochLoader):

@@ -48,8 +48,18 @@ def parse_args(argv):
     ap.add_argument("--concurrency", type=int, default=8, help="requests in flight against an endpoint")
     ap.add_argument("--batch-size", type=int, default=8, help="prompts per engine batch with --model")
     ap.add_argument("--device", default=None, help="--model device (default cuda when available)")
-    ap.add_argument("--thinking", choices=["off", "on", "unset"], default="off",
-                    help="chat reasoning; endpoints get chat_template_kwargs.enable_thinking unless 'unset'")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads with --model (1: two threads on a busy 2-core machine decoded 40x slower)",
+    )
+    ap.add_argument(
+        "--thinking",
+        choices=["off", "on", "unset"],
+        default="off",
+        help="chat reasoning; endpoints get chat_template_kwargs.enable_thinking unless 'unset'",
+    )
     ap.add_argument("--style", choices=["auto", "glm-4.5", "glm-4.7"], default="auto", help="GLM chat format")
     ap.add_argument("--bfcl-categories", default=None, help="comma list (default: all single-turn categories)")
     ap.add_argument("--fim-mode", choices=["psm", "spm_v2", "spm_glm"], default="psm")
@@ -94,6 +104,8 @@ def make_client(args):
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cpu":
+        torch.set_num_threads(max(1, args.threads))
     return LocalClient.from_checkpoint(args.model, device=device, style=args.style, batch_size=args.batch_size,
                                        enable_thinking=args.thinking == "on")  # fmt: skip
 

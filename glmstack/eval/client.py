@@ -18,6 +18,7 @@ once; a reply whose content still holds GLM `<tool_call>` text is parsed with ou
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -81,13 +82,26 @@ class LocalClient:
         )  # fmt: skip
 
     def generate(self, requests: list[dict], *, temperature: float, max_tokens: int, seeds: list[int]) -> list[dict]:
-        outs = []
-        for start in range(0, len(requests), self.batch_size):
-            batch, bseeds = requests[start : start + self.batch_size], seeds[start : start + self.batch_size]
+        """Batches of `batch_size`; a prompt that leaves no room in the context gets an empty reply (finish_reason
+        "prompt_too_long", scored as a failure), and one that leaves less than `max_tokens` runs alone, because the
+        engine's budget is per batch and a server's is per request (the two must agree at temperature 0)."""
+        ctx = self.engine.cfg.max_position_embeddings
+        prompts = [self.engine.tokenizer.encode(self.prompt_text(r)) for r in requests]
+        outs: list[dict | None] = [None] * len(requests)
+        batched, alone = [], []
+        for i, ids in enumerate(prompts):
+            if len(ids) >= ctx:
+                outs[i] = output("", finish_reason="prompt_too_long")
+            else:
+                (batched if len(ids) + max_tokens <= ctx else alone).append(i)
+        groups = [batched[s : s + self.batch_size] for s in range(0, len(batched), self.batch_size)]
+        for group in groups + [[i] for i in alone]:
             res = self.engine.generate(
-                [self.prompt_text(r) for r in batch], max_new_tokens=max_tokens, temperature=temperature, seeds=bseeds
-            )
-            outs += [self._output(r, t, f) for r, t, f in zip(batch, res.text, res.finish_reason)]
+                [prompts[i] for i in group], max_new_tokens=max_tokens, temperature=temperature,
+                seeds=[seeds[i] for i in group],
+            )  # fmt: skip
+            for i, text, finish in zip(group, res.text, res.finish_reason):
+                outs[i] = self._output(requests[i], text, finish)
         return outs
 
     def _output(self, request: dict, text: str, finish: str) -> dict:
@@ -106,6 +120,21 @@ def _checkpoint_style(engine) -> str:
 
 
 # ---------------------------------------------------------------- over HTTP
+_ROOM = (
+    re.compile(r"leaving (\d+)"),  # glmstack serve: "... the prompt has P tokens and the context is C, leaving R"
+    re.compile(r"maximum context length is (\d+) tokens.*?\((\d+) in the messages", re.DOTALL),  # vLLM / OpenAI
+)
+
+
+def context_room(message: str) -> int | None:
+    """New tokens a server says still fit after the prompt, from its max_tokens error message (None: not that)."""
+    if m := _ROOM[0].search(message):
+        return int(m.group(1))
+    if m := _ROOM[1].search(message):
+        return int(m.group(1)) - int(m.group(2))
+    return None
+
+
 class EndpointClient:
     """An OpenAI-compatible server (`glmstack serve`, vLLM, SGLang, ...), `concurrency` requests in flight."""
 
@@ -127,10 +156,14 @@ class EndpointClient:
             raise GenerationError(f"could not list the endpoint's models ({e}); pass --api-model NAME") from e
 
     def generate(self, requests: list[dict], *, temperature: float, max_tokens: int, seeds: list[int]) -> list[dict]:
+        import openai
+
         def one(args):
             request, seed = args
             try:
                 return self._one(request, temperature, max_tokens, seed)
+            except openai.BadRequestError as e:  # the server refuses this request (e.g. longer than its context):
+                return output("", finish_reason="rejected") | {"rejected": str(e)[:300]}  # asking again won't help
             except Exception as e:  # noqa: BLE001 - reported per request, the run goes on and resumes later
                 return {"error": f"{type(e).__name__}: {e}"}
 
@@ -138,6 +171,19 @@ class EndpointClient:
             return list(pool.map(one, zip(requests, seeds)))
 
     def _one(self, request: dict, temperature: float, max_tokens: int, seed: int) -> dict:
+        """One request; a server that refuses `max_tokens` beyond the room its context leaves (as OpenAI's API,
+        vLLM and glmstack serve do) is asked again for that room, which is what the in-process engine generates."""
+        import openai
+
+        try:
+            return self._send(request, temperature, max_tokens, seed)
+        except openai.BadRequestError as e:
+            room = context_room(str(e))
+            if room is None or not 0 < room < max_tokens:
+                raise
+            return self._send(request, temperature, room, seed)
+
+    def _send(self, request: dict, temperature: float, max_tokens: int, seed: int) -> dict:
         common = {"model": self.model, "temperature": temperature, "max_tokens": max_tokens, "seed": seed}
         if request["kind"] == "completion":
             stop = list(request.get("stop") or [])[:4] or None  # the OpenAI API takes at most 4

@@ -25,7 +25,7 @@ CHAT_ASK = (
     "Complete the following Python function. Reply with the complete function, including the signature, "
     "in a single ```python code block.\n\n```python\n{prompt}```"
 )
-_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)(?:```|$)", re.DOTALL)
+_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
 
 
 def extract_code(text: str) -> str:
@@ -43,7 +43,7 @@ def chat_program(problem: dict, reply: str) -> str:
 
 def run_programs(programs: list[tuple[str, dict]], concurrency: int | None = None) -> list[dict]:
     """(program, problem) pairs -> [{"passed", "result"}] from the sandbox; `result` says why one failed."""
-    jobs = [Job(code=check_program(prog, p["test"], p["entry_point"])) for prog, p in programs]
+    jobs = [Job(code=check_program(prog, p["test"], p["entry_point"]), prove=True) for prog, p in programs]
     results = run_batch(jobs, concurrency=concurrency, limits=HUMANEVAL_LIMITS)
     return [{"passed": r.ok, "result": "passed" if r.ok else _why(r)} for r in results]
 
@@ -52,6 +52,8 @@ def _why(result) -> str:
     tail = (result.stderr or "").strip().splitlines()
     if result.flags() != "-":
         return result.flags()
+    if result.exit_code == 0 and result.completed is False:  # exit(0) before the tests ran: no proof of completion
+        return "tests did not run to completion"
     return tail[-1][:200] if tail else f"exit {result.exit_code}"
 
 

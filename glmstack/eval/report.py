@@ -19,13 +19,18 @@ def markdown(card: dict) -> str:
         ks = sorted({key for s in scored.values() for key in s["overall"] if key.startswith("pass@")},
                     key=lambda x: int(x[5:]))  # fmt: skip
         lines += ["| task | group | items | samples | " + " | ".join(ks) + " |", "|---" * (4 + len(ks)) + "|"]
+        notes = []
         for name, s in scored.items():
             for group, st in [("all", s["overall"]), *s["groups"].items()]:
                 cells = [f"{100 * st[k]:.1f}" if k in st else "" for k in ks]
                 lines.append(f"| {name} | {group} | {st['items']} | {st['samples']} | " + " | ".join(cells) + " |")
+            if s["overall"].get("not_generated"):
+                notes.append(f"- {name}: {s['overall']['not_generated']} prompts were longer than the model's context "
+                             "or rejected by the endpoint (scored as failures).")  # fmt: skip
             if "errors" in s:
-                lines.append(f"\n{name}: {s['errors']['count']} requests failed (rerun to retry them): "
-                             f"{s['errors']['first'][0]}\n")  # fmt: skip
+                notes.append(f"- {name}: {s['errors']['count']} requests failed (rerun to retry them): "
+                             f"{s['errors']['first'][0]}")  # fmt: skip
+        lines += ["", *notes]
         lines.append("")
     if "ppl" in tasks:
         p = tasks["ppl"]

@@ -47,7 +47,7 @@ def run_task(task, client, store, *, n: int = 1, temperature: float = 0.0, seed:
         )  # fmt: skip
         ok = [(p, o) for p, o in zip(part, outs) if "error" not in o]
         errors += [f"{it.id}: {o['error']}" for (it, _), o in zip(part, outs) if "error" in o]
-        scores = task.score([it for (it, _), _ in ok], [o for _, o in ok]) if ok else []
+        scores = score_fitting(task, [it for (it, _), _ in ok], [o for _, o in ok])
         store.append([
             {"task": task.name, "id": it.id, "sample": s, "group": it.meta.get("group", task.name), **sc,
              "output": o}
@@ -62,20 +62,35 @@ def run_task(task, client, store, *, n: int = 1, temperature: float = 0.0, seed:
     return summary
 
 
+def score_fitting(task, items: list[Item], outputs: list[dict]) -> list[dict]:
+    """task.score on the outputs; a prompt that did not fit the context (or that an endpoint rejected with a 400)
+    fails: an irrelevance item would otherwise pass by saying nothing."""
+    fits = [i for i, o in enumerate(outputs) if o.get("finish_reason") not in ("prompt_too_long", "rejected")]
+    scored = task.score([items[i] for i in fits], [outputs[i] for i in fits]) if fits else []
+    out = [{"passed": False, "result": o.get("rejected", "prompt longer than the model's context")} for o in outputs]
+    for i, sc in zip(fits, scored):
+        out[i] = sc
+    return out
+
+
 def summarize(records: list[dict], n: int) -> dict:
     """Per group and overall: items, samples, pass@k for k <= n (a record `passed` when its score is 1)."""
     from glmstack.eval.passk import mean_pass_at_k, reportable_ks
 
     by_group: dict[str, dict[str, list[bool]]] = {}
+    too_long: dict[str, int] = {}  # prompts that did not fit the model's context (scored as failures)
     for r in records:
         by_group.setdefault(r["group"], {}).setdefault(r["id"], []).append(bool(r["passed"]))
+        if r.get("output", {}).get("finish_reason") in ("prompt_too_long", "rejected"):
+            too_long[r["group"]] = too_long.get(r["group"], 0) + 1
 
-    def stats(per_item: dict[str, list[bool]]) -> dict:
+    def stats(per_item: dict[str, list[bool]], n_too_long: int) -> dict:
         counts = [(len(v), sum(v)) for v in per_item.values()]
         n_min = min((c[0] for c in counts), default=0)
         out = {"items": len(counts), "samples": sum(c[0] for c in counts), "complete": n_min >= n}
         out.update({f"pass@{k}": mean_pass_at_k(counts, k) for k in reportable_ks(n_min, (1, 5, 10, 100))})
-        return out
+        return {**out, "not_generated": n_too_long} if n_too_long else out
 
     everything = {f"{g}/{i}": v for g, items in by_group.items() for i, v in items.items()}
-    return {"overall": stats(everything), "groups": {g: stats(v) for g, v in sorted(by_group.items())}}
+    groups = {g: stats(v, too_long.get(g, 0)) for g, v in sorted(by_group.items())}
+    return {"overall": stats(everything, sum(too_long.values())), "groups": groups}

@@ -212,10 +212,15 @@ def chat_main(argv: list[str] | None = None) -> int:
     )
     _common(ap, temperature=0.6, top_p=0.95, max_new=1024)
     ap.add_argument("--system", default=None, help="system message")
-    ap.add_argument("--tools", default=None, help="JSON file with OpenAI-style tool definitions, or 'builtin' "
-                    "(calculator + python)")
-    ap.add_argument("--run-tools", action="store_true", help="execute calls of the builtin tools (python runs in the "
-                    "sandbox) and let the model answer from the results")
+    ap.add_argument(
+        "--tools", default=None, help="JSON file with OpenAI-style tool definitions, or 'builtin' (calculator + python)"
+    )
+    ap.add_argument(
+        "--run-tools",
+        action="store_true",
+        help="execute calls of the builtin tools (python runs in the "
+        "sandbox) and let the model answer from the results",
+    )
     ap.add_argument("--no-think", action="store_true", help="disable thinking (enable_thinking=False)")
     ap.add_argument("--stats", action="store_true", help="print speed/acceptance stats after each reply")
     args = ap.parse_args(argv)
@@ -246,4 +251,3 @@ def chat_main(argv: list[str] | None = None) -> int:
             if not (args.run_tools and reply.get("tool_calls")):
                 break
             messages += _run_tools(reply["tool_calls"])
-

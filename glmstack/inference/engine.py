@@ -15,6 +15,7 @@ sampling too. Each step yields the new tokens of every row; `Rows` cuts them at 
     res = engine.generate(["Hello"], max_new_tokens=32, temperature=0.7, top_p=0.9, seed=0)
     res.tokens[0], res.text[0], res.stats                 # stats: tokens/s, accepted length with speculative="mtp"
     engine.generate(["a", "b"], 32, temperature=0.7, seeds=[3, 9])  # row 1 == engine.generate(["b"], 32, ..., seeds=[9])
+    engine.generate(ids, 32, temperature=0.7, logprobs=True).logprobs  # RL: each sampled token's log-prob
     for delta in engine.stream("Hello", max_new_tokens=32): print(delta.text, end="")
 """
 
@@ -28,7 +29,7 @@ import torch
 
 from glmstack.inference.fast import FastForward, ReferenceForward, supported
 from glmstack.inference.kv_cache import KVCache
-from glmstack.inference.sampling import RowStreams, SamplingParams, row_seeds, sample
+from glmstack.inference.sampling import RowStreams, SamplingParams, filter_logits, row_seeds, sample
 from glmstack.inference.speculative import lanes, mtp_decode
 
 
@@ -45,6 +46,7 @@ class Request:
     stop_ids: Sequence[int] | None = None  # None: tokenizer.eos_ids, else the config's eos_token_id
     speculative: str | None = None  # "mtp": MTP speculative decoding
     draft_k: int = 2  # draft tokens per verify step
+    logprobs: bool = False  # also return each sampled token's log-prob under the sampling transform (RL rollouts)
 
 
 @dataclass
@@ -54,6 +56,9 @@ class GenerationResult:
     finish_reason: list[str]  # "stop" or "length" per row
     stats: dict = field(default_factory=dict)
     seeds: list[int] | None = None  # each row's seed: seeds=[...] reproduces a row on its own
+    # logprobs=True: log π(token) per new token under the transform it was sampled from (logits / temperature over
+    # the top-k / top-p nucleus; greedy: temperature 1), as RL's ratios need (rl.losses.token_logprobs)
+    logprobs: list[list[float]] | None = None
 
 
 @dataclass
@@ -70,6 +75,7 @@ class Rows:
         self.seeds = seeds
         self.out: list[list[int]] = [[] for _ in range(batch_size)]
         self.finish: list[str | None] = [None] * batch_size
+        self.logprobs: list[list[float]] | None = None  # filled by push(..., logprobs=) when asked
 
     @property
     def all_done(self) -> bool:
@@ -78,8 +84,11 @@ class Rows:
     def active(self, b: int) -> bool:
         return self.finish[b] is None
 
-    def push(self, new: list[list[int]]) -> list[list[int]]:
-        """Append each row's candidate tokens up to its first stop id / the budget; return what was kept."""
+    def push(self, new: list[list[int]], logprobs: list[list[float]] | None = None) -> list[list[int]]:
+        """Append each row's candidate tokens up to its first stop id / the budget; return what was kept.
+        `logprobs` (same layout as `new`): the kept tokens' log-probs go to self.logprobs."""
+        if logprobs is not None and self.logprobs is None:
+            self.logprobs = [[] for _ in range(self.batch_size)]
         kept = []
         for b, toks in enumerate(new):
             row, take = self.out[b], []
@@ -93,6 +102,8 @@ class Rows:
                     break
             row.extend(take)
             kept.append(take)
+            if logprobs is not None:
+                self.logprobs[b].extend(logprobs[b][: len(take)])
         return kept
 
 
@@ -132,7 +143,8 @@ class Engine:
                 stats["first_token_s"] = time.perf_counter() - t0
         rows = rows_out[0]
         text = [self._decode(r) for r in rows.out] if self.tokenizer is not None else None
-        return GenerationResult(tokens=rows.out, text=text, finish_reason=rows.finish, stats=stats, seeds=rows.seeds)
+        return GenerationResult(tokens=rows.out, text=text, finish_reason=rows.finish, stats=stats, seeds=rows.seeds,
+                                logprobs=rows.logprobs if req.logprobs else None)
 
     def stream(self, prompt, max_new_tokens: int = 256, stats: dict | None = None, **options) -> Iterator[Delta]:
         """One prompt; yields a Delta per decoding step (text deltas when the engine has a tokenizer)."""
@@ -163,6 +175,8 @@ class Engine:
             raise ValueError(f"speculative must be None or 'mtp', got {speculative!r}")
         if speculative and draft_k < 1:
             raise ValueError(f"draft_k must be >= 1, got {draft_k}")
+        if speculative and req.logprobs:
+            raise ValueError("logprobs=True is not supported with speculative decoding")
         ids_BP, start_B = self._prepare(prompts)
         B, P = ids_BP.shape
         budget = self._budget(P, req.max_new_tokens)
@@ -183,7 +197,8 @@ class Engine:
         t0 = time.perf_counter()
         with torch.inference_mode():
             if speculative is None:
-                yield from self._plain(run, ids_BP, start_B, cache, rows, params, streams, stats, sync_every)
+                yield from self._plain(run, ids_BP, start_B, cache, rows, params, streams, stats, sync_every,
+                                       req.logprobs)
             else:
                 yield from mtp_decode(run, self.cfg, ids_BP, start_B, cache, rows, params, streams, draft_k, stats)
         total, n_new = time.perf_counter() - t0, sum(len(r) for r in rows.out)
@@ -198,7 +213,7 @@ class Engine:
         return ids
 
     def _plain(
-        self, run, ids_BP, start_B, cache, rows, params, streams, stats, sync_every
+        self, run, ids_BP, start_B, cache, rows, params, streams, stats, sync_every, logprobs=False
     ) -> Iterator[list[list[int]]]:
         P = ids_BP.shape[1]
         pos_BT = (torch.arange(P, device=self.device) - start_B[:, None]).clamp_min(0)
@@ -207,17 +222,26 @@ class Engine:
         stats["prefill_s"] = time.perf_counter() - t0
         pos_B1 = pos_BT[:, -1:] + 1
         alive = list(range(ids_BP.shape[0]))  # original row of each batch row (finished rows get dropped)
-        steps, t0, pending, compactions = 0, time.perf_counter(), [], 0
+        steps, t0, pending, pending_lp, compactions = 0, time.perf_counter(), [], [], 0
+        lp_params = SamplingParams(top_p=params.top_p, top_k=params.top_k,
+                                   temperature=params.temperature if not params.greedy else 1.0)  # fmt: skip
         for step in range(rows.budget):  # every row is done after `budget` tokens at the latest
             tok_B = sample(logits_BV, params, None if streams is None else streams.keys(step)[:, 0])
             pending.append(tok_B)
+            if logprobs:
+                logp_BV = torch.log_softmax(filter_logits(logits_BV, lp_params), dim=-1)
+                pending_lp.append(logp_BV.gather(-1, tok_B[:, None])[:, 0])
             last = step == rows.budget - 1
             if len(pending) == sync_every or last:
                 new = [[] for _ in range(rows.batch_size)]
+                new_lp = [[] for _ in range(rows.batch_size)] if logprobs else None
                 for j, toks in enumerate(torch.stack(pending, 1).tolist()):
                     new[alive[j]] = toks
-                yield rows.push(new)  # finished rows' extra tokens are dropped
-                pending = []
+                if logprobs:
+                    for j, lps in enumerate(torch.stack(pending_lp, 1).tolist()):
+                        new_lp[alive[j]] = lps
+                yield rows.push(new, new_lp)  # finished rows' extra tokens are dropped
+                pending, pending_lp = [], []
                 if rows.all_done:
                     break
                 keep = [j for j, b in enumerate(alive) if rows.active(b)]

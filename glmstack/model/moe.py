@@ -23,7 +23,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from glmstack.model import gemm
-
 from glmstack.model.layers import MLP
 
 
@@ -65,11 +64,6 @@ class Experts(nn.Module):
         self.n_experts, self.use_grouped_mm = E, cfg.use_grouped_mm
         self.gate_up_proj = nn.Parameter(torch.empty(E, 2 * F_, D))  # per expert [gate; up] rows
         self.down_proj = nn.Parameter(torch.empty(E, D, F_))
-
-    def muon_blocks(self) -> dict[str, tuple]:
-        """Muon orthogonalises each expert's W_gate and W_up apart, as the dense MLP's gate_proj and up_proj."""
-        F_ = self.gate_up_proj.shape[1] // 2
-        return {"experts.gate_up_proj": (1, (F_, F_))}
 
     def forward(self, x_TD, topk_idx_TK, topk_w_TK):
         fn = experts_grouped if self.use_grouped_mm and _grouped_mm_ok(x_TD) else experts_loop
@@ -211,6 +205,12 @@ class MoE(nn.Module):
         self.experts = Experts(cfg)
         shared = cfg.moe_intermediate_size * cfg.n_shared_experts
         self.shared_experts = MLP(cfg.hidden_size, shared) if shared else None
+
+    def muon_blocks(self) -> dict[str, tuple]:
+        """Muon orthogonalises each expert's W_gate and W_up apart, as the dense MLP's gate_proj and up_proj (declared
+        here, not on Experts, so an expert-parallel replacement of `experts` keeps the rule)."""
+        F_ = self.experts.gate_up_proj.shape[1] // 2
+        return {"experts.gate_up_proj": (1, (F_, F_))}
 
     def forward(self, x_BTD: torch.Tensor, valid_BT: torch.Tensor | None = None):
         """-> (y_BTD, aux_loss scalar, load_E token counts); tokens where valid_BT is False (padding) are routed but

@@ -2,7 +2,8 @@
 
 GLM-4.5 §3.1 trains a reasoning, an agent (tool-use) and a general-chat expert from the same base, then distils
 them into one hybrid model by an overall SFT on their outputs. Here, with the recipe's stages `sft_reasoning`,
-`sft_tools`, `sft_chat` and `sft_merged` (glmstack/recipes/sft_speedrun.py):
+`sft_tools`, `sft_chat` and `sft_merged` (glmstack/recipes/sft_speedrun.py), which all start from the same base
+(their `init_from`; in sft_speedrun the cold-start model of `glmstack sft sft_speedrun`):
   1. each expert = `glmstack sft` of the base on its synthetic set (<run>/expert_<name>/model)
   2. each expert rejection-samples its set's training prompts (glmstack.posttrain.rejection) -> rs_<name>.jsonl
   3. the merged model = SFT of the same base on the union of the three files (<run>/expert_merged/model)
@@ -33,7 +34,8 @@ def expert_iteration(recipe: str, overrides: list[str], n_sample: int, n_eval: i
     from glmstack.posttrain.synthetic import generate
     from glmstack.train.stage import load_config, stage_dir
 
-    rejection = rejection or RejectionConfig(drop_shortest=0.0)  # tiny sets: keep every solved prompt
+    # tiny sets: keep every solved prompt; a cooler temperature keeps a small model's format intact
+    rejection = rejection or RejectionConfig(drop_shortest=0.0, temperature=0.6)
     models, files = {}, []
     for name, set_name in EXPERTS.items():
         cfg = load_config(recipe, f"sft_{name}", overrides)
@@ -92,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         scores = expert_iteration(args.recipe, args.overrides, args.n_sample, args.n_eval)
     except ConfigError as e:
-        print(f"glmstack expert-iteration: {e}", flush=True)
+        print(f"glmstack expert-iteration: {e}", file=sys.stderr, flush=True)
         return 2
     print(table(scores))
     return 0

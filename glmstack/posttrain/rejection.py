@@ -41,13 +41,15 @@ class RejectionConfig:
     seed: int = 0
 
 
-def repetitive(text: str, n: int = 4, max_share: float = 0.5) -> bool:
-    """True when one word n-gram covers more than `max_share` of the n-grams (a loop), on texts of >= 12 words."""
+def repetitive(text: str, n: int = 4, max_share: float = 0.5, min_repeats: int = 3) -> bool:
+    """True when one word n-gram occurs at least `min_repeats` times and covers more than `max_share` of the
+    n-grams (a loop). A sentence said twice (reasoning, then the answer) is not a loop."""
     words = text.split()
     grams = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
-    if len(words) < 12 or not grams:
+    if not grams:
         return False
-    return Counter(grams).most_common(1)[0][1] * n / len(grams) > max_share
+    count = Counter(grams).most_common(1)[0][1]
+    return count >= min_repeats and count * n / len(grams) > max_share
 
 
 def why_rejected(t: Trajectory) -> str | None:
@@ -79,7 +81,9 @@ def rejection_sample(engine, items: list[dict], style: str, cfg: RejectionConfig
     by_prompt: dict[str, list[Trajectory]] = {}
     for t in trajs:
         by_prompt.setdefault(_key(t.item), []).append(t)
-    hard = [ts[0].item for ts in by_prompt.values() if sum(why_rejected(t) is None for t in ts) < cfg.hard_below * cfg.k]
+    hard = [
+        ts[0].item for ts in by_prompt.values() if sum(why_rejected(t) is None for t in ts) < cfg.hard_below * cfg.k
+    ]
     if hard and cfg.hard_k:
         for t in rollout(engine, [it for it in hard for _ in range(cfg.hard_k)], style, seed=cfg.seed + 7919, **kw):
             by_prompt[_key(t.item)].append(t)

@@ -19,7 +19,6 @@ data + a loss over the shared stage code (glmstack/train/stage.py) and the one l
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 import sys
@@ -114,13 +113,18 @@ def data_builder(tokenizer):
     from glmstack.posttrain.packed import PackedSFT
 
     def build(cfg: SFTConfig, vocab_size: int, split: str = "train"):
+        if split != "train" and not cfg.sft.val_data:
+            return []  # no validation batches: the loop logs val_loss as nan
         examples = encoded(cfg, tokenizer, split)
         bad = [i for ids, _ in examples for i in ids if i >= vocab_size][:1]
         if bad:
             raise ConfigError(f"token id {bad[0]} >= the model's vocab_size {vocab_size}: tokenizer and model differ")
-        data = PackedSFT(examples, seq_len=cfg.seq_len, batch_size=cfg.micro_batch_size, seed=cfg.seed,
-                         rank=dist.rank(), world_size=dist.world(), buffer=cfg.sft.pack_buffer,
-                         shuffle=cfg.sft.shuffle and split == "train")  # fmt: skip
+        try:
+            data = PackedSFT(examples, seq_len=cfg.seq_len, batch_size=cfg.micro_batch_size, seed=cfg.seed,
+                             rank=dist.rank(), world_size=dist.world(), buffer=cfg.sft.pack_buffer,
+                             shuffle=cfg.sft.shuffle and split == "train")  # fmt: skip
+        except ValueError as e:
+            raise ConfigError(f"sft {split} data: {e}") from None
         if data.dropped_long and dist.rank() == 0:
             print(f"sft {split} data: {data.dropped_long} conversations longer than seq_len={cfg.seq_len} dropped")
         return data
@@ -144,8 +148,6 @@ def run_sft(cfg: SFTConfig, stop_at: int | None = None) -> dict:
 
     check(cfg)
     tokenizer = load_tokenizer(cfg)
-    if not cfg.log.val_every:
-        cfg = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, val_data=[]))
     result = run(cfg, loss_fn=sft_loss, stop_at=stop_at, build=data_builder(tokenizer))
     if dist.rank() == 0 and result["stopped"] == "done":
         result["model"] = str(export(Path(result["checkpoint"]), stage_dir(cfg) / "model", tokenizer,

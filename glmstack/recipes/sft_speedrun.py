@@ -2,7 +2,8 @@
 SFT on every synthetic set, and the three experts of GLM-4.5's expert iteration (reasoning, tool use, chat).
 
     glmstack sft sft_speedrun                    # runs/speedrun/sft/model
-    glmstack expert-iteration sft_speedrun       # experts -> rejection sampling -> merged SFT -> table
+    glmstack expert-iteration sft_speedrun       # from runs/speedrun/sft/model: experts -> rejection sampling ->
+                                                 # merged SFT -> table
 
 Sizes were measured on the shared 2-core machine (docs/sft.md): 512-token rows hold a tool conversation (~440
 tokens with the tools block) or several short ones.
@@ -16,6 +17,7 @@ from glmstack.posttrain.sft import SFTConfig, SFTOptions
 
 SETS = ("arithmetic", "tools", "chat")
 STEPS = 300
+EXPERT_STEPS, MERGED_STEPS = 40, 40  # experts see one set each; the merged model sees all three sets' samples
 
 
 def sft() -> SFTConfig:
@@ -24,6 +26,7 @@ def sft() -> SFTConfig:
         stage="sft",
         init_from="speedrun/model",
         seq_len=512,
+        model_overrides={"max_position_embeddings": 512},  # the speedrun's model was trained to 256
         micro_batch_size=8,
         steps=STEPS,
         sft=SFTOptions(data=[f"synthetic:{s}" for s in SETS], val_data=[f"synthetic:{s}" for s in SETS]),
@@ -37,8 +40,12 @@ def sft() -> SFTConfig:
 
 
 def expert(name: str, sets: tuple[str, ...], steps: int) -> SFTConfig:
+    """Experts and the merged model start from one base: the cold-start model of `sft()` (GLM-4.5's experts are
+    cold-start SFT + their own training; at this size 40 steps from the pre-trained model do not teach the format)."""
     cfg = sft()
-    cfg.stage, cfg.steps = f"expert_{name}", steps
+    cfg.stage, cfg.steps, cfg.micro_batch_size = f"expert_{name}", steps, 4
+    cfg.init_from, cfg.model_overrides = "speedrun/sft/model", {}
+    cfg.schedule = dataclasses.replace(cfg.schedule, warmup_steps=5)
     cfg.sft = dataclasses.replace(cfg.sft, data=[f"synthetic:{s}" for s in sets], val_data=[])
     cfg.log.val_every = 0
     return cfg
@@ -46,17 +53,18 @@ def expert(name: str, sets: tuple[str, ...], steps: int) -> SFTConfig:
 
 # the experts (GLM-4.5 §3.1: reasoning, agent, general chat) and the merged model trained on their samples
 def sft_reasoning() -> SFTConfig:
-    return expert("reasoning", ("arithmetic",), STEPS // 3)
+    return expert("reasoning", ("arithmetic",), EXPERT_STEPS)
 
 
 def sft_tools() -> SFTConfig:
-    return expert("tools", ("tools",), STEPS // 3)
+    return expert("tools", ("tools",), EXPERT_STEPS)
 
 
 def sft_chat() -> SFTConfig:
-    return expert("chat", ("chat",), STEPS // 3)
+    return expert("chat", ("chat",), EXPERT_STEPS)
 
 
 def sft_merged() -> SFTConfig:
-    cfg = expert("merged", (), STEPS)  # data: the rejection-sampled files, set by the expert-iteration driver
+    cfg = expert("merged", (), MERGED_STEPS)  # data: the experts' rejection-sampled files (set by the driver)
+    cfg.optim.lr = 3e-4  # a few hundred sampled conversations: a gentler lr than the experts', not to overfit them
     return cfg

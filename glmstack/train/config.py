@@ -185,7 +185,7 @@ def loader_options(kind: str, packing: str) -> set[str]:
 
 # Fields that may differ between the config a checkpoint was written with and the one resuming from it.
 RESUME_MAY_CHANGE = (
-    "steps", "ckpt.", "log.", "guard.", "device", "compile", "dist.", "data.path", "data.val_path",
+    "steps", "ckpt.", "log.", "guard.", "device", "compile", "dist.", "data.path", "data.val_path", "optim_state",
     "out_dir",  # a run folder moved to another cluster or disk
 )
 

@@ -33,6 +33,7 @@ from glmstack.train.synthetic import SyntheticLM
 # mid-training) and the model's training-only fields (MTP/aux weights, GLM-5's DSA stage, ...); any other
 # difference would not match the checkpoint's tensors.
 STAGE_MAY_CHANGE = ("rope_theta", "max_position_embeddings", *TRAINING_FIELDS)
+resolve_checkpoint = checkpoint.resolve  # init_from -> checkpoint folder (posttrain/sft.py imports this name)
 
 
 def load_config(recipe: str, stage: str, overrides: list[str]) -> TrainConfig:
@@ -153,16 +154,22 @@ def check_inputs(cfg: TrainConfig) -> None:
             )
 
 
-def run(cfg: TrainConfig, *, loss_fn=pretrain_loss, stop_at: int | None = None, build=build_data) -> dict:
-    """Build everything for `cfg` and run the loop; returns the loop's summary. `build(cfg, vocab, split)` makes
-    the data (SFT passes its packed conversations)."""
+def model_and_optimizer(cfg: TrainConfig):
+    """Inputs checked, process group, seeds, then the stage's model and optimiser -> (model, optimizer)."""
     check_inputs(cfg)
     device = device_of(cfg)
     dist.init_from_env(device.type)
     seed_everything(cfg.seed)
-    # ------------------------------------------------------------------ model, parallelism, optimiser
     model = build_model(cfg, device)
     optimizer, _ = build_optimizer(dist.unwrap(model), cfg.optim)
+    return model, optimizer
+
+
+def run(cfg: TrainConfig, *, loss_fn=pretrain_loss, stop_at: int | None = None, build=build_data) -> dict:
+    """Build everything for `cfg` and run the loop; returns the loop's summary. `build(cfg, vocab, split)` makes
+    the data (SFT passes its packed conversations; RL, whose data needs the model, calls model_and_optimizer)."""
+    # ------------------------------------------------------------------ model, parallelism, optimiser
+    model, optimizer = model_and_optimizer(cfg)
     # ------------------------------------------------------------------ data
     vocab = dist.unwrap(model).cfg.vocab_size
     data = build(cfg, vocab)

@@ -66,7 +66,7 @@ def _worker(rank, port, out):
         return ns(G, *a, **k)
 
     muon_module.zeropower_via_newtonschulz = counted
-    shard = lambda g, p: distribute_tensor(g, p.device_mesh, p.placements, src_data_rank=None)  # noqa: E731
+    shard = lambda g, p: distribute_tensor(g, p.device_mesh, p.placements, src_data_rank=None)
     _run(model, _optimizer(model), shard)
     state = {n: p.full_tensor() for n, p in model.named_parameters()}
     if rank == 0:
@@ -88,8 +88,10 @@ def test_sharded_muon_equals_whole_muon_and_splits_the_work(tmp_path):
     for name, p in reference.named_parameters():
         assert torch.equal(state[name], p.detach()), name
     calls = [[tuple(c) for c in json.loads((tmp_path / f"calls_{r}.json").read_text())] for r in range(2)]
-    matrices = [c for c in calls[0] + calls[1] if len(c) == 2]
+    # NS always sees a stack (N, A, B): a sharded matrix is a stack of one on its owner rank
+    matrices = [c[1:] for c in calls[0] + calls[1] if c[0] == 1]
     assert sorted(matrices) == sorted([s for s in SHAPES] * 3)  # each 2-D NS once per step, on one rank
+    assert sorted(c for rank_calls in calls for c in rank_calls if c[1:] == (4, 6)) == [(2, 4, 6)] * 3  # split heads
     assert all(len(rank_calls) > 0 for rank_calls in calls)  # both ranks own some
     banks = [[c for c in rank_calls if len(c) == 3 and c[1:] == BANK[1:]] for rank_calls in calls]
     assert banks == [[(2, *BANK[1:])] * 3] * 2  # each rank orthogonalises its own 2 experts, locally

@@ -17,6 +17,24 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from glmstack.chat import render
 
 
+def tiny_checkpoint(folder, context: int = 2048):
+    """A random tiny GLM with a BPE tokenizer trained on HumanEval (GLM-4.5 chat template), saved to `folder`;
+    returns (folder, tokenizer, the HumanEval texts)."""
+    import torch
+
+    from glmstack.model import GLM, ModelConfig, save_hf
+    from glmstack.sandbox.humaneval import load_problems
+    from glmstack.tokenizer import Tokenizer
+
+    texts = [p["prompt"] + p["canonical_solution"] for p in load_problems().values()]
+    tok = Tokenizer.train(iter(texts * 2), vocab_size=600)
+    torch.manual_seed(0)
+    cfg = ModelConfig.preset("tiny", vocab_size=tok.vocab_size, max_position_embeddings=context)
+    save_hf(GLM(cfg).init_weights(seed=0), folder)
+    tok.save(folder, chat_style="glm-4.5")
+    return folder, tok, texts
+
+
 def request_key(body: dict) -> str:
     return json.dumps([body.get("prompt"), body.get("messages"), body.get("tools")], sort_keys=True)
 

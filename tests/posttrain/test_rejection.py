@@ -33,7 +33,9 @@ def test_filters_in_order():
     loop = "the answer is the answer is " * 6
     assert why_rejected(traj(item, [loop], [reply(loop, "x")])) == "repetitive"
     assert why_rejected(traj(item, [f"\nThe answer is {answer}."], [reply(f"The answer is {answer}.")])) == "format"
-    assert why_rejected(traj(item, ["\n<think>x</think>\n<tool_call>oops"], [reply("<tool_call>oops", "x")])) == "format"
+    assert (
+        why_rejected(traj(item, ["\n<think>x</think>\n<tool_call>oops"], [reply("<tool_call>oops", "x")])) == "format"
+    )
     wrong = reply(f"The answer is {int(answer) + 1}.", "We add.")
     assert why_rejected(traj(item, ["\n<think>We add.</think>\nwrong"], [wrong])) == "wrong"
 
@@ -58,4 +60,21 @@ def test_tool_call_schema_is_checked():
 
 
 def test_repetitive():
-    assert repetitive("a b c d " * 10) and not repetitive("one two three four five six seven eight nine ten eleven twelve")
+    assert repetitive("a b c d " * 10) and not repetitive(
+        "one two three four five six seven eight nine ten eleven twelve"
+    )
+    # reasoning that states the answer, then the answer: said twice is not a loop
+    assert not repetitive("<think>The capital of Cuba is Havana.</think>\nThe capital of Cuba is Havana.")
+
+
+def test_rejection_sample_accounts_for_every_sample(base_dir, tmp_path, capsys):
+    from glmstack.posttrain import rejection
+    from glmstack.posttrain.evaluate import items_of, load_engine
+
+    items = items_of(generate("arithmetic", 2) + generate("tools", 1))
+    cfg = rejection.RejectionConfig(k=2, hard_k=1, max_new_tokens=6, max_rounds=2)
+    records, report = rejection.rejection_sample(load_engine(str(base_dir)), items, "glm-4.5", cfg)
+    assert report["prompts"] == 3 and report["samples"] == 3 * 2 + report["hard_prompts"] * 1
+    assert report["kept"] == len(records) and report["samples"] == report["kept"] + sum(report["dropped"].values())
+    assert rejection.main([str(tmp_path / "nope"), "--out", str(tmp_path / "x.jsonl")]) == 2
+    assert capsys.readouterr().err.strip().endswith("not a model folder (no config.json)")

@@ -48,7 +48,10 @@ def test_tool_call_and_result(tok):
            "tools": TOOLS}  # fmt: skip
     call = "\n<tool_call>calculator\n<arg_key>expression</arg_key>\n<arg_value>2+3</arg_value>\n</tool_call>"
     # the tool result (<tool_response>...) is context; <|observation|> ends the calling turn, so it is trained
-    assert trained_spans(tok, rec) == [f"\n<think>T</think>{call}<|observation|>", "\n<think>U</think>\n5.<|endoftext|>"]
+    assert trained_spans(tok, rec) == [
+        f"\n<think>T</think>{call}<|observation|>",
+        "\n<think>U</think>\n5.<|endoftext|>",
+    ]
 
 
 def test_arguments_as_json_string_or_object_encode_the_same(tok):

@@ -20,7 +20,7 @@ def final_and_calls(record):
 def test_sets_have_disjoint_splits_and_verifiable_answers(name):
     train, test = generate(name, 60), generate(name, 20, split="test")
     assert {r["meta"]["split"] for r in train} == {"train"} and {r["meta"]["split"] for r in test} == {"test"}
-    key = lambda r: json.dumps(prompt_of(r))  # noqa: E731
+    key = lambda r: json.dumps(prompt_of(r))
     assert not {key(r) for r in train} & {key(r) for r in test}
     assert {r["enable_thinking"] for r in train} == {True, False}
     for r in train + test:
@@ -48,9 +48,11 @@ def test_tools():
     assert validate_call(ok, TOOLS) is None
     assert "unknown tool" in validate_call({"function": {"name": "shell", "arguments": "{}"}}, TOOLS)
     assert "'expression' is a required property" in validate_call(
-        {"function": {"name": "calculator", "arguments": "{}"}}, TOOLS)
+        {"function": {"name": "calculator", "arguments": "{}"}}, TOOLS
+    )
     assert "is not of type 'string'" in validate_call(
-        {"function": {"name": "python", "arguments": '{"code": 5}'}}, TOOLS)
+        {"function": {"name": "python", "arguments": '{"code": 5}'}}, TOOLS
+    )
 
 
 def test_chat_runs_builtin_tool_calls_in_the_sandbox(capsys):

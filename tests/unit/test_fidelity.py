@@ -90,7 +90,7 @@ def test_lm_loss_under_accumulation_equals_whole_batch():
     model = _tiny()
     a, b = _batches(model.cfg.vocab_size, 2)
     b["labels"][0, 4:] = -100  # micro-batches with different numbers of loss tokens (padding, masked prompts)
-    lm_only = lambda m, batch, values: (m(batch["input_ids"], labels=batch["labels"]).lm_loss, {})  # noqa: E731
+    lm_only = lambda m, batch, values: (m(batch["input_ids"], labels=batch["labels"]).lm_loss, {})
     loss, _, _ = _micro_batches(model, iter([a, b]), 2, torch.device("cpu"), None, lm_only, {})
     accumulated = _grads(model)
     model.zero_grad(set_to_none=True)

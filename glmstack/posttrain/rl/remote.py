@@ -1,0 +1,51 @@
+"""Rollouts from an OpenAI-compatible server (ours: `glmstack serve`; vLLM and SGLang speak the same fields).
+
+Tokens in, tokens out: each row is one /v1/completions request whose prompt is the token ids, with `seed` (the
+row's seed: our server samples row `seed` exactly as Engine.generate's row with that seed), `return_token_ids`
+and `logprobs=1`; the response's `token_ids` and `token_logprobs` are used as they are, never re-tokenised. Rows
+go out concurrently, so the server's continuous batching serves them together.
+
+Servers report raw log-probs (before temperature / top-k / top-p; vLLM's default, ours too), which are the sampling
+distribution's only at temperature 1 without top-k / top-p; other settings are refused rather than silently
+compared against the wrong distribution. The server keeps its own weights: there is no weight push over the
+OpenAI API, so a server run is exactly on-policy for its first step (what the parity test checks) and uses the
+server's fixed policy after that.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+from glmstack.inference.engine import GenerationResult
+
+
+class ServerEngine:
+    def __init__(self, url: str, model: str, tokenizer=None, concurrency: int = 16):
+        from openai import OpenAI
+
+        self.client = OpenAI(base_url=url.rstrip("/") + "/v1", api_key="none")
+        self.model, self.tokenizer, self.concurrency = model, tokenizer, concurrency
+
+    def generate(self, prompts, max_new_tokens: int, *, temperature: float, top_p: float = 1.0, top_k: int = 0,
+                 seeds, logprobs: bool = True, stop_ids=None) -> GenerationResult:  # fmt: skip
+        if temperature not in (0.0, 1.0) or top_p < 1.0 or top_k:
+            raise ValueError("server rollouts report raw log-probs: use rl.temperature=1, top_p=1, top_k=0")
+
+        def one(i):
+            extra = {"return_token_ids": True} | ({"stop_token_ids": list(stop_ids)} if stop_ids else {})
+            r = self.client.completions.create(model=self.model, prompt=list(prompts[i]), max_tokens=max_new_tokens,
+                                               temperature=temperature, seed=int(seeds[i]), logprobs=1,
+                                               extra_body=extra)  # fmt: skip
+            c = r.choices[0]
+            ids = list(c.model_extra.get("token_ids") or c.token_ids)
+            return ids, list(c.logprobs.token_logprobs), c.finish_reason
+
+        with ThreadPoolExecutor(self.concurrency) as pool:
+            rows = list(pool.map(one, range(len(prompts))))
+        tokens = [r[0] for r in rows]
+        text = None
+        if self.tokenizer is not None:
+            eos = set(self.tokenizer.eos_ids)
+            text = [self.tokenizer.decode([t for t in ids if t not in eos]) for ids in tokens]
+        return GenerationResult(tokens=tokens, text=text, finish_reason=[r[2] for r in rows],
+                                logprobs=[r[1] for r in rows] if logprobs else None, seeds=list(seeds))  # fmt: skip

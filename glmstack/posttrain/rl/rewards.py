@@ -1,0 +1,142 @@
+"""RL rewards: plain callables registered by name, each scoring a batch of completed rollouts -> floats.
+
+Why batches: the code reward runs unit tests in the sandbox, many at once (glmstack.sandbox.run_batch), so a rollout
+batch is scored in one parallel call instead of one program after another. The others are cheap per sample.
+
+  arithmetic  1 if the parsed final reply's last integer is the answer (glmstack.posttrain.synthetic.verify)
+  math        1 if `math-verify` (PyPI) finds the reply's answer equal to meta["answer"] (LaTeX, fractions, ...)
+  code        1 if the reply's Python (a ```python block, else the whole content) passes meta["tests"] in the sandbox
+  format      1 if the completion ended at a stop token, its thinking block is closed and every tool call parses
+              (GLM-4.5 §3.3: a malformed tool call gets 0), else 0
+  overlong    DAPO's soft overlong punishment: 0 up to max_new_tokens − overlong_cache, then a linear ramp to −1 at
+              max_new_tokens (arXiv 2503.14476), added to the task reward
+  toy         1 if the first response token's id ≡ meta["answer"] (mod 4) (the token task of tasks.py)
+
+The stage's reward is Σ weight · reward over `rl.rewards` ([[name, weight], ...]; default: the task's own reward).
+
+    register("my_reward")(lambda samples: [1.0 if s.text.strip() else 0.0 for s in samples])
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Sample:
+    """One completed rollout as the rewards see it: tokens in, tokens out, the text decoded once from them."""
+
+    meta: dict  # the problem's (answer, tests, ...)
+    tokens: list[int]  # the response tokens, the stop token included when one ended it
+    text: str  # decoded response (stop token dropped); "" without a tokenizer
+    finish: str  # "stop" | "length"
+    max_new_tokens: int
+    style: str = "glm-4.5"
+    extra: dict = field(default_factory=dict)
+
+
+RewardFn = Callable[[list[Sample]], list[float]]
+REWARDS: dict[str, RewardFn] = {}
+OVERLONG_CACHE = 16  # tokens of DAPO's soft punishment ramp (L_cache), scaled down from 4096
+
+
+def register(name: str):
+    def add(fn: RewardFn) -> RewardFn:
+        REWARDS[name] = fn
+        return fn
+
+    return add
+
+
+def get(name: str) -> RewardFn:
+    if name not in REWARDS:
+        raise ValueError(f"unknown reward {name!r} (registered: {', '.join(sorted(REWARDS))})")
+    return REWARDS[name]
+
+
+def total(samples: list[Sample], weights: list[tuple[str, float]]) -> tuple[list[float], dict[str, float]]:
+    """Σ weight · reward per sample, and each reward's mean (for the dashboard)."""
+    out, means = [0.0] * len(samples), {}
+    for name, w in weights:
+        values = get(name)(samples)
+        means[f"reward/{name}"] = sum(values) / max(len(values), 1)
+        out = [o + w * v for o, v in zip(out, values)]
+    return out, means
+
+
+def _message(s: Sample) -> dict:
+    from glmstack.chat import parse
+
+    return parse(s.text, None, style=s.style, in_reasoning=False)
+
+
+@register("arithmetic")
+def arithmetic(samples: list[Sample]) -> list[float]:
+    from glmstack.posttrain.synthetic import verify
+
+    return [float(verify({"set": "arithmetic", "answer": s.meta["answer"]}, _message(s))) for s in samples]
+
+
+@register("math")
+def math_answer(samples: list[Sample]) -> list[float]:
+    from math_verify import parse as mv_parse
+    from math_verify import verify as mv_verify
+
+    out = []
+    for s in samples:
+        content = _message(s).get("content") or ""
+        gold, pred = mv_parse(str(s.meta["answer"])), mv_parse(content)
+        out.append(float(bool(gold) and bool(pred) and mv_verify(gold, pred)))
+    return out
+
+
+_CODE_BLOCK = re.compile(r"```(?:python)?\n(.*?)```", re.DOTALL)
+
+
+def code_of(content: str) -> str:
+    m = _CODE_BLOCK.search(content)
+    return m.group(1) if m else content
+
+
+@register("code")
+def code(samples: list[Sample]) -> list[float]:
+    from glmstack.sandbox import Job, Limits, run_batch
+
+    jobs = []
+    for s in samples:
+        program = code_of(_message(s).get("content") or "")
+        check = f"{program}\n\n{s.meta['tests']}\nprint('__ok__')\n"
+        jobs.append(Job(code=check))
+    results = run_batch(jobs, limits=Limits(timeout_s=5.0, memory_mb=256, max_output_bytes=1 << 14))
+    return [float(r.ok and "__ok__" in r.stdout) for r in results]
+
+
+@register("format")
+def format_ok(samples: list[Sample]) -> list[float]:
+    from glmstack.posttrain.rollout import MARKUP
+
+    out = []
+    for s in samples:
+        msg = _message(s)
+        text = (msg.get("reasoning_content") or "") + (msg.get("content") or "")
+        closed = s.text.count("<think>") <= s.text.count("</think>")
+        calls_ok = s.text.count("<tool_call>") == len(msg.get("tool_calls") or [])
+        out.append(float(s.finish == "stop" and closed and calls_ok and not any(t in text for t in MARKUP)))
+    return out
+
+
+@register("overlong")
+def overlong(samples: list[Sample]) -> list[float]:
+    out = []
+    for s in samples:
+        n, cache = len(s.tokens), min(OVERLONG_CACHE, s.max_new_tokens)
+        free = s.max_new_tokens - cache
+        out.append(0.0 if n <= free else -1.0 if s.finish == "length" else (free - n) / cache)
+    return out
+
+
+@register("toy")
+def toy(samples: list[Sample]) -> list[float]:
+    return [float(bool(s.tokens) and s.tokens[0] % 4 == s.meta["answer"]) for s in samples]

@@ -1,0 +1,206 @@
+"""`glmstack rl <recipe> [--set key=value ...]`: reasoning RL (GRPO without KL, clip-higher, IcePop) on the one loop.
+
+GLM-5 §3.2 Eq. 1 / GLM-4.5 §3.2 (research/rl-recipe.md §1): per optimizer step
+  weights -> rollout engine (in process; `rl.rollout_dtype=bfloat16` makes a real train/inference mismatch)
+  -> prompts × group_size rollouts with the engine's own per-token log-probs -> rewards -> group advantages
+     (dynamic sampling drops zero-variance groups and over-samples) -> micro-batches       (rollouts.py)
+  -> this loss: log-probs from the trainer's logits / the rollout temperature over the same top-k / top-p nucleus,
+     old log-probs = their detached copy (one optimizer step per rollout batch: on-policy), the policy loss
+     (rl.loss: grpo = clipped surrogate with rl.mismatch none | tis | icepop; dis; cispo; gspo)  (losses.py)
+  -> the loop's optimizer step, guard, checkpoint, metrics.jsonl.
+The curriculum is a stage table `rl.curriculum` = [[from_step, level, group_size(, hard_k)], ...]; dynamic temperature
+(`rl.dynamic_temperature`) raises the temperature when the reward plateaus. The dashboard (metrics.jsonl, plots/,
+rl_summary.json) is described in docs/rl.md, with why a policy loss near 0 is expected.
+
+    glmstack rl rl_speedrun                                   # the SFT'd speedrun model on arithmetic
+    glmstack rl rl_speedrun --set rl.mismatch=none --set rl.rollout_dtype=bfloat16 --set seed=1
+    glmstack rl rl_tiny --set steps=4                         # a random tiny model on the token task (smoke test)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from glmstack.config import ConfigError
+from glmstack.posttrain.rl.losses import (
+    cispo_loss,
+    dis_loss,
+    entropy,
+    gspo_loss,
+    policy_loss,
+    regularised,
+    token_logprobs,  # fmt: skip
+)
+from glmstack.train import dist
+from glmstack.train.config import TrainConfig
+
+
+@dataclass(kw_only=True)
+class RLOptions:
+    task: str = "arithmetic"  # tasks.TASKS: arithmetic | code | toy
+    rewards: list[list] = field(default_factory=list)  # [[name, weight], ...] (rewards.REWARDS); [] = the task's
+    samples_per_step: int = 64  # rollouts per optimizer step (prompts × group size); split into grad_accum parts
+    # [[from_step, level, group_size(, hard_k)]]: hard_k > 0 trains only problems whose first hard_k samples all
+    # fail and some later one succeeds (GLM-4.5's stage 2: pass@8 = 0, pass@512 > 0; rollouts.informative)
+    curriculum: list[list[int]] = field(default_factory=lambda: [[0, 0, 8]])
+    max_new_tokens: int = 24  # response budget per rollout
+    temperature: float = 1.0  # rollout temperature (> 0); the trainer divides its logits by the same
+    top_p: float = 1.0  # rollout nucleus; the trainer's log-probs use the same
+    top_k: int = 0  # rollout top-k; likewise
+    loss: Literal["grpo", "dis", "cispo", "gspo"] = "grpo"  # grpo = GLM-5 Eq. 1 with rl.mismatch
+    mismatch: Literal["none", "tis", "icepop"] = "icepop"  # train/inference correction (GLM-5: IcePop, β = 2)
+    mismatch_low: float = 0.5  # 1/β
+    mismatch_high: float = 2.0  # β
+    eps_low: float = 0.2  # clip-higher (DAPO; GLM-5)
+    eps_high: float = 0.28
+    reduction: Literal["sample", "token"] = "sample"  # GLM-5: per-sample mean; GLM-4.5 code RL: token mean
+    std_normalize: bool = True  # GRPO advantage / group std (GLM-5 Eq. 1); False = Dr.GRPO's R − mean
+    entropy_coef: float = 0.0  # entropy bonus (off in GLM-5's reasoning RL)
+    dynamic_sampling: bool = True  # drop groups whose rewards are all equal, over-sample to refill (DAPO)
+    oversample: int = 2  # an over-sampling round asks this many times the missing prompts
+    oversample_rounds: int = 1  # extra rounds at most (then zero-variance groups fill the batch)
+    dynamic_temperature: bool = False  # GLM-4.5: raise the temperature when the reward plateaus
+    temperatures: list[float] = field(default_factory=lambda: [0.8, 1.0, 1.2, 1.4])  # candidates of the sweep
+    plateau_window: int = 5  # steps per window of the plateau test
+    plateau_tol: float = 0.01  # |mean reward change| below this between two windows = a plateau
+    rollout_dtype: Literal["float32", "bfloat16"] = "float32"  # the rollout engine's weights
+    rollout_noise: float = 0.0  # a controlled mismatch: rollout weights + noise · std(weight) (per step)
+    rollout_server: str = ""  # an OpenAI-compatible server's URL (remote.py) instead of the in-process engine
+    server_model: str = "glmstack"  # the `model` field sent to it
+    eval_every: int = 5  # steps between held-out evaluations (greedy), 0 = only at the start and end
+    heldout_n: int = 64  # held-out problems
+    heldout_level: int = 0  # their difficulty level
+    chat_style: str = "glm-4.5"  # prompt rendering (chat tasks)
+    thinking: bool = False  # enable_thinking of the chat prompts
+    toy_stop_id: int = 1  # the token task's stop id (no tokenizer)
+
+
+@dataclass(kw_only=True)
+class RLConfig(TrainConfig):
+    rl: RLOptions = field(default_factory=RLOptions)
+
+
+# ---------------------------------------------------------------------------------------------------- loss
+def rl_loss(opts: RLOptions):
+    """loss_fn(model, batch, values) for the loop: the policy loss of one rollout micro-batch + dashboard figures."""
+
+    def loss_fn(model, batch: dict, values: dict):
+        logits_BTV = model(batch["input_ids"]).logits.float()
+        temp = batch["temperature"]
+        logp_BT = token_logprobs(logits_BTV, batch["targets"], temp, opts.top_p, opts.top_k)
+        valid = (batch["mask"] > 0) & torch.isfinite(logp_BT)  # a token outside the trainer's nucleus: dropped
+        logp_BT = torch.where(valid, logp_BT, torch.zeros_like(logp_BT))
+        mask, rollout, adv = valid.float(), batch["rollout_logp"], batch["advantages"]
+        old = logp_BT.detach()  # one optimizer step per rollout batch: π_old is the trainer at these weights
+        if opts.loss == "grpo":
+            loss, stats = policy_loss(logp_BT, old, adv, mask, rollout_logp=rollout, eps_low=opts.eps_low,
+                                      eps_high=opts.eps_high, reduction=opts.reduction, mismatch=opts.mismatch,
+                                      mismatch_low=opts.mismatch_low, mismatch_high=opts.mismatch_high)  # fmt: skip
+        elif opts.loss == "dis":
+            loss, stats = dis_loss(logp_BT, rollout, adv, mask, eps_low=opts.eps_low, eps_high=opts.eps_high,
+                                   reduction=opts.reduction)  # fmt: skip
+        elif opts.loss == "cispo":
+            loss, stats = cispo_loss(logp_BT, old, adv, mask, reduction=opts.reduction)
+        else:
+            loss, stats = gspo_loss(logp_BT, old, adv, mask)
+        ent_BT = entropy(logits_BTV, temp)
+        loss = regularised(loss, mask, entropy_BT=ent_BT, entropy_coef=opts.entropy_coef, reduction=opts.reduction)
+        m = mask.sum().clamp(min=1)
+        metrics = {"entropy": (ent_BT.detach() * mask).sum() / m,
+                   "outside_nucleus_frac": float(((batch["mask"] > 0) & ~valid).sum()) / float(m),
+                   "mean_abs_logp_diff": float(((old - rollout).abs() * mask).sum() / m)}  # fmt: skip
+        return loss, stats | metrics | batch["stats"]
+
+    return loss_fn
+
+
+# ---------------------------------------------------------------------------------------------------- stage
+def check(cfg: RLConfig) -> None:
+    from glmstack.posttrain.rl.rollouts import check_divisible, stage_at
+    from glmstack.posttrain.rl.tasks import TASKS
+
+    if not isinstance(cfg, RLConfig):
+        raise ConfigError(f"the rl stage needs an RLConfig (got {type(cfg).__name__})")
+    o = cfg.rl
+    if o.task not in TASKS:
+        raise ConfigError(f"rl.task: unknown task {o.task!r} (expected one of {', '.join(TASKS)})")
+    if o.temperature <= 0:
+        raise ConfigError("rl.temperature must be > 0 (RL samples; the trainer divides its logits by it)")
+    if not o.curriculum or any(len(r) not in (3, 4) for r in o.curriculum):
+        raise ConfigError("rl.curriculum: give rows [from_step, level, group_size] or [..., hard_k]")
+    for _, _, group, hard_k in (stage_at(o.curriculum, r[0]) for r in o.curriculum):
+        if hard_k >= group:
+            raise ConfigError(f"rl.curriculum: hard_k={hard_k} must be below the group size {group}")
+        problem = check_divisible(o.samples_per_step, int(group), cfg.grad_accum)
+        if problem:
+            raise ConfigError(problem)
+    if cfg.schedule.batch_warmup_start_tokens:
+        raise ConfigError("schedule.batch_warmup_start_tokens: RL batches are rollouts; no batch-size warm-up")
+
+
+def load_tokenizer(cfg: RLConfig):
+    """The init_from folder's tokenizer, or None (the token task needs none)."""
+    from glmstack.tokenizer import Tokenizer
+    from glmstack.train.checkpoint import resolve
+
+    if not cfg.init_from:
+        return None
+    folder = resolve(cfg.init_from, cfg.out_dir)
+    return Tokenizer.load(folder) if (folder / "tokenizer.json").exists() else None
+
+
+def build(cfg: RLConfig, model, tokenizer):
+    from glmstack.posttrain.rl.rollouts import Rollouts
+    from glmstack.posttrain.rl.tasks import make_task
+
+    try:
+        task = make_task(cfg.rl.task, tokenizer, cfg.rl.chat_style, cfg.rl.thinking)
+        return Rollouts(model=model, task=task, opts=cfg.rl, seed=cfg.seed, micro_batches=cfg.grad_accum,
+                        tokenizer=tokenizer, style=cfg.rl.chat_style)  # fmt: skip
+    except ValueError as e:
+        raise ConfigError(f"rl: {e}") from None
+
+
+def run_rl(cfg: RLConfig, stop_at: int | None = None) -> dict:
+    """Model and optimiser as every stage builds them, rollouts as the data, the RL loss; then the held-out score
+    of the final weights (rl_summary.json), the dashboard plots and (with a tokenizer) an HF model folder."""
+    from glmstack.train.loop import train
+    from glmstack.train.stage import model_and_optimizer, stage_dir
+
+    check(cfg)
+    model, optimizer = model_and_optimizer(cfg)
+    tokenizer = load_tokenizer(cfg)
+    data = build(cfg, model, tokenizer)
+    folder = stage_dir(cfg)
+    result = train(model=model, optimizer=optimizer, data=data, cfg=cfg, stage_dir=folder, loss_fn=rl_loss(cfg.rl),
+                   stop_at=stop_at)  # fmt: skip
+    if dist.rank() == 0 and result["stopped"] == "done":
+        from glmstack.posttrain.rl.dashboard import plot_dashboard, summary
+
+        data.sync(perturb=False)
+        result["heldout_acc"] = data.evaluate()
+        result["heldout_acc_sampled"] = data.evaluate(data.temperature)
+        (folder / "rl_summary.json").write_text(json.dumps(summary(folder, result), indent=2) + "\n")
+        if cfg.log.plots:
+            plot_dashboard(folder)
+        if tokenizer is not None:
+            from glmstack.posttrain.sft import export
+
+            result["model"] = str(export(Path(result["checkpoint"]), folder / "model", tokenizer, cfg.rl.chat_style))
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    from glmstack.train.stage import main_for
+
+    return main_for("rl", __doc__.splitlines()[0], argv, run_fn=run_rl)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,143 @@
+"""Procedural RL tasks with held-out splits: problems made on demand from a seed, at a difficulty level.
+
+Why procedural: reasoning RL needs an endless supply of problems with checkable answers and a difficulty knob
+(GLM-4.5 §3.2's curriculum moves from moderate to very hard problems); a generator gives both, and a hash of the
+problem text decides its split, so a held-out problem is never trained on.
+
+Tasks (`TASKS`, by name; `make_task(name, tokenizer, style)`):
+  arithmetic  chat prompts in GLM's format ("What is 7 + 5?"); level 0: sums of one-digit numbers, level 1: sums up
+              to 2 digits and differences, level 2+: glmstack.posttrain.synthetic's full arithmetic set (sums,
+              differences, products, word problems). Reward `arithmetic` (the SFT set's verifier on the parsed reply).
+  code        "Write a Python function f(x) that ..." with hidden unit tests run in glmstack.sandbox (reward `code`).
+  toy         token-id prompts, no tokenizer: the first response token is right when its id ≡ prompt[0] + level
+              (mod 4) (reward `toy`; a random policy scores 1/4); tiny enough for unit tests and gradient checks.
+
+A Problem is `prompt_ids` (what the rollout engine is given, tokens in) + `meta` (what the reward reads).
+
+    task = make_task("arithmetic", tokenizer, "glm-4.5")
+    problems = task.problems(split="train", n=8, seed=3, level=0)
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+from dataclasses import dataclass, field
+
+TEST_EVERY = 5  # one problem in TEST_EVERY is held out (by a hash of its text)
+
+
+@dataclass
+class Problem:
+    prompt_ids: list[int]
+    meta: dict = field(default_factory=dict)  # the task name, the answer, the tests: what the reward reads
+
+
+def split_of(key: str) -> str:
+    return "test" if zlib.crc32(key.encode()) % TEST_EVERY == 0 else "train"
+
+
+class Task:
+    """A generator of problems: `item(rng, level) -> (key text, meta)`; `encode(meta) -> prompt ids`."""
+
+    name = "task"
+    rewards: tuple[str, ...] = ()  # the rewards that score it (glmstack.posttrain.rl.rewards)
+
+    def problems(self, *, split: str, n: int, seed: int, level: int = 0) -> list[Problem]:
+        """`n` problems of `split` at `level`, a pure function of the arguments."""
+        rng = random.Random(f"{self.name}:{level}:{seed}")
+        out, tries = [], 0
+        while len(out) < n:
+            tries += 1
+            if tries > 1000 * n + 1000:
+                raise ValueError(f"task {self.name} level {level}: cannot find {n} {split} problems")
+            key, meta = self.item(rng, level)
+            if split_of(key) == split:
+                out.append(Problem(self.encode(meta), meta | {"task": self.name, "level": level}))
+        return out
+
+    def item(self, rng: random.Random, level: int) -> tuple[str, dict]:
+        raise NotImplementedError
+
+    def encode(self, meta: dict) -> list[int]:
+        raise NotImplementedError
+
+
+class ChatTask(Task):
+    """A task whose prompt is one user message rendered in GLM's chat format with the generation prompt."""
+
+    def __init__(self, tokenizer, style: str = "glm-4.5", thinking: bool = False):
+        if tokenizer is None:
+            raise ValueError(f"task {self.name} needs a tokenizer (init_from a folder with tokenizer.json)")
+        self.tokenizer, self.style, self.thinking = tokenizer, style, thinking
+
+    def encode(self, meta: dict) -> list[int]:
+        from glmstack.chat import render
+
+        text = render([{"role": "user", "content": meta["question"]}], None, style=self.style,
+                      enable_thinking=self.thinking, add_generation_prompt=True)  # fmt: skip
+        return self.tokenizer.encode(text)
+
+
+class Arithmetic(ChatTask):
+    name = "arithmetic"
+    rewards = ("arithmetic",)
+
+    def item(self, rng: random.Random, level: int) -> tuple[str, dict]:
+        if level <= 0:
+            a, b = rng.randint(1, 9), rng.randint(1, 9)
+            q, ans = f"What is {a} + {b}?", a + b
+        elif level == 1:
+            a, b = rng.randint(2, 60), rng.randint(2, 39)
+            q, ans = (f"What is {a} + {b}?", a + b) if rng.random() < 0.5 else (f"What is {a + b} - {b}?", a)
+        else:
+            from glmstack.posttrain.synthetic import arithmetic_item
+
+            q, _, ans = arithmetic_item(rng)
+        return q, {"question": q, "answer": str(ans)}
+
+
+# (name, description, reference body, hidden tests): functions of one integer argument
+CODE_FUNCS = (
+    ("add_k", "returns x + {k}", "return x + {k}", "assert f(0) == {k}\nassert f(5) == 5 + {k}\nassert f(-3) == -3 + {k}"),
+    ("mul_k", "returns x times {k}", "return x * {k}", "assert f(2) == 2 * {k}\nassert f(7) == 7 * {k}\nassert f(0) == 0"),
+    ("is_mult", "returns True when x is a multiple of {k}", "return x % {k} == 0",
+     "assert f({k}) is True\nassert f({k} + 1) is False\nassert f(0) is True"),
+    ("sq_plus", "returns the square of x plus {k}", "return x * x + {k}", "assert f(3) == 9 + {k}\nassert f(-2) == 4 + {k}"),
+)  # fmt: skip
+
+
+class Code(ChatTask):
+    name = "code"
+    rewards = ("code",)
+
+    def item(self, rng: random.Random, level: int) -> tuple[str, dict]:
+        _, desc, body, tests = rng.choice(CODE_FUNCS[: 2 + max(0, level)])
+        k = rng.randint(2, 9)
+        q = f"Write a Python function f(x) that {desc.format(k=k)}."
+        return q, {"question": q, "tests": tests.format(k=k), "entry_point": "f",
+                   "reference": f"def f(x):\n    {body.format(k=k)}\n"}  # fmt: skip
+
+
+class Toy(Task):
+    name = "toy"
+    rewards = ("toy",)
+    VOCAB = 16  # prompt tokens and answers live in ids [16, 32): any model with vocab_size >= 32
+
+    def item(self, rng: random.Random, level: int) -> tuple[str, dict]:
+        ids = [rng.randrange(self.VOCAB) + self.VOCAB for _ in range(rng.randint(2, 4))]
+        answer = (ids[0] + level) % 4
+        return " ".join(map(str, ids)), {"ids": ids, "answer": answer}
+
+    def encode(self, meta: dict) -> list[int]:
+        return list(meta["ids"])
+
+
+TASKS = {"arithmetic": Arithmetic, "code": Code, "toy": Toy}
+
+
+def make_task(name: str, tokenizer=None, style: str = "glm-4.5", thinking: bool = False) -> Task:
+    if name not in TASKS:
+        raise ValueError(f"unknown RL task {name!r} (expected one of {', '.join(TASKS)})")
+    cls = TASKS[name]
+    return cls() if not issubclass(cls, ChatTask) else cls(tokenizer, style, thinking)
