@@ -28,7 +28,15 @@ def init_from_env(device_type: str = "cpu") -> None:
         backend = "nccl" if device_type == "cuda" else "gloo"
         if device_type == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend)
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+        if restart is None:
+            dist.init_process_group(backend)
+            return
+        # torchrun keeps one rendezvous TCPStore across restarts: without a prefix per attempt, a restarted rank
+        # can read the address a killed rank published and fail to connect (seen in tests/dist/test_elastic_launch)
+        store, rank_, world_ = next(dist.rendezvous("env://"))
+        store = dist.PrefixStore(f"glmstack/attempt_{restart}", store)
+        dist.init_process_group(backend, store=store, rank=rank_, world_size=world_)
 
 
 def shutdown() -> None:
