@@ -7,9 +7,8 @@ training (the weights after loading, gathered: they must equal the saved ones bi
 Tolerance for the losses, 5e-5 relative: every layout computes the same fp32 math but sums in another order
 (FSDP2's reduce-scatter, DDP's all-reduce, one process's accumulation, EP's all-to-all dispatch and combine), and
 Newton–Schulz runs in fp32 here (optim.ns_dtype=float32) so bf16 rounding cannot amplify that. Measured at
-steps 3-4: one process 0.0, DDP 0.0, EP 2 + FSDP2 5.1e-6 (EP computes the experts of the dispatched tokens with
-other kernels than the model's own expert path, grown by one Muon step; EP against EP agrees to 3e-8,
-tests/dist/test_train_dist.py). What the bound must catch: resuming with the optimizer state lost (weights and data right) moves the
+steps 3-4: one process 0.0, DDP 0.0, EP 2 + FSDP2 0.0 (5.1e-6 while EP computed the dispatched tokens' experts
+with other kernels than the model's own path, grown by one Muon step). What the bound must catch: resuming with the optimizer state lost (weights and data right) moves the
 step-4 loss by 5.0e-4 relative; a wrong data position changes the batch and so the step-3 loss by far more. 5e-5
 is 10x above the noise and 10x below the smallest error.
 
