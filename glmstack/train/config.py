@@ -74,6 +74,7 @@ class LogConfig:
     val_every: int = 0  # steps between validation losses (0 = never)
     val_batches: int = 4  # micro-batches per validation
     tensorboard: bool = False  # also write TensorBoard scalars
+    wandb: Literal["off", "offline", "online"] = "off"  # also Weights & Biases (offline: no network; `wandb sync`)
     plots: bool = True  # PNG plots from metrics.jsonl at the end
     progress: bool = True  # tqdm bar on rank 0
     peak_flops: float = 989e12  # accelerator bf16 peak for MFU (H100 SXM dense); 0 disables MFU
@@ -89,6 +90,7 @@ class GuardConfig:
 class DistConfig:
     dp: Literal["auto", "none", "ddp", "fsdp"] = "auto"  # data parallel under torchrun (auto: ddp if world > 1)
     expert_parallel: bool = False  # shard routed experts over ranks, all-to-all dispatch/combine
+    ep: int = 0  # expert-parallel degree: ranks per expert group (0 = all ranks); divides the number of ranks
 
 
 @dataclass(kw_only=True)
@@ -198,7 +200,8 @@ def loader_options(kind: str, packing: str) -> set[str]:
 
 # Fields that may differ between the config a checkpoint was written with and the one resuming from it.
 RESUME_MAY_CHANGE = (
-    "steps", "ckpt.", "log.", "guard.", "device", "compile", "dist.", "data.path", "data.val_path", "optim_state"
+    "steps", "ckpt.", "log.", "guard.", "device", "compile", "dist.", "data.path", "data.val_path", "optim_state",
+    "out_dir",  # a run folder moved to another cluster or disk
 )
 
 

@@ -2,7 +2,8 @@
 
 Sequences are walks on a fixed random sparse Markov chain (each token has `branching` likely successors), so a
 small model can learn them and the loss falls quickly; batch i of rank r is a pure function of (seed, r, i),
-which makes the position (`state_dict`) exact and resumable and keeps ranks disjoint.
+which makes the position (`state_dict`, counted in global batches) exact and resumable on any number of ranks and keeps
+ranks disjoint.
 
     data = SyntheticLM(vocab_size=512, seq_len=64, batch_size=4, rank=0, world_size=1)
     batch = next(iter(data))   # {"input_ids": (B, T), "labels": (B, T) already shifted}
@@ -14,7 +15,7 @@ import torch
 
 
 class SyntheticLM:
-    """Infinite iterable of {"input_ids", "labels"} batches; state_dict() = {"position": batches yielded}."""
+    """Infinite iterable of {"input_ids", "labels"} batches; state_dict() = {"global_batches": consumed by all}."""
 
     def __init__(
         self,
@@ -59,7 +60,13 @@ class SyntheticLM:
             yield out
 
     def state_dict(self) -> dict:
-        return {"position": self.position}
+        """The position in global batches (every rank's next batch index is the same), so a run resumed on
+        another number of ranks continues right after the last batch any rank consumed."""
+        return {"global_batches": self.position * self.world_size}
 
     def load_state_dict(self, state: dict) -> None:
-        self.position = int(state["position"])
+        consumed = int(state["global_batches"]) if "global_batches" in state else int(state["position"])
+        if consumed % self.world_size:
+            raise ValueError(f"the run consumed {consumed} global batches, which {self.world_size} ranks cannot "
+                             f"continue evenly; resume on a number of ranks that divides it")
+        self.position = consumed // self.world_size
