@@ -13,7 +13,7 @@ $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(MAKE) --no-print-directory torch
-	$(BIN)/pip install -q -e ".[data,semdedup,eval,serve,dev,ray]"
+	$(BIN)/pip install -q -e ".[data,semdedup,eval,serve,dev,ray,tracking]"
 	$(BIN)/pip install -q --no-deps bfcl-eval  # its pins would downgrade numpy; its data files need none of them
 	-@if command -v bwrap >/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \

@@ -5,7 +5,7 @@
     loader = PretrainLoader("runs/data/train", seq_len=256, batch_size=8, rank=0, world_size=1)
 
 Modules: sources (readers), filters/decontam (heuristics), quality + mixture (buckets -> epochs), dedup (exact +
-MinHash LSH), semdedup, fim, repo, corpus (default offline corpus), pipeline (the build), shards (token files),
+MinHash LSH), semdedup, dedup_shards + semdedup_shards (the same decisions as sharded disk-based stages), fim, repo, corpus (default offline corpus), pipeline (the build), shards (token files),
 packing + loader (batches), cli. Imports are lazy so `import glmstack.data` stays cheap.
 """
 

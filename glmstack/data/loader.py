@@ -19,7 +19,8 @@ the tokenizer saved beside the shards (`<data>/tokenizer`, or `tokenizer=`). `fi
 
 Data parallelism: each global batch is batch_size * world_size rows of the epoch order, rank r takes rows
 [r * batch_size, (r + 1) * batch_size); the remainder of an epoch that does not fill a global batch is skipped
-so every rank takes the same number of steps.
+so every rank takes the same number of steps. The position is counted in rows of the epoch order, not per
+rank, so a run resumed on W' ranks continues at the first row the W-rank run did not consume.
 """
 
 from __future__ import annotations
@@ -83,11 +84,18 @@ class _EpochLoader:
             self.epoch, self.batch = self.epoch + 1, 0
 
     def state_dict(self) -> dict:
-        """Position of the NEXT batch; with load_state_dict a resumed run sees exactly the batches it missed."""
-        return {"epoch": self.epoch, "batch": self.batch, "seed": self.seed}
+        """Position of the NEXT batch in global samples (rows of the epoch order all ranks consumed), so a run
+        resumed on another number of ranks sees exactly the rows the old one did not (none skipped or repeated)."""
+        return {"epoch": self.epoch, "samples": self.batch * self.batch_size * self.world_size, "seed": self.seed}
 
     def load_state_dict(self, state: dict) -> None:
-        self.epoch, self.batch = int(state["epoch"]), int(state["batch"])
+        g = self.batch_size * self.world_size
+        samples = int(state["samples"]) if "samples" in state else int(state["batch"]) * g  # older: same world
+        if samples % g:
+            raise ValueError(f"the run consumed {samples} rows of epoch {state['epoch']}, which global batches of "
+                             f"{self.batch_size} x {self.world_size} ranks cannot continue evenly; resume on a number "
+                             f"of ranks whose global batch divides it")
+        self.epoch, self.batch = int(state["epoch"]), samples // g
         self.seed = int(state.get("seed", self.seed))
 
     def __len__(self) -> int:
@@ -102,7 +110,11 @@ class _EpochLoader:
 
     @staticmethod
     def _collate(rows: list[dict]) -> dict[str, torch.Tensor]:
-        return {k: torch.from_numpy(np.stack([r[k] for r in rows])) for k in rows[0]}
+        """Stack rows; a key only some rows carry (a pre-training window FIM left padded has segment_ids) is
+        filled with ones — one segment, no padding — in the others."""
+        keys = dict.fromkeys(k for r in rows for k in r)
+        fill = lambda r, k: r[k] if k in r else np.ones_like(r["input_ids"])
+        return {k: torch.from_numpy(np.stack([fill(r, k) for r in rows])) for k in keys}
 
 
 class PretrainLoader(_EpochLoader):
@@ -118,7 +130,10 @@ class PretrainLoader(_EpochLoader):
         w, n = self.fim.window(i * self.seq_len, w, epoch)
         labels = w[1:].copy()
         labels[max(0, n - 1) :] = -100  # the padding after a window that FIM made shorter predicts nothing
-        return {"input_ids": w[:-1], "labels": labels}
+        row = {"input_ids": w[:-1], "labels": labels}
+        if n < self.seq_len:  # segment 0 = padding: routed, but not counted in the balancing load or aux loss
+            row["segment_ids"] = (np.arange(self.seq_len) < n).astype(np.int64)
+        return row
 
 
 class PackedLoader(_EpochLoader):

@@ -26,6 +26,7 @@ import heapq
 import json
 import pickle
 import shutil
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,17 +37,27 @@ from tqdm import tqdm
 
 from glmstack.config import to_dict, write_json
 from glmstack.data.corpus import CorpusConfig
-from glmstack.data.dedup import MinHashConfig, dedup_decisions
+from glmstack.data.dedup import MinHashConfig
+from glmstack.data.dedup_shards import make_plan, run_sharded_dedup
 from glmstack.data.executor import run_units
 from glmstack.data.filters import FilterConfig
 from glmstack.data.fim import FIMConfig, doc_key
 from glmstack.data.mixture import MixtureConfig, assign_levels, epochs_for, n_copies, unit_hash
 from glmstack.data.quality import QualityConfig, QualityModel
 from glmstack.data.report import Summary
-from glmstack.data.semdedup import SemDedupConfig, semdedup_drops
+from glmstack.data.semdedup import SemDedupConfig, resolve_embedder
+from glmstack.data.semdedup_shards import SemPlan, run_sharded_semdedup, shards_for
 from glmstack.data.shards import ShardWriter
 from glmstack.data.sources import Doc, EmptyInputError, SourceConfig, SourceStats, read_hf, read_source
-from glmstack.data.stages import StageContext, filter_unit, read_docs, save_npy, tokenize_unit, write_docs
+from glmstack.data.stages import (
+    StageContext,
+    embed_unit,
+    filter_unit,
+    save_npy,
+    tokenize_unit,
+    write_decontam_bloom,
+    write_docs,
+)
 
 
 @dataclass(kw_only=True)
@@ -72,6 +83,8 @@ class PipelineConfig:
     executor_options: dict[str, Any] = field(default_factory=dict)  # extra kwargs for datatrove's executor
     progress: bool = True  # tqdm bars (rate + ETA) and the summary table on stdout
     keep_work: bool = False  # keep the per-unit work files after a successful build
+    dedup_block_docs: int = 65536  # documents per task of the sharded dedup's keys stage (dedup_shards.py)
+    dedup_shard_records: int = 1 << 21  # LSH band records per dedup shard: bounds memory per shard task
 
 
 def with_seed(cfg: PipelineConfig, seed: int) -> PipelineConfig:
@@ -85,7 +98,15 @@ def with_seed(cfg: PipelineConfig, seed: int) -> PipelineConfig:
 
 
 # fields that change how a build runs but never its bytes: a rerun with other values resumes the same build
-EXECUTION_FIELDS = ("executor", "workers", "executor_options", "progress", "keep_work")
+EXECUTION_FIELDS = (
+    "executor",
+    "workers",
+    "executor_options",
+    "progress",
+    "keep_work",
+    "dedup_block_docs",
+    "dedup_shard_records",
+)
 
 
 # bumped when the bytes a config produces change: 2 = FIM moved from the shards to the loader
@@ -134,11 +155,12 @@ def build_dataset(
         options=cfg.executor_options,
     )
     # ---- 1. filter ---------------------------------------------------------------------------------------------
+    write_decontam_bloom(ctx)
     run(functools.partial(filter_unit, ctx), units, lambda u: ctx.path("report", u, "json"), desc="filter")
     rows = _gather(ctx, units, summary)
     # ---- 2. dedup ----------------------------------------------------------------------------------------------
-    _dedup(ctx, units, rows, summary)
-    _semdedup(ctx, units, rows, summary)
+    _dedup(ctx, units, rows, summary, run)
+    _semdedup(ctx, units, rows, summary, run)
     # ---- 3. mixture --------------------------------------------------------------------------------------------
     _mixture(cfg, rows, summary)
     for u in units:
@@ -264,38 +286,67 @@ def _gather(ctx: StageContext, units: list[int], summary: Summary) -> list[dict]
     return rows
 
 
-def _dedup(ctx: StageContext, units: list[int], rows: list[dict], summary: Summary) -> None:
+def _dedup(ctx: StageContext, units: list[int], rows: list[dict], summary: Summary, run) -> None:
+    """Exact + MinHash as sharded disk-based stages on the executor; decisions as dedup.dedup_decisions would make
+    them over the canonical order (eval first, then read order), so a train copy of an eval page loses."""
     if not ctx.cfg.dedup:
         return
-    hashes = np.concatenate([np.load(ctx.path("hash", u, "npy")) for u in units])
-    sigs = np.concatenate([np.load(ctx.path("sig", u, "npy")) for u in units])
     order = sorted(range(len(rows)), key=lambda i: rows[i]["split"] != "eval")  # eval first, then stable
-    decisions = dedup_decisions([hashes[i].tobytes() for i in order], [sigs[i] for i in order], ctx.cfg.minhash)
-    for i, why in zip(order, decisions):
-        if why:
+    rank = np.empty(len(rows), np.int64)
+    rank[order] = np.arange(len(rows))
+    counts = [0] * len(units)
+    for r in rows:
+        counts[r["unit"]] += 1
+    start = 0
+    for u in units:
+        save_npy(ctx.path("rank", u, "npy"), rank[start : start + counts[u]])
+        start += counts[u]
+    plan = make_plan(
+        ctx.work, ctx.work / "dedup", counts, ctx.cfg.minhash, ctx.cfg.dedup_block_docs, ctx.cfg.dedup_shard_records
+    )
+    result = run_sharded_dedup(plan, run)
+    for why in ("exact", "minhash"):
+        for i in np.asarray(order)[result[why]].tolist():
             rows[i]["drop"] = why
             summary.count_drop(why, rows[i])
+    summary.stages.update({f"dedup/{k}": v for k, v in result["stages"].items()})
 
 
-def _semdedup(ctx: StageContext, units: list[int], rows: list[dict], summary: Summary) -> None:
-    if not ctx.cfg.semdedup.enabled:
+def _semdedup(ctx: StageContext, units: list[int], rows: list[dict], summary: Summary, run) -> None:
+    """SemDeDup of the prose that survived dedup, as sharded stages (semdedup_shards.py): the in-memory path's
+    decisions while the prose fits one k-means sample (semdedup.sample_docs)."""
+    cfg = ctx.cfg.semdedup
+    if not cfg.enabled:
         return
-    idx, texts = [], []
-    by_unit = {}
-    for i, r in enumerate(rows):
-        if r["kind"] == "text" and r["drop"] is None:
-            by_unit.setdefault(r["unit"], []).append(i)
-    for u, members in by_unit.items():
-        docs = read_docs(ctx.path("kept", u, "jsonl.zst"))
-        for i in members:
-            idx.append(i)
-            texts.append(docs[rows[i]["pos"]].text)
-    if len(texts) < 2:
+    idx = [i for i, r in enumerate(rows) if r["kind"] == "text" and r["drop"] is None]
+    if len(idx) < 2:
         return
-    for i, drop in zip(idx, semdedup_drops(texts, ctx.cfg.semdedup)):
-        if drop:
-            rows[i]["drop"] = "semdedup"
-            summary.count_drop("semdedup", rows[i])
+    by_unit: dict[int, list[int]] = {u: [] for u in units}
+    for k, i in enumerate(idx):
+        by_unit[rows[i]["unit"]].append(k)
+    for u in units:
+        save_npy(ctx.path("sem_pos", u, "npy"), np.array([rows[idx[k]]["pos"] for k in by_unit[u]], np.int64))
+        save_npy(ctx.path("sem_idx", u, "npy"), np.array(by_unit[u], np.int64))
+    start = time.perf_counter()
+    run(functools.partial(embed_unit, ctx), units, lambda u: ctx.path("emb", u, "json"), desc="semdedup/embed")
+    stats = [json.loads(ctx.path("emb", u, "json").read_text()) for u in units]
+    embedder = resolve_embedder(cfg)
+    plan = SemPlan(
+        work=ctx.work, units=units, cfg=cfg, embedder=embedder, n_shards=shards_for(len(idx), cfg.shard_docs)
+    )
+    result = run_sharded_semdedup(plan, run, len(idx), cfg.sample_docs)
+    summary.stages["semdedup/embed"] = {
+        "tasks": len(units),
+        "docs_in": len(idx),
+        "docs_out": len(idx),
+        "seconds": round(time.perf_counter() - start, 3),
+        "peak_mb_per_task": round(max(s["peak_mb"] for s in stats), 1),
+        "embedder": embedder,
+    }
+    summary.stages.update({f"semdedup/{k}": v for k, v in result["stages"].items()})
+    for k in result["drop"].tolist():
+        rows[idx[k]]["drop"] = "semdedup"
+        summary.count_drop("semdedup", rows[idx[k]])
 
 
 def _mixture(cfg: PipelineConfig, rows: list[dict], summary: Summary) -> None:

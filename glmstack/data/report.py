@@ -27,6 +27,7 @@ class Summary:
     )
     splits: dict = field(default_factory=dict)
     quality: dict = field(default_factory=dict)
+    stages: dict = field(default_factory=dict)  # sharded stage -> tasks, docs in/out, seconds, peak MB per task
 
     def add_filter_report(self, rep: dict) -> None:
         self.filter_removed.update(rep["removed"])
@@ -78,6 +79,7 @@ class Summary:
             "drops_by_source": {k: dict(v) for k, v in self.drops_by_source.items()},
             "quality_model": self.quality,
             "splits": self.splits,
+            "stages": self.stages,
             "mixture": self.mixture(mixture_cfg),
         }
 
@@ -90,6 +92,15 @@ class Summary:
         for s in self.sources.values():
             lines += [f"  {e}" for e in s["errors"][:5]]
         lines.append("")
+        if self.stages:
+            lines.append(f"{'stage':<28}{'tasks':>7}{'docs in':>10}{'docs out':>10}{'seconds':>9}{'peak MB/task':>14}")
+            for name, st in self.stages.items():
+                label = f"{name} ({st['embedder']})" if "embedder" in st else name
+                lines.append(
+                    f"{label:<28}{st['tasks']:>7}{st['docs_in']:>10}{st['docs_out']:>10}{st['seconds']:>9.2f}"
+                    f"{st['peak_mb_per_task']:>14.0f}"
+                )
+            lines.append("")
         lines.append(f"{'split|source|level':<34}{'docs':>8}{'copies':>8}{'unique tok':>12}{'tokens':>12}")
         for key, t in sorted(self.tokens.items()):
             lines.append(f"{key:<34}{t['docs']:>8}{t['copies']:>8}{t['unique_tokens']:>12}{t['tokens']:>12}")

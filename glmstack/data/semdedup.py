@@ -34,12 +34,18 @@ class SemDedupConfig:
     max_clusters: int = 50_000  # cap on K = round(sqrt(N))
     n_features: int = 2**18  # hashed embedder width
     seed: int = 0  # k-means initialisation
+    sample_docs: int = 200_000  # k-means is fitted on the first this many embeddings (canonical order)
+    shard_docs: int = 100_000  # embeddings per SemDeDup shard task (clusters are split among shards)
 
 
 def hashed_embed(texts: list[str], n_features: int = 2**18):
     """Sparse (N, n_features) CSR matrix of sublinear hashed word counts, rows L2-normalised."""
     from sklearn.feature_extraction.text import HashingVectorizer
 
+    if not texts:  # a work unit without prose (sklearn's transform cannot take an empty list)
+        from scipy.sparse import csr_matrix
+
+        return csr_matrix((0, n_features), dtype=np.float32)
     vec = HashingVectorizer(n_features=n_features, ngram_range=(1, 1), alternate_sign=False, norm=None, lowercase=True)
     X = vec.transform(texts).astype(np.float32)
     X.data = 1.0 + np.log(X.data)  # sublinear tf: a long page is not "more similar" for repeating a word

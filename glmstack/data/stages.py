@@ -6,6 +6,8 @@ Work folder layout (one file set per unit u, the marker written last):
     sig_{u}.npy / hash_{u}.npy        MinHash signatures and exact hashes of the kept documents (stage 1)
     meta_{u}.json                     [id, source, kind, split, quality, chars] per kept document (stage 1)
     report_{u}.json                   filter report; the stage-1 marker
+    decontam_bloom.npy (+ .json)      evaluation n-gram Bloom filter every filter task loads (driver, once)
+    rank_{u}.npy, dedup/              canonical rank per kept document; the sharded dedup's files (dedup_shards.py)
     keep_{u}.npy                      copies per kept document after dedup + mixture (driver)
     tok_{u}.bin / tok_{u}.idx.npy     tokens of the surviving documents (stage 2); tok_{u}.done marker
 """
@@ -15,6 +17,8 @@ from __future__ import annotations
 import io
 import json
 import pickle
+import resource
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,7 +76,7 @@ def _cached(ctx: StageContext, key: str, make):
 def filter_unit(ctx: StageContext, u: int) -> None:
     """Stage 1: filters, decontamination, quality score, exact hash and MinHash signature of one unit."""
     cfg = ctx.cfg
-    filters = _cached(ctx, "filters", lambda: build_filters(cfg.filters, _decontaminator(cfg)))
+    filters = _cached(ctx, "filters", lambda: build_filters(cfg.filters, _decontaminator(ctx)))
     hasher = _cached(ctx, "minhash", lambda: MinHasher(cfg.minhash))
     quality = _cached(ctx, "quality", lambda: _load_quality(ctx.work))
     report, kept = FilterReport(), []
@@ -97,12 +101,23 @@ def filter_unit(ctx: StageContext, u: int) -> None:
     write_atomic(ctx.path("report", u, "json"), json.dumps(rep))
 
 
-def _decontaminator(cfg):
-    if not cfg.filters.decontaminate:
-        return None
-    from glmstack.data.decontam import Decontaminator, default_eval_texts
+def write_decontam_bloom(ctx: StageContext) -> None:
+    """Driver, once per build: the evaluation sets' n-gram Bloom filter that every filter task loads."""
+    from glmstack.data.decontam import NgramBloom, default_eval_texts
 
-    return Decontaminator(default_eval_texts(), cfg.filters.decontam_n)
+    path = ctx.work / "decontam_bloom.npy"
+    if ctx.cfg.filters.decontaminate and not path.exists():
+        NgramBloom.build(default_eval_texts(), ctx.cfg.filters.decontam_n).save(path)
+
+
+def _decontaminator(ctx: StageContext):
+    """The task's decontamination filter: the driver's Bloom filter (memory-mapped); exact n-grams on first hit."""
+    if not ctx.cfg.filters.decontaminate:
+        return None
+    from glmstack.data.decontam import Decontaminator, NgramBloom, default_eval_texts
+
+    bloom = NgramBloom.load(ctx.work / "decontam_bloom.npy")
+    return Decontaminator(default_eval_texts, ctx.cfg.filters.decontam_n, bloom=bloom)
 
 
 def _load_quality(work: Path):
@@ -136,3 +151,24 @@ def tokenize_unit(ctx: StageContext, u: int) -> None:
     write_atomic(ctx.path("tok", u, "bin"), flat.tobytes())
     save_npy(ctx.path("tok", u, "idx.npy"), offsets)
     ctx.path("tok", u, "done").write_text("ok")
+
+
+def embed_unit(ctx: StageContext, u: int) -> None:
+    """SemDeDup stage 1: embeddings of the unit's prose survivors (positions in sem_pos_{u}.npy, from the driver)."""
+    from glmstack.data.semdedup import embed, hashed_embed, resolve_embedder
+    from glmstack.data.semdedup_shards import save_rows
+
+    start = time.perf_counter()
+    pos = np.load(ctx.path("sem_pos", u, "npy"))
+    docs = read_docs(ctx.path("kept", u, "jsonl.zst")) if len(pos) else []
+    texts = [docs[p].text for p in pos.tolist()]
+    if texts:
+        X = embed(texts, ctx.cfg.semdedup)
+    elif resolve_embedder(ctx.cfg.semdedup) == "minilm":
+        X = np.zeros((0, 384), np.float32)
+    else:
+        X = hashed_embed([], ctx.cfg.semdedup.n_features)
+    save_rows(ctx.work / f"emb_{u:05d}", X)
+    stats = {"seconds": time.perf_counter() - start, "in": len(texts), "out": len(texts)}
+    stats["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    write_atomic(ctx.path("emb", u, "json"), json.dumps(stats))

@@ -54,6 +54,10 @@ class KVCache:
     def length(self, i: int) -> int:
         return self._max.get(i, 0)
 
+    def buffers(self) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """layer -> its (B, H, S, Dh) k and v buffers (read-only use: prefix_cache copies positions out)."""
+        return {i: (self._k[i], self._v[i]) for i in self._k}
+
     def lengths(self, i: int) -> torch.Tensor:
         """(B,) positions stored per row of layer i."""
         if i not in self._len:

@@ -46,7 +46,10 @@ REQUIRED_HF_FIELDS = ("model_type", "vocab_size", "hidden_size", "intermediate_s
 MODEL_TYPES = ("glm4_moe", "glm4_moe_lite", "glm_moe_dsa")  # GQA / MLA (mla.py) / MLA + DSA (mla.py, dsa.py)
 MLA_TYPES = ("glm4_moe_lite", "glm_moe_dsa")
 TRAINING_FIELDS = ("mtp_loss_weight", "aux_loss_weight", "use_grouped_mm", "num_mtp_depths", "dsa_stage",
-                   "dsa_loss_weight", "fused_lm_loss")
+                   "dsa_loss_weight", "fused_lm_loss", "embedding_grad_shrink")
+# glmstack-only architecture options (GLM 2021, GLM-130B; glmstack/model/glm_options.py): written to config.json only
+# when not at their default, so a default model's config.json is exactly transformers' (no key it does not know)
+GLM_FAMILY_FIELDS = ("position_2d", "deepnorm")
 # fields only some model types write to config.json
 MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "rope_interleave")
 DSA_FIELDS = ("indexer_rope_interleave", "index_topk", "index_head_dim", "index_n_heads", "indexer_types")
@@ -105,6 +108,10 @@ class ModelConfig:
     #                          reused with shared parameters (GLM-5: 1 layer x 3 depths); 0 = one per layer
     dsa_stage: str = "select"  # DSA: dense | warmup (only indexers train) | sparse | select | frozen (dsa.py)
     dsa_loss_weight: float = 1.0  # gradient weight of the indexer KL in warmup/sparse (MCORE dsa_indexer_loss_coeff)
+    embedding_grad_shrink: float = 1.0  # GLM-130B: emb = a*emb + (1-a)*emb.detach(); 1 = off, GLM-130B 0.1
+    # --- GLM-family options (glm_options.py); at their defaults the model is GLM-4.5's ---
+    position_2d: bool = False  # GLM (2021) blank infilling: position_ids (B, 2, T), 2D RoPE (glm_options.py)
+    deepnorm: bool = False  # GLM-130B DeepNorm: Post-LN blocks x = norm(alpha*x + f(x)), beta-scaled init
 
     def __post_init__(self):
         problems = self.problems()
@@ -150,6 +157,10 @@ class ModelConfig:
         for k in ("n_shared_experts", "num_nextn_predict_layers"):
             if getattr(self, k) < 0:
                 p.append(f"{k} must be >= 0, got {getattr(self, k)}")
+        if not 0 < self.embedding_grad_shrink <= 1:
+            p.append(f"embedding_grad_shrink must be in (0, 1], got {self.embedding_grad_shrink}")
+        if self.position_2d and (self.is_mla or self.rotary_dim % 4):
+            p.append(f"position_2d needs GQA attention and a rotary dim divisible by 4, got {self.rotary_dim}")
         for k in ("rope_theta", "rms_norm_eps", "routed_scaling_factor", "initializer_range"):
             if getattr(self, k) <= 0:
                 p.append(f"{k} must be > 0, got {getattr(self, k)}")
@@ -225,6 +236,7 @@ class ModelConfig:
         """The `config.json` dict as transformers 5 writes it (RoPE inside `rope_parameters`)."""
         drop = TRAINING_FIELDS + ("hf_metadata",) + (GQA_FIELDS if self.is_mla else MLA_FIELDS)
         drop += () if self.has_dsa else DSA_FIELDS
+        drop += tuple(k for k in GLM_FAMILY_FIELDS if getattr(self, k) is False)  # default: transformers' keys only
         d = {k: v for k, v in dataclasses.asdict(self).items() if k not in drop}
         rope = {"rope_theta": d.pop("rope_theta"), "partial_rotary_factor": d.pop("partial_rotary_factor"),
                 "rope_type": "default"}

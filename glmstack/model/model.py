@@ -26,6 +26,8 @@ from glmstack.model.gemm import Linear
 from glmstack.model.attention import Attention, segment_mask
 from glmstack.model.config import ModelConfig
 from glmstack.model.dsa import add_indexer_losses, apply_dsa_stage, indexer_loss
+from glmstack.model.glm_options import (deepnorm_alpha, init_scale, prefix_lm_mask, rope_cos_sin_2d,
+                                        shrink_embedding_grad)
 from glmstack.model.layers import MLP, RMSNorm
 from glmstack.model.loss import cross_entropy, linear_cross_entropy
 from glmstack.model.mla import MLAttention
@@ -70,7 +72,9 @@ class GLMOutput:
 
 
 class Block(nn.Module):
-    """Pre-norm decoder block: x + attn(norm(x)), then + mlp(norm(.)); the MLP is dense or MoE."""
+    """Pre-norm decoder block: x + attn(norm(x)), then + mlp(norm(.)); the MLP is dense or MoE.
+    With cfg.deepnorm, GLM-130B's Post-LN DeepNorm instead: x = norm(alpha * x + attn(x)), then
+    norm(alpha * . + mlp(.)), alpha = (2N)^(1/2) (glm_options.py); the same two norms, so the same names."""
 
     def __init__(self, cfg: ModelConfig, layer_idx: int, moe: bool):
         super().__init__()
@@ -78,15 +82,27 @@ class Block(nn.Module):
         self.self_attn = make_attention(cfg, layer_idx)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MoE(cfg) if moe else MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.alpha = deepnorm_alpha(cfg.num_hidden_layers) if cfg.deepnorm else None
 
     def forward(self, x_BTD, cos, sin, mask=None, cache=None, valid_BT=None):
         """-> (x_BTD, aux loss or None, expert load (E,) or None); valid_BT: False on padding (not counted)."""
+        if self.alpha is not None:
+            return self._deepnorm(x_BTD, cos, sin, mask, cache, valid_BT)
         x_BTD = x_BTD + self.self_attn(self.input_layernorm(x_BTD), cos, sin, mask, cache)
         h_BTD = self.post_attention_layernorm(x_BTD)
         if isinstance(self.mlp, MoE):
             y_BTD, aux, load_E = self.mlp(h_BTD, valid_BT)
             return x_BTD + y_BTD, aux, load_E
         return x_BTD + self.mlp(h_BTD), None, None
+
+    def _deepnorm(self, x_BTD, cos, sin, mask, cache, valid_BT):
+        x_BTD = self.input_layernorm(self.alpha * x_BTD + self.self_attn(x_BTD, cos, sin, mask, cache))
+        aux = load_E = None
+        if isinstance(self.mlp, MoE):
+            y_BTD, aux, load_E = self.mlp(x_BTD, valid_BT)
+        else:
+            y_BTD = self.mlp(x_BTD)
+        return self.post_attention_layernorm(self.alpha * x_BTD + y_BTD), aux, load_E
 
 
 class GLM(nn.Module):
@@ -143,6 +159,8 @@ class GLM(nn.Module):
         - router weight (E, D), fp32: N(0, initializer_range); e_score_correction_bias (E,), fp32: 0
         - every RMSNorm gain (layers, QK-Norm, MLA q_a/kv_a, final, MTP enorm/hnorm/shared_head.norm): 1
         - DSA indexer k_norm (LayerNorm): weight 1, bias 0
+        - cfg.deepnorm: v_proj, o_proj and every MLP/expert matrix N(0, (initializer_range * beta)^2),
+          beta = (8N)^(-1/2) (glm_options.init_scale); the same random stream, so nothing else changes
         """
         self.materialize(device or "cpu")
         state = self.state_dict()
@@ -164,23 +182,29 @@ class GLM(nn.Module):
                 rule = "ones"
             else:
                 rule = "zeros" if name.endswith(".bias") else "normal"
-            plan.append((name, p.shape, p.dtype, rule))
-        plan += [(n, b.shape, b.dtype, "zeros") for n, b in self.named_buffers() if n.endswith("e_score_correction_bias")]
+            plan.append((name, p.shape, p.dtype, rule, init_scale(self.cfg, name)))
+        plan += [(n, b.shape, b.dtype, "zeros", 1.0) for n, b in self.named_buffers() if n.endswith("e_score_correction_bias")]
         return _draw([p for p in plan if p[0].startswith(only)], std, seed, device)
 
     # ---------------------------------------------------------------- forward
     def forward(self, input_ids, labels=None, position_ids=None, segment_ids=None, cache=None,
-                mtp_weight: float | None = None, aux_loss_weight: float | None = None) -> GLMOutput:
+                mtp_weight: float | None = None, aux_loss_weight: float | None = None,
+                prefix_len=None) -> GLMOutput:
+        """prefix_len (B,): GLM blank infilling's Part A length (bidirectional), Part B causal (glm_options.py);
+        with cfg.position_2d, position_ids is (B, 2, T) (text position, position inside the span)."""
         B, T = input_ids.shape
         if position_ids is None:
             offset = cache.seq_len if cache is not None else 0
             position_ids = (torch.arange(T, device=input_ids.device) + offset).expand(B, T)
-        if segment_ids is not None and cache is not None:
-            raise ValueError("segment_ids with a KV cache: give the mask through cache.attention_mask instead")
-        mask = segment_mask(segment_ids) if segment_ids is not None else None
+        if (segment_ids is not None or prefix_len is not None) and cache is not None:
+            raise ValueError("segment_ids or prefix_len with a KV cache: give the mask through cache.attention_mask instead")
+        if prefix_len is not None:
+            mask = prefix_lm_mask(prefix_len, T, segment_ids)
+        else:
+            mask = segment_mask(segment_ids) if segment_ids is not None else None
         valid_BT = segment_ids != 0 if segment_ids is not None else None  # segment 0 = padding (data contract)
-        x_BTD = self.embed_tokens(input_ids)
-        cos, sin = rope_cos_sin(position_ids, self.cfg.rotary_dim, self.cfg.rope_theta, x_BTD.dtype)
+        x_BTD = self.embed(input_ids)
+        cos, sin = self._rope(position_ids, x_BTD.dtype)
         auxes, loads = [], []
         for layer in self.layers:
             x_BTD, aux, load_E = layer(x_BTD, cos, sin, mask, cache, valid_BT)
@@ -208,7 +232,7 @@ class GLM(nn.Module):
         losses = []
         for d, layer in enumerate(self.mtp_by_depth(), start=1):
             ids_d, labels_d = mtp_targets(input_ids, labels, d, segment_ids)
-            h_BTD, aux, load_E = layer(self.embed_tokens(ids_d), h_BTD, cos, sin, mask, valid_BT=valid_BT)
+            h_BTD, aux, load_E = layer(self.embed(ids_d), h_BTD, cos, sin, mask, valid_BT=valid_BT)
             auxes.append(aux)
             if d <= len(self.mtp):
                 loads.append(load_E)
@@ -216,6 +240,18 @@ class GLM(nn.Module):
                 loads[-1] = loads[-1] + load_E
             losses.append(self.lm_loss(h_BTD, labels_d))
         return losses
+
+    def embed(self, input_ids) -> torch.Tensor:
+        """Token embeddings (B, T, D), their gradient shrunk by cfg.embedding_grad_shrink (GLM-130B; 1 = off)."""
+        return shrink_embedding_grad(self.embed_tokens(input_ids), self.cfg.embedding_grad_shrink)
+
+    def _rope(self, position_ids, dtype):
+        """cos, sin (B, T, rotary_dim): 1D RoPE, or with cfg.position_2d GLM's 2D positions (B, 2, T)."""
+        if self.cfg.position_2d:
+            if position_ids.dim() == 2:  # plain text: span position 0
+                position_ids = torch.stack((position_ids, torch.zeros_like(position_ids)), dim=1)
+            return rope_cos_sin_2d(position_ids, self.cfg.rotary_dim, self.cfg.rope_theta, dtype)
+        return rope_cos_sin(position_ids, self.cfg.rotary_dim, self.cfg.rope_theta, dtype)
 
     def lm_loss(self, h_BTD, labels_BT, logits_BTV=None) -> torch.Tensor:
         """Mean CE of the LM head on h_BTD: fused with the head's matmul (loss.py) or, with `cfg.fused_lm_loss`
@@ -314,10 +350,10 @@ def _is_embedding(name: str) -> bool:
 @torch.no_grad()
 def _draw(plan, std: float, seed: int, device):
     gen = torch.Generator(device=device).manual_seed(seed)
-    for name, shape, dtype, rule in plan:
+    for name, shape, dtype, rule, scale in plan:
         t = torch.empty(shape, dtype=dtype, device=device)
         if rule == "normal":
-            t.normal_(0.0, std, generator=gen)
+            t.normal_(0.0, std * scale, generator=gen)
         else:
             t.fill_(1.0 if rule == "ones" else 0.0)
         yield name, t

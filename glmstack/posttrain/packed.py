@@ -9,7 +9,7 @@ of `seq_len` (glmstack.data.packing; GLM-4.5 §2.3 packs the same way), and shuf
 the conversations of a row, so attention and MTP targets never cross conversations and a packed batch's loss is
 the token-weighted loss of its conversations run alone (tests/unit/test_sft_packing.py). Rows form one stream over
 the epochs; batch i of rank r is rows [(i·world + r)·B, ...) of it, a pure function of (seed, i), so
-`state_dict()` = {"position": i} resumes bit for bit. Conversations longer than `seq_len` are dropped (counted in
+`state_dict()` = {"global_batches": i·world} resumes bit for bit, on any number of ranks dividing it. Conversations longer than `seq_len` are dropped (counted in
 `dropped_long`): cutting one would train on an assistant turn without its end.
 """
 
@@ -85,10 +85,15 @@ class PackedSFT:
             yield out
 
     def state_dict(self) -> dict:
-        return {"position": self.position}
+        """The position in global batches, so a run resumed on another number of ranks continues after it."""
+        return {"global_batches": self.position * self.world_size}
 
     def load_state_dict(self, state: dict) -> None:
-        self.position = int(state["position"])
+        consumed = int(state["global_batches"]) if "global_batches" in state else int(state["position"])
+        if consumed % self.world_size:
+            raise ValueError(f"the run consumed {consumed} global batches, which {self.world_size} ranks cannot "
+                             f"continue evenly; resume on a number of ranks that divides it")
+        self.position = consumed // self.world_size
 
     def trained_tokens(self) -> int:
         return int(sum(m.sum() for _, m in self.examples))

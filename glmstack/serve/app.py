@@ -213,9 +213,17 @@ async def _whole(request: Request, jobs: list[Job], answer):
             job.cancelled = True  # no-op for finished jobs
 
 
-def _usage(prompt_len: int, outs: list[ChoiceOutput]) -> dict:
+def _usage(prompt_len: int, outs: list[ChoiceOutput], jobs: list[Job] = ()) -> dict:
     done = sum(len(o.ids) for o in outs)
-    return {"prompt_tokens": prompt_len, "completion_tokens": done, "total_tokens": prompt_len + done}
+    usage = {"prompt_tokens": prompt_len, "completion_tokens": done, "total_tokens": prompt_len + done}
+    if jobs:  # as OpenAI / vLLM: prompt tokens served from the prefix cache
+        usage["prompt_tokens_details"] = {"cached_tokens": max(j.cached_tokens for j in jobs)}
+    return usage
+
+
+def _spec(job: Job) -> dict:
+    """The choice's `speculative` field: acceptance length / rate and the monitor's verdict (MTP serving only)."""
+    return {"speculative": job.monitor.report()} if job.monitor is not None else {}
 
 
 def _error_finish(outs: list[ChoiceOutput]) -> None:
@@ -242,9 +250,9 @@ async def _whole_chat(srv, req, cp, prompt_ids, jobs, queue, outs, rid) -> dict:
                   "logprobs": out.chat_logprobs(out.tokens) if req.logprobs else None}  # fmt: skip
         if req.return_token_ids:
             choice["token_ids"] = out.ids
-        choices.append(choice)
+        choices.append(choice | _spec(jobs[j]))
     body = {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": srv.model_name,
-            "choices": choices, "usage": _usage(len(prompt_ids), outs)}  # fmt: skip
+            "choices": choices, "usage": _usage(len(prompt_ids), outs, jobs)}  # fmt: skip
     if req.return_token_ids:
         body["prompt_token_ids"] = prompt_ids
     return body
@@ -264,8 +272,8 @@ async def _whole_completion(srv, req, runs, rid) -> dict:
                       "logprobs": out.completion_logprobs(out.tokens, len(head)) if req.logprobs is not None else None}  # fmt: skip
             if req.return_token_ids:
                 choice |= {"prompt_token_ids": ids, "token_ids": out.ids}
-            choices.append(choice)
-    usage = _usage(n_prompt, all_outs)
+            choices.append(choice | _spec(jobs[j]))
+    usage = _usage(n_prompt, all_outs, [j for _, jobs, _, _ in runs for j in jobs])
     return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": srv.model_name,
             "choices": choices, "usage": usage}  # fmt: skip
 
@@ -309,6 +317,8 @@ async def stream_chat(srv, req, cp, prompt_ids, jobs, queue, outs, rid):
 
     def chunk(j, delta, finish=None, logprobs=None, token_ids=None, **top):
         choice = {"index": j, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        if finish is not None:
+            choice |= _spec(jobs[j])
         if token_ids is not None:
             choice["token_ids"] = token_ids
         return _sse({**head, **top, "choices": [choice], "usage": None})
@@ -348,7 +358,7 @@ async def stream_chat(srv, req, cp, prompt_ids, jobs, queue, outs, rid):
             reason = "tool_calls" if sent_calls[j] and outs[j].finish == "stop" else outs[j].finish
             yield chunk(j, {}, reason)
     if req.stream_options and req.stream_options.include_usage:
-        yield _sse({**head, "choices": [], "usage": _usage(len(prompt_ids), outs)})
+        yield _sse({**head, "choices": [], "usage": _usage(len(prompt_ids), outs, jobs)})
     yield "data: [DONE]\n\n"
 
 
@@ -361,6 +371,8 @@ async def stream_completion(srv, req, prompt_ids, jobs, queue, outs, rid):
             yield _sse(ApiError(500, f"generation failed: {outs[j].error}").body())
             break
         choice = {"index": j, "text": text, "logprobs": None, "finish_reason": outs[j].finish if finished else None}
+        if finished:
+            choice |= _spec(jobs[j])
         if isinstance(ev, Token):
             if req.logprobs is not None:
                 choice["logprobs"] = outs[j].completion_logprobs([ev], outs[j].shown - len(text))
@@ -371,5 +383,5 @@ async def stream_completion(srv, req, prompt_ids, jobs, queue, outs, rid):
         first[j] = False
         yield _sse({**head, "choices": [choice]})
     if req.stream_options and req.stream_options.include_usage:
-        yield _sse({**head, "choices": [], "usage": _usage(len(prompt_ids), outs)})
+        yield _sse({**head, "choices": [], "usage": _usage(len(prompt_ids), outs, jobs)})
     yield "data: [DONE]\n\n"

@@ -4,6 +4,7 @@
     glmstack serve CKPT --speculative mtp                          # one request at a time, MTP speculation
     glmstack serve CKPT --quantize int4                            # weights quantised in place (glmstack.inference.quant)
     glmstack serve CKPT --max-running 16 --max-waiting 256 --time-limit 600
+    glmstack serve CKPT --prefix-cache-mb 1024 --prefix-block 16     # reuse the KV of re-sent prefixes (0: off)
 
 The model name clients send is the folder's name unless --served-model-name says otherwise. Open http://HOST:PORT/
 for the web chat page.
@@ -24,9 +25,65 @@ def build(args):
 
     engine = _load(args)  # loads, and quantizes with --quantize (glmstack.inference.quant.quantize_)
     speculative = None if args.speculative == "none" else args.speculative
-    sched = Scheduler(engine, args.max_running, args.max_waiting, speculative, args.draft)
+    sched = Scheduler(
+        engine, args.max_running, args.max_waiting, speculative, args.draft, _prefix_cache(args), _monitor(args)
+    )
     name = args.served_model_name or Path(args.checkpoint).name
     return create_app(engine, name, _style(args, engine), sched, args.time_limit), sched
+
+
+def _prefix_cache(args):
+    """--prefix-cache-mb > 0: a PrefixCache (argparse namespaces built by tests may lack the options: off)."""
+    from glmstack.inference.prefix_cache import PrefixCache
+
+    mb = getattr(args, "prefix_cache_mb", 0)
+    if not mb:
+        return None
+    return PrefixCache(
+        getattr(args, "prefix_block", 16),
+        int(mb * 2**20),
+        getattr(args, "fault_block", None),
+        getattr(args, "fault_scale", 1.0),
+    )
+
+
+def _monitor(args):
+    from glmstack.serve.monitor import MonitorConfig
+
+    return MonitorConfig(action=getattr(args, "monitor", "flag"),
+                         min_acceptance_length=getattr(args, "monitor_min_length", 1.4),
+                         max_acceptance_rate=getattr(args, "monitor_max_rate", 0.96),
+                         min_tokens=getattr(args, "monitor_min_tokens", 128))  # fmt: skip
+
+
+def _serve_replicas(args, argv: list[str]) -> int:
+    """--replicas N: N engine processes on private ports, the router (glmstack.serve.router) on --host/--port."""
+    import uvicorn
+
+    from glmstack.serve.router import create_router, launch_replicas
+
+    rest, skip = [], False
+    for a in argv:  # the replicas get every option but these three
+        if skip:
+            skip = False
+        elif a in ("--replicas", "--port", "--host"):
+            skip = True
+        elif not a.startswith(("--replicas=", "--port=", "--host=")):
+            rest.append(a)
+    try:
+        procs, urls = launch_replicas(rest, args.replicas)
+    except RuntimeError as e:
+        print(f"glmstack serve: {e}", file=sys.stderr)
+        return 2
+    print(f"glmstack serve: router on http://{args.host}:{args.port}/ over {', '.join(urls)}", file=sys.stderr)
+    try:
+        uvicorn.run(create_router(urls), host=args.host, port=args.port, log_level="warning")
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=30)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,8 +104,41 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    ap.add_argument(
+        "--prefix-cache-mb",
+        type=float,
+        default=1024.0,
+        help="memory for cached prompt-prefix KV blocks, reused across requests (0: off)",
+    )
+    ap.add_argument("--prefix-block", type=int, default=16, help="tokens per prefix-cache block")
+    ap.add_argument(
+        "--fault-block",
+        type=int,
+        default=None,
+        help="testing only: corrupt the N-th cached block (shows the stress harness and monitor catch it)",
+    )
+    ap.add_argument(
+        "--fault-scale", type=float, default=1.0, help="testing only: the corruption's noise, x the block's std"
+    )
+    ap.add_argument(
+        "--monitor",
+        choices=["flag", "abort", "off"],
+        default="flag",
+        help="--speculative mtp: what an acceptance anomaly does (glmstack.serve.monitor)",
+    )
+    ap.add_argument("--monitor-min-length", type=float, default=1.4, help="acceptance length below: corrupted context")
+    ap.add_argument("--monitor-max-rate", type=float, default=0.96, help="acceptance rate above: degenerate repetition")
+    ap.add_argument("--monitor-min-tokens", type=int, default=128, help="the rules apply after this many tokens")
     ap.add_argument("--style", choices=["auto", "glm-4.5", "glm-4.7"], default="auto", help="chat format")
+    ap.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="engine processes behind one router, conversations pinned by consistent hashing (router.py)",
+    )
     args = ap.parse_args(argv)
+    if args.replicas > 1:
+        return _serve_replicas(args, sys.argv[1:] if argv is None else argv)
     import torch
     import uvicorn
 
@@ -67,3 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         sched.stop()
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

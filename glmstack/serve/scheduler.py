@@ -38,7 +38,10 @@ import torch
 
 from glmstack.inference.fast import FastForward, ReferenceForward
 from glmstack.inference.kv_cache import KVCache
+from glmstack.inference.prefix_cache import PrefixCache, prefill_layout, store_prefixes
+from glmstack.inference.prefix_spec import speculative_stream
 from glmstack.inference.sampling import RowStreams, SamplingParams, sample
+from glmstack.serve.monitor import AcceptanceMonitor, MonitorConfig
 
 
 class QueueFull(RuntimeError):
@@ -76,22 +79,30 @@ class Job:
     n_out: int = 0
     streams: RowStreams | None = None
     end: Finished | None = None
+    prefix: list = field(default_factory=list)  # the prefix-cache blocks this job was admitted with (pinned)
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    monitor: AcceptanceMonitor | None = None  # speculative path: its acceptance statistics
 
 
 class Scheduler:
     def __init__(self, engine, max_running: int = 16, max_waiting: int = 256, speculative: str | None = None,
-                 draft_k: int = 2):  # fmt: skip
+                 draft_k: int = 2, prefix_cache: PrefixCache | None = None,
+                 monitor: MonitorConfig | None = None):  # fmt: skip
         self.engine, self.model = engine, engine.model
         self.ctx = engine.cfg.max_position_embeddings
         self.max_running, self.max_waiting = max_running, max_waiting
         self.speculative, self.draft_k = speculative, draft_k
+        self.prefix_cache = prefix_cache  # None: every prompt is prefilled in full
+        self.monitor = monitor or MonitorConfig()  # speculative path: acceptance-statistics rules
         self.waiting: deque[Job] = deque()
         self.running: list[Job] = []
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stop = False
         self.stats = {"generated_tokens": 0, "prompt_tokens": 0, "finished": 0, "steps": 0, "aborted": 0,
-                      "ttft_sum": 0.0, "ttft_count": 0, "busy_s": 0.0, "reclaimed": 0}  # fmt: skip
+                      "ttft_sum": 0.0, "ttft_count": 0, "busy_s": 0.0, "reclaimed": 0,
+                      "prefill_computed": 0, "spec_steps": 0, "spec_emitted": 0,
+                      "anomalies": {"corrupted-context": 0, "degenerate-repetition": 0}}  # fmt: skip
         self.recent: deque[tuple[float, int]] = deque(maxlen=256)  # (time, tokens) per step: tokens/s gauge
 
     # ---------------------------------------------------------------- public
@@ -141,6 +152,7 @@ class Scheduler:
                     batch.step(new)
             except Exception as e:  # noqa: BLE001 — a failing step must not kill the server: end its jobs
                 for job in dict.fromkeys(batch.jobs + new):
+                    self._unpin(job)
                     job.emit(Finished("error", f"{type(e).__name__}: {e}"))
                 batch = _Batch(self)
             self.stats["busy_s"] += time.monotonic() - t0
@@ -151,13 +163,32 @@ class Scheduler:
     def _run_speculative(self, job: Job) -> None:
         p = job.params
         self.stats["prompt_tokens"] += len(job.prompt_ids)
-        kw = {"temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k, "seeds": [job.seed],
-              "stop_ids": sorted(job.stop_ids), "speculative": self.speculative, "draft_k": self.draft_k}  # fmt: skip
-        last = None
-        for delta in self.engine.stream(job.prompt_ids, job.max_new_tokens, **kw):
+        mon = job.monitor = AcceptanceMonitor(self.monitor, self.draft_k)
+        if self.prefix_cache is not None:
+            info: dict = {}
+            steps = speculative_stream(self.engine, self.prefix_cache, job.prompt_ids, job.max_new_tokens, p,
+                                       job.seed, sorted(job.stop_ids), self.draft_k, info)  # fmt: skip
+        else:
+            kw = {"temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k, "seeds": [job.seed],
+                  "stop_ids": sorted(job.stop_ids), "speculative": self.speculative, "draft_k": self.draft_k}  # fmt: skip
+            steps = (d.ids for d in self.engine.stream(job.prompt_ids, job.max_new_tokens, **kw) if d.ids)
+        last, first = None, True
+        for ids in steps:
             if job.cancelled or _late(job):
+                steps.close()
                 return self._finish(job, Finished("abort", _abort_message(job)))
-            for t in delta.ids:
+            if first:
+                job.cached_tokens = info.get("cached_tokens", 0) if self.prefix_cache is not None else 0
+                self.stats["prefill_computed"] += len(job.prompt_ids) - job.cached_tokens
+            if not first and mon.step(len(ids)):  # the first list is the prefill's token, not a verify step
+                self.stats["anomalies"][mon.anomaly] += 1
+                if self.monitor.action == "abort":
+                    steps.close()
+                    for t in ids:
+                        self._token(job, Token(t, float("nan"), []))
+                    return self._finish(job, Finished("abort", f"speculative anomaly: {mon.anomaly}"))
+            first = False
+            for t in ids:
                 self._token(job, Token(t, float("nan"), []))
                 last = t
         self._finish(job, Finished("stop" if last in job.stop_ids else "length"))
@@ -170,7 +201,16 @@ class Scheduler:
         self.stats["generated_tokens"] += 1
         job.emit(tok)
 
+    def _unpin(self, job: Job) -> None:
+        if self.prefix_cache is not None and job.prefix:
+            self.prefix_cache.release(job.prefix)
+        job.prefix = []
+
     def _finish(self, job: Job, fin: Finished) -> None:
+        self._unpin(job)
+        if job.monitor is not None:
+            self.stats["spec_steps"] += job.monitor.steps
+            self.stats["spec_emitted"] += job.monitor.emitted
         self.stats["finished"] += 1
         self.stats["aborted"] += fin.reason == "abort"
         job.emit(fin)
@@ -225,16 +265,19 @@ class _Batch:
 
     # ---- admission: prefill the new prompts as one left-padded batch, then join the running cache ----------
     def _admit(self, new: list[Job]) -> None:
-        seqs = [job.prompt_ids for job in new]
-        P = max(map(len, seqs))
-        ids_NP = torch.zeros(len(seqs), P, dtype=torch.long)
-        start_N = torch.tensor([P - len(s) for s in seqs], dtype=torch.long)
-        for b, s in enumerate(seqs):
-            ids_NP[b, P - len(s) :] = torch.tensor(s, dtype=torch.long)
-        ids_NP, start_N = ids_NP.to(self.device), start_N.to(self.device)
-        cache = KVCache(len(seqs), P, start=start_N)
-        pos_NP = (torch.arange(P, device=self.device) - start_N[:, None]).clamp_min(0)
-        logits_NV = self.run.forward(ids_NP, pos_NP, cache, last_only=True)[0][:, -1]
+        pc = self.sched.prefix_cache
+        prompts = [job.prompt_ids for job in new]
+        cache, ids_NS, pos_NS, pre_N, chains = prefill_layout(pc, prompts, self.device)
+        for job, chain in zip(new, chains):
+            job.prefix = chain
+        logits_NV, hidden_NSD = self.run.forward(ids_NS, pos_NS, cache, last_only=True)
+        logits_NV = logits_NV[:, -1]
+        if pc is not None:
+            store_prefixes(pc, prompts, chains, cache, hidden_NSD)
+        for job, pre in zip(new, pre_N):
+            job.cached_tokens = pre
+            self.sched.stats["prefill_computed"] += len(job.prompt_ids) - pre
+        P, pos_NP = cache.seq_len, pos_NS
         for job in new:
             self.sched.stats["prompt_tokens"] += len(job.prompt_ids)
             if not job.params.greedy:

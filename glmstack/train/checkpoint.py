@@ -2,9 +2,10 @@
 
     runs/<run>/<stage>/step_0000200/
         config.json, model.safetensors     the model as save_hf writes it (transformers can load it)
-        trainer_state/state.pt             step, counters, balancing biases, guard state
-        trainer_state/optimizer.pt         optimizer state (one file per rank when it is sharded)
-        trainer_state/rank_00000.pt        every RNG and the data position of that rank
+        trainer_state/state.pt             step, counters, balancing biases, guard state, world size
+        trainer_state/dcp/                 model + optimizer state, one file per rank (resharding.py: DCP, loads
+                                           into any layout and world size)
+        trainer_state/rank_00000.pt        every RNG of that rank and the data position (in global samples)
         trainer_state/train_config.json    the resolved TrainConfig (resume compares it field by field)
     runs/<run>/<stage>/latest              "step_0000200": the newest COMPLETE checkpoint
 
@@ -26,7 +27,7 @@ import torch
 from glmstack.atomic import write_atomic
 from glmstack.config import ConfigError, write_json
 from glmstack.errors import CheckpointError
-from glmstack.train import dist
+from glmstack.train import dist, resharding
 
 LATEST = "latest"
 
@@ -138,16 +139,13 @@ def save(
     save_model(model, tmp)  # save_hf writes the whole folder (it replaces it), so it goes first
     ts = tmp / "trainer_state"
     if dist.rank() == 0:
-        ts.mkdir(parents=True)
+        (ts / resharding.FOLDER).mkdir(parents=True)
     dist.barrier()
     rank_state = {"rng": rng_state(), "data": data.state_dict() if hasattr(data, "state_dict") else None}
     torch.save(rank_state, ts / f"rank_{dist.rank():05d}.pt")
-    if dist.optimizer_is_sharded(model):
-        torch.save(optimizer.state_dict(), ts / f"optimizer_{dist.rank():05d}.pt")
-    elif dist.rank() == 0:
-        torch.save(optimizer.state_dict(), ts / "optimizer.pt")
+    resharding.save(tmp, model, optimizer)  # collective: each rank writes its chunks
     if dist.rank() == 0:
-        torch.save(state, ts / "state.pt")
+        torch.save(state | {"world": dist.world()}, ts / "state.pt")
         write_json(config, ts / "train_config.json")
     dist.barrier()
     if dist.rank() == 0:
@@ -189,22 +187,31 @@ def load(folder: str | Path, *, model, optimizer, data) -> dict:
     """Restore model, optimizer, RNGs and data position from `folder`; returns the trainer state dict."""
     folder = Path(folder)
     ts = folder / "trainer_state"
-    load_model(model, folder)
-    problem = load_optimizer(folder, model, optimizer)
-    if problem:
-        raise ValueError(f"{folder}: {problem}")
+    if resharding.exists(folder):  # the weights too: the resume format is exact whatever the HF export's dtype
+        resharding.load(folder, model, optimizer)
+    else:
+        load_model(model, folder)
+        problem = load_optimizer(folder, model, optimizer)
+        if problem:
+            raise ValueError(f"{folder}: {problem}")
     rank_file = ts / f"rank_{dist.rank():05d}.pt"
     rank_state = torch.load(rank_file if rank_file.exists() else ts / "rank_00000.pt", weights_only=False)
     set_rng_state(rank_state["rng"])
     if rank_state["data"] is not None and hasattr(data, "load_state_dict"):
-        data.load_state_dict(rank_state["data"])
+        try:
+            data.load_state_dict(rank_state["data"])
+        except ValueError as e:  # a position this number of ranks cannot continue evenly
+            raise CheckpointError(f"{folder}: {e}") from None
     return torch.load(ts / "state.pt", weights_only=False)
 
 
 def load_optimizer(folder: Path, model, optimizer) -> str | None:
     """Load `folder`'s optimizer state into `optimizer`; None on success, else why it cannot be loaded."""
     ts = folder / "trainer_state"
-    saved_world = len(list(ts.glob("rank_*.pt")))
+    if resharding.exists(folder):
+        resharding.load(folder, model=model, optimizer=optimizer, weights=False)
+        return None
+    saved_world = len(list(ts.glob("rank_*.pt")))  # checkpoints written before DCP: the same layout only
     saved_sharded = (ts / "optimizer_00000.pt").exists()
     if not saved_sharded and not (ts / "optimizer.pt").exists():
         return "it has no optimizer state (not a glmstack training checkpoint)"

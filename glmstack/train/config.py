@@ -74,6 +74,7 @@ class LogConfig:
     val_every: int = 0  # steps between validation losses (0 = never)
     val_batches: int = 4  # micro-batches per validation
     tensorboard: bool = False  # also write TensorBoard scalars
+    wandb: Literal["off", "offline", "online"] = "off"  # also Weights & Biases (offline: no network; `wandb sync`)
     plots: bool = True  # PNG plots from metrics.jsonl at the end
     progress: bool = True  # tqdm bar on rank 0
     peak_flops: float = 989e12  # accelerator bf16 peak for MFU (H100 SXM dense); 0 disables MFU
@@ -89,6 +90,7 @@ class GuardConfig:
 class DistConfig:
     dp: Literal["auto", "none", "ddp", "fsdp"] = "auto"  # data parallel under torchrun (auto: ddp if world > 1)
     expert_parallel: bool = False  # shard routed experts over ranks, all-to-all dispatch/combine
+    ep: int = 0  # expert-parallel degree: ranks per expert group (0 = all ranks); divides the number of ranks
 
 
 @dataclass(kw_only=True)
@@ -155,6 +157,7 @@ def problems(cfg: TrainConfig) -> list[str]:
     if bad:
         p.append(f"data.options: unknown key(s) {', '.join(bad)} for the {cfg.data.kind} loader; "
                  f"valid: {', '.join(sorted(allowed)) or 'none'}")
+    p += _blank_problems(cfg.data.options.get("blank_infilling"))
     if cfg.device != "auto":
         import torch
 
@@ -163,6 +166,19 @@ def problems(cfg: TrainConfig) -> list[str]:
         except RuntimeError:
             p.append(f"device: {cfg.device!r} is not a torch device (auto, cpu, cuda, cuda:N)")
     return p
+
+
+def _blank_problems(blank) -> list[str]:
+    """data.options.blank_infilling must build a BlankConfig (glmstack/data/blank_infilling.py)."""
+    if blank is None:
+        return []
+    from glmstack.data.blank_infilling import BlankConfig
+
+    try:
+        BlankConfig(**blank)
+    except (TypeError, ValueError) as e:
+        return [f"data.options.blank_infilling: {e}"]
+    return []
 
 
 def loader_options(kind: str, packing: str) -> set[str]:
@@ -178,12 +194,14 @@ def loader_options(kind: str, packing: str) -> set[str]:
 
         cls = {"concat": mod.PretrainLoader, "best_fit": mod.PackedLoader}[packing]
         classes = [c for c in cls.__mro__ if "__init__" in vars(c) and c is not object]
-    return {name for c in classes for name in inspect.signature(c.__init__).parameters} - STAGE_LOADER_ARGS
+    own = {name for c in classes for name in inspect.signature(c.__init__).parameters} - STAGE_LOADER_ARGS
+    return own | {"blank_infilling"}  # GLM blank infilling around the loader (stage.build_data)
 
 
 # Fields that may differ between the config a checkpoint was written with and the one resuming from it.
 RESUME_MAY_CHANGE = (
-    "steps", "ckpt.", "log.", "guard.", "device", "compile", "dist.", "data.path", "data.val_path", "optim_state"
+    "steps", "ckpt.", "log.", "guard.", "device", "compile", "dist.", "data.path", "data.val_path", "optim_state",
+    "out_dir",  # a run folder moved to another cluster or disk
 )
 
 

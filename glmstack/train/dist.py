@@ -28,7 +28,15 @@ def init_from_env(device_type: str = "cpu") -> None:
         backend = "nccl" if device_type == "cuda" else "gloo"
         if device_type == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend)
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+        if restart is None:
+            dist.init_process_group(backend)
+            return
+        # torchrun keeps one rendezvous TCPStore across restarts: without a prefix per attempt, a restarted rank
+        # can read the address a killed rank published and fail to connect (seen in tests/dist/test_elastic_launch)
+        store, rank_, world_ = next(dist.rendezvous("env://"))
+        store = dist.PrefixStore(f"glmstack/attempt_{restart}", store)
+        dist.init_process_group(backend, store=store, rank=rank_, world_size=world_)
 
 
 def shutdown() -> None:
@@ -77,8 +85,9 @@ def means_over_ranks(values: dict[str, float]) -> dict[str, float]:
 # ---------------------------------------------------------------- wrapping
 
 
-def parallelize(model: nn.Module, dp: str, expert_parallel: bool = False, fill=None) -> nn.Module:
-    """Expert parallel, then DDP / FSDP2; returns what the loop calls (DDP wraps, the others modify in place).
+def parallelize(model: nn.Module, dp: str, expert_parallel: bool = False, fill=None, ep: int = 0) -> nn.Module:
+    """Expert parallel (over groups of `ep` ranks; 0 = all), then DDP / FSDP2; returns what the loop calls (DDP
+    wraps, the others modify in place).
 
     fill(model): for a model built on meta, allocates and fills it (see `materialize`); called once each rank's
     layout is final (after expert parallel and FSDP2 sharding) and before DDP, which broadcasts rank 0's tensors."""
@@ -93,7 +102,7 @@ def parallelize(model: nn.Module, dp: str, expert_parallel: bool = False, fill=N
     if expert_parallel:
         from glmstack.train.expert_parallel import apply_expert_parallel
 
-        apply_expert_parallel(model)
+        apply_expert_parallel(model, ep)
     if dp == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
@@ -184,6 +193,13 @@ def load_full_tensors(model: nn.Module, tensors) -> None:
         raise KeyError(f"nothing filled {sorted(missing)[:5]}{' ...' if len(missing) > 5 else ''}")
 
 
+def reduce_expert_grads(model: nn.Module) -> None:
+    """Complete expert-parallel banks' gradients over the ranks that hold the same experts (dist.ep < world)."""
+    from glmstack.train.expert_parallel import reduce_expert_grads as reduce
+
+    reduce(unwrap(model))
+
+
 def _ep_modules(model: nn.Module) -> list:
     from glmstack.train.expert_parallel import _ep_modules as ep_modules
 
@@ -197,20 +213,23 @@ def _ep_modules(model: nn.Module) -> list:
 def clip_grad_norm_(model: nn.Module, max_norm: float) -> float:
     """Global grad L2 norm (each element counted once across ranks), clipped to max_norm when > 0.
 
-    Replicated gradients (single process, DDP) are identical on every rank and count once; FSDP2 shards and
-    expert-parallel banks differ by rank, so their squared sums are all-reduced. One host sync per step.
+    Replicated gradients (single process, DDP) are identical on every rank and count once; FSDP2 shards differ by
+    rank, so their squared sums are all-reduced; expert-parallel banks differ within an expert group and repeat
+    across groups (reduce_expert_grads made them equal), so theirs are all-reduced over the expert group.
     """
     params = [p for p in unwrap(model).parameters() if p.grad is not None]
     if not params:
         return 0.0
     local = [p.grad.to_local() if _is_dtensor(p.grad) else p.grad for p in params]  # this rank's elements
-    is_sharded = [_is_dtensor(p.grad) or _is_ep(p) for p in params]
     sq = torch.stack(torch._foreach_norm(local)).double().square()  # one kernel per dtype/device, not per tensor
-    sharded_mask = torch.tensor(is_sharded, device=sq.device)
-    replicated, sharded = sq[~sharded_mask].sum(), sq[sharded_mask].sum()
+    fsdp_mask = torch.tensor([_is_dtensor(p.grad) for p in params], device=sq.device)
+    ep_mask = torch.tensor([_is_ep(p) for p in params], device=sq.device)
+    replicated, sharded, experts = sq[~(fsdp_mask | ep_mask)].sum(), sq[fsdp_mask].sum(), sq[ep_mask].sum()
     if is_dist():
         dist.all_reduce(sharded)
-    norm = float((replicated + sharded).sqrt())
+        if ep_mask.any():
+            dist.all_reduce(experts, group=_ep_modules(unwrap(model))[0][1].group)
+    norm = float((replicated + sharded + experts).sqrt())
     if max_norm > 0 and norm > max_norm:
         torch._foreach_mul_(local, max_norm / (norm + 1e-6))
     return norm

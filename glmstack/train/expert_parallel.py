@@ -6,12 +6,17 @@ gate_up_proj (E, 2F, D), down_proj (E, D, F); forward(x_TD, topk_idx_TK, topk_w_
 and everything else stay replicated (DDP). The expert computation itself reuses the model's own functions
 (grouped GEMM or the per-expert loop), so EP changes where tokens go, not what is computed.
 
-Gradients: a local expert's gradient sums the contributions of every rank's tokens, while DDP averages the
-replicated parameters over ranks; `_scale_grad` divides the bank's gradient by W so both match the
-single-process mean loss.
+EP over a sub-group (`dist.ep`, GLM-4.5V's EP 8 beside other parallelism): the world's N ranks form a mesh
+(N/W replicas, W ranks per expert group); tokens move only within a rank's expert group (ranks r with the same
+r // W), and the ranks holding the same experts in different groups (the replica group) are data parallel for
+the banks.
 
-Shape legend: T tokens on this rank, K experts per token, D hidden, E experts, W ranks, N = T*K routed pairs,
-M pairs received by this rank.
+Gradients: a local expert's gradient sums the contributions of its expert group's tokens, while DDP averages the
+replicated parameters over all N ranks; `_ScaleGrad` divides the bank's gradient by N, and `reduce_expert_grads`
+sums it over the replica group, so both match the single-process mean loss.
+
+Shape legend: T tokens on this rank, K experts per token, D hidden, E experts, W ranks per expert group,
+N = T*K routed pairs, M pairs received by this rank.
 """
 
 from __future__ import annotations
@@ -25,18 +30,18 @@ class _AllToAll(torch.autograd.Function):
     """all_to_all_single with autograd: the backward sends gradients back along the reversed splits."""
 
     @staticmethod
-    def forward(ctx, x, send_splits: list[int], recv_splits: list[int]):
-        ctx.splits = (send_splits, recv_splits)
+    def forward(ctx, x, send_splits: list[int], recv_splits: list[int], group):
+        ctx.splits, ctx.group = (send_splits, recv_splits), group
         out = x.new_empty((sum(recv_splits), *x.shape[1:]))
-        dist.all_to_all_single(out, x.contiguous(), recv_splits, send_splits)
+        dist.all_to_all_single(out, x.contiguous(), recv_splits, send_splits, group=group)
         return out
 
     @staticmethod
     def backward(ctx, grad):
         send_splits, recv_splits = ctx.splits
         out = grad.new_empty((sum(send_splits), *grad.shape[1:]))
-        dist.all_to_all_single(out, grad.contiguous(), send_splits, recv_splits)
-        return out, None, None
+        dist.all_to_all_single(out, grad.contiguous(), send_splits, recv_splits, group=ctx.group)
+        return out, None, None, None
 
 
 class _ScaleGrad(torch.autograd.Function):
@@ -50,21 +55,26 @@ class _ScaleGrad(torch.autograd.Function):
         return grad * ctx.scale, None
 
 
-def _exchange_counts(send_W: torch.Tensor) -> torch.Tensor:
+def _exchange_counts(send_W: torch.Tensor, group) -> torch.Tensor:
     recv_W = torch.empty_like(send_W)
-    dist.all_to_all_single(recv_W, send_W)
+    dist.all_to_all_single(recv_W, send_W, group=group)
     return recv_W
 
 
 class ExpertParallel(nn.Module):
     """This rank's slice [e0, e0 + E/W) of an `Experts` bank with all-to-all dispatch and combine."""
 
-    def __init__(self, experts: nn.Module, rank: int, world: int):
+    def __init__(self, experts: nn.Module, mesh):
         super().__init__()
-        E = experts.n_experts
-        assert E % world == 0, f"{E} experts do not split over {world} ranks"
+        E, world = experts.n_experts, mesh["ep"].size()
+        if E % world:
+            from glmstack.config import ConfigError
+
+            raise ConfigError(f"dist.ep={world}: {E} experts do not split over {world} ranks")
+        self.mesh, self.group = mesh, mesh["ep"].get_group()
         self.n_experts, self.world, self.n_local = E, world, E // world
-        self.e0 = rank * self.n_local
+        self.grad_scale = 1.0 / dist.get_world_size()  # DDP's mean over all ranks
+        self.e0 = mesh["ep"].get_local_rank() * self.n_local
         self.use_grouped_mm = experts.use_grouped_mm
         sl = slice(self.e0, self.e0 + self.n_local)
         self.gate_up_proj = nn.Parameter(experts.gate_up_proj.detach()[sl].clone())  # (E/W, 2F, D)
@@ -78,12 +88,12 @@ class ExpertParallel(nn.Module):
         dest_N = expert_N // self.n_local  # owning rank of each (token, expert) pair
         order_N = dest_N.argsort(stable=True)
         send_W = torch.bincount(dest_N, minlength=self.world)
-        recv_W = _exchange_counts(send_W)
+        recv_W = _exchange_counts(send_W, self.group)
         send, recv = send_W.tolist(), recv_W.tolist()
-        x_MD = _AllToAll.apply(x_TD[order_N // K], send, recv)  # dispatch
-        local_M = _AllToAll.apply(expert_N[order_N], send, recv) - self.e0  # which local expert
+        x_MD = _AllToAll.apply(x_TD[order_N // K], send, recv, self.group)  # dispatch
+        local_M = _AllToAll.apply(expert_N[order_N], send, recv, self.group) - self.e0  # which local expert
         y_MD = self._compute(x_MD, local_M)
-        y_ND = _AllToAll.apply(y_MD, recv, send)  # combine: back to the token's rank, in dispatch order
+        y_ND = _AllToAll.apply(y_MD, recv, send, self.group)  # combine: back to the token's rank, in dispatch order
         y_TKD = y_ND[order_N.argsort()].view(T, K, -1)
         return torch.bmm(topk_w_TK.to(y_TKD.dtype).unsqueeze(1), y_TKD).squeeze(1)  # (T, D)
 
@@ -91,8 +101,8 @@ class ExpertParallel(nn.Module):
         """Each received pair through its one local expert (gate value 1; weighting happens at the token)."""
         from glmstack.model.moe import _grouped_mm_ok, experts_grouped, experts_loop
 
-        w_gu = _ScaleGrad.apply(self.gate_up_proj, 1.0 / self.world)
-        w_dn = _ScaleGrad.apply(self.down_proj, 1.0 / self.world)
+        w_gu = _ScaleGrad.apply(self.gate_up_proj, self.grad_scale)
+        w_dn = _ScaleGrad.apply(self.down_proj, self.grad_scale)
         ones_M1 = torch.ones(local_M.shape[0], 1, device=x_MD.device)
         fn = experts_grouped if self.use_grouped_mm and _grouped_mm_ok(x_MD) else experts_loop
         return fn(x_MD, local_M[:, None], ones_M1, w_gu, w_dn)
@@ -102,25 +112,60 @@ def _ep_modules(model: nn.Module) -> list[tuple[str, ExpertParallel]]:
     return [(n, m) for n, m in model.named_modules() if isinstance(m, ExpertParallel)]
 
 
-def apply_expert_parallel(model: nn.Module) -> None:
+def expert_mesh(degree: int):
+    """The (replica, ep) device mesh: `degree` ranks per expert group (0 = all ranks), consecutive ranks together
+    (on one node, where the all-to-alls are cheapest)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world = dist.get_world_size()
+    degree = degree or world
+    if degree < 1 or world % degree:
+        from glmstack.config import ConfigError
+
+        raise ConfigError(f"dist.ep={degree} must divide the number of ranks ({world})")
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    return init_device_mesh(device, (world // degree, degree), mesh_dim_names=("replica", "ep"))
+
+
+def apply_expert_parallel(model: nn.Module, degree: int = 0) -> None:
     """Replace every MoE layer's `experts` with this rank's ExpertParallel slice (in place)."""
     from glmstack.model.moe import Experts
 
     targets = [(n, m) for n, m in model.named_modules() if isinstance(m, Experts)]
     assert targets, "expert_parallel needs a model with MoE layers"
+    mesh = expert_mesh(degree)
     for name, experts in targets:
         parent = model.get_submodule(name.rpartition(".")[0])
-        setattr(parent, name.rpartition(".")[2], ExpertParallel(experts, dist.get_rank(), dist.get_world_size()))
+        setattr(parent, name.rpartition(".")[2], ExpertParallel(experts, mesh))
+
+
+@torch.no_grad()
+def reduce_expert_grads(model: nn.Module) -> None:
+    """Sum the banks' gradients over the replica group (ranks holding the same experts in other expert groups);
+    nothing to do when one expert group spans all ranks. One all-reduce per step."""
+    mods = _ep_modules(model)
+    if not mods or mods[0][1].mesh["replica"].size() == 1:
+        return
+    grads = [p.grad for _, m in mods for p in (m.gate_up_proj, m.down_proj) if p.grad is not None]
+    if grads:
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=mods[0][1].mesh["replica"].get_group())
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
 
 
 def gather_expert_state(model: nn.Module, state: dict) -> dict:
-    """Put the full banks into rank 0's `state` in place of this rank's expert slices (collective: every rank
-    calls it; the others keep nothing)."""
+    """Put the full banks into rank 0's `state` in place of this rank's expert slices (collective over rank 0's
+    expert group, whose ranks hold every expert once; the others keep nothing)."""
     for name, m in _ep_modules(model):
+        if m.mesh["replica"].get_local_rank() != 0:
+            continue
         for p_name in ("gate_up_proj", "down_proj"):
-            local = getattr(m, p_name).detach().cpu().contiguous()
+            local = getattr(m, p_name).detach().contiguous()  # on its device: NCCL gathers no CPU tensors
             parts = [torch.empty_like(local) for _ in range(m.world)] if dist.get_rank() == 0 else None
-            dist.gather(local, parts, dst=0)
+            dist.gather(local, parts, group_dst=0, group=m.group)
             if dist.get_rank() == 0:
-                state[f"{name}.{p_name}"] = torch.cat(parts)
+                state[f"{name}.{p_name}"] = torch.cat(parts).cpu()
     return state

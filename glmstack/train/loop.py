@@ -11,7 +11,8 @@ Per optimizer step:
   -> validation every `log.val_every` -> one log line + metrics.jsonl row every `log.every` steps and on every
      validated step -> checkpoint every `ckpt.every`.
 Resume (`ckpt.resume=auto`) restores model, optimizer, RNGs, data position and loop counters from `latest`, so
-N steps + resume + N steps equals 2N steps bit for bit (tests/integration/test_resume.py). A new stage with `init_from`
+N steps + resume + N steps equals 2N steps bit for bit (tests/integration/test_resume.py), also on another layout
+or number of ranks (DCP, checkpoint.py; `grad_accum` may change when grad_accum x ranks, the global batch, stays). A new stage with `init_from`
 carries that checkpoint's optimizer state when its parameters match (`optim_state=carry`; GLM-4.5 runs pre- and
 mid-training as one run), else starts fresh and re-warms the lr up over `schedule.rewarmup_steps`; the stage
 log says which.
@@ -63,6 +64,7 @@ def pretrain_loss(model, batch: dict, values: dict) -> tuple[torch.Tensor, dict]
         segment_ids=batch.get("segment_ids"),
         mtp_weight=values["mtp_weight"],
         aux_loss_weight=values["aux_loss_weight"],
+        **({"prefix_len": batch["prefix_len"]} if "prefix_len" in batch else {}),  # GLM blank infilling's Part A
     )
     metrics = {"lm_loss": out.lm_loss.detach()}
     if getattr(out, "mtp_loss", None):
@@ -169,6 +171,7 @@ def _train_step(model, optimizer, data_iter, cfg: TrainConfig, state: LoopState,
     load = metrics.pop("expert_load", None)
     metrics = dist.means_over_ranks({"loss": loss} | metrics)  # every rank decides the guard on the same loss
     loss = metrics.pop("loss")
+    dist.reduce_expert_grads(model)
     grad_norm = dist.clip_grad_norm_(model, cfg.optim.grad_clip)
     row = {"loss": loss, "lr": lr, "grad_norm": grad_norm, "accum": accum, "mtp_weight": values["mtp_weight"]}
     row |= metrics
@@ -217,6 +220,8 @@ def _resume(stage_dir: Path, cfg: TrainConfig, model, optimizer, data) -> LoopSt
         return _start(cfg, model, optimizer)
     old = json.loads((folder / "trainer_state" / "train_config.json").read_text())
     conflicts = resume_conflicts(old, to_dict(cfg))
+    if "grad_accum" in conflicts and _saved_world(folder) * old["grad_accum"] == dist.world() * cfg.grad_accum:
+        conflicts.remove("grad_accum")  # the same global batch on another number of ranks (elastic resume)
     if conflicts:
         raise ConfigError(
             f"cannot resume from {folder}: the config differs in {', '.join(conflicts)} "
@@ -228,6 +233,12 @@ def _resume(stage_dir: Path, cfg: TrainConfig, model, optimizer, data) -> LoopSt
     for (_, buf), value in zip(balance.bias_buffers(dist.unwrap(model)), saved.get("balance_biases", [])):
         buf.copy_(value)
     return LoopState(**saved["loop"])
+
+
+def _saved_world(folder: Path) -> int:
+    """The number of ranks that wrote `folder` (state.pt says; older checkpoints: one RNG file per rank)."""
+    saved = torch.load(folder / "trainer_state" / "state.pt", weights_only=False)
+    return int(saved.get("world") or len(list((folder / "trainer_state").glob("rank_*.pt"))))
 
 
 def _start(cfg: TrainConfig, model, optimizer) -> LoopState:
@@ -304,7 +315,8 @@ def train(
         for leftover in checkpoint.clean_partial(stage_dir):
             print(f"removed {leftover}, the partial checkpoint of an interrupted save", flush=True)
     state = _resume(stage_dir, cfg, model, optimizer, data)
-    metrics = Metrics(stage_dir, enabled=rank0, tensorboard=cfg.log.tensorboard)
+    metrics = Metrics(stage_dir, enabled=rank0, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb,
+                      name=f"{cfg.run}/{cfg.stage}", config=to_dict(cfg))
     metrics.truncate_after(state.step)
     if rank0:
         stage_dir.mkdir(parents=True, exist_ok=True)

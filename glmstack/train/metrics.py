@@ -1,4 +1,5 @@
-"""Metrics: one log line per step, metrics.jsonl, optional TensorBoard, and PNG plots drawn from the jsonl.
+"""Metrics: one log line per step, metrics.jsonl, optional TensorBoard and Weights & Biases (`log.tensorboard`,
+`log.wandb=offline|online`: the same rows), and PNG plots drawn from the jsonl.
 
 Everything the loop measures goes through `Metrics.log(step, dict)`; plots are made afterwards from
 metrics.jsonl alone (not from hooks), so `python -m glmstack.train.metrics runs/tiny/pretrain` redraws them.
@@ -47,9 +48,11 @@ def format_line(step: int, total: int, row: dict, eta_s: float | None = None) ->
 class Metrics:
     """metrics.jsonl appender (+ TensorBoard when asked); no-op off rank 0."""
 
-    def __init__(self, folder: str | Path, *, enabled: bool = True, tensorboard: bool = False):
+    def __init__(self, folder: str | Path, *, enabled: bool = True, tensorboard: bool = False, wandb: str = "off",
+                 name: str = "", config: dict | None = None):  # fmt: skip
         self.folder, self.enabled = Path(folder), enabled
         self.tb = None
+        self.wandb = _wandb_run(self.folder, wandb, name, config) if enabled and wandb != "off" else None
         if enabled and tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -70,6 +73,8 @@ class Metrics:
         if self.tb is not None:
             for k, v in row.items():
                 self.tb.add_scalar(k, v, step)
+        if self.wandb is not None:
+            self.wandb.log({k: v for k, v in row.items() if k != "step"}, step=step)
 
     def truncate_after(self, step: int) -> None:
         """Drop rows logged after `step` (a resumed run re-logs them; the file stays one row per step)."""
@@ -81,6 +86,27 @@ class Metrics:
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
+        if self.wandb is not None:
+            import wandb
+
+            self.wandb.finish()
+            wandb.teardown()  # waits for wandb-core: finish() returns before the offline file is written out
+
+
+def _wandb_run(folder: Path, mode: str, name: str, config: dict | None):
+    """A Weights & Biases run under folder/wandb/ (mode offline: written locally, no network; `wandb sync
+    folder/wandb/offline-run-*` uploads it later). Each process is one W&B run named `run/stage`; a resumed stage
+    is a second run of the same name and group (wandb 0.31 writes nothing offline for a run given a fixed id)."""
+    try:
+        import wandb
+    except ImportError:
+        from glmstack.config import ConfigError
+
+        raise ConfigError("log.wandb needs the wandb package (pip install 'glmstack[tracking]')") from None
+    folder.mkdir(parents=True, exist_ok=True)
+    settings = wandb.Settings(console="off", silent=True, x_disable_stats=True, disable_git=True, save_code=False)
+    return wandb.init(mode=mode, dir=str(folder), project="glmstack", name=name or folder.name, group=name or None,
+                      config=config or {}, settings=settings)
 
 
 def _finite_number(v) -> bool:

@@ -63,7 +63,7 @@ def build_model(cfg: TrainConfig, device: torch.device):
     its part (dist.materialize), so no rank ever holds the whole model: what lets a GLM-4.5-Air recipe start."""
     model, tensors = _meta_model(cfg, device)
     fill = lambda m: dist.materialize(m, device, tensors)
-    model = dist.parallelize(model, cfg.dist.dp, cfg.dist.expert_parallel, fill=fill)
+    model = dist.parallelize(model, cfg.dist.dp, cfg.dist.expert_parallel, fill=fill, ep=cfg.dist.ep)
     if cfg.compile == "on" or (cfg.compile == "auto" and device.type == "cuda"):
         compile_blocks(dist.unwrap(model))
     return model
@@ -104,9 +104,20 @@ def _meta_model(cfg: TrainConfig, device: torch.device):
 
 def build_data(cfg: TrainConfig, vocab_size: int, split: str = "train"):
     """The stage's loader per the data-batches contract (rank-aware, resumable)."""
+    options = dict(cfg.data.options)
+    blank = options.pop("blank_infilling", None)
+    loader = _base_loader(cfg, vocab_size, split, options)
+    if blank is None:
+        return loader
+    from glmstack.data.blank_infilling import BlankConfig, BlankInfilling
+
+    return BlankInfilling(loader, BlankConfig(**blank), vocab_size=vocab_size, seq_len=cfg.seq_len)
+
+
+def _base_loader(cfg: TrainConfig, vocab_size: int, split: str, options: dict):
     kw = {"seq_len": cfg.seq_len, "batch_size": cfg.micro_batch_size, "rank": dist.rank(), "world_size": dist.world()}
     if cfg.data.kind == "synthetic":
-        return SyntheticLM(vocab_size=vocab_size, seed=cfg.seed, split=split, **kw, **cfg.data.options)
+        return SyntheticLM(vocab_size=vocab_size, seed=cfg.seed, split=split, **kw, **options)
     try:
         from glmstack.data.loader import build_loader
     except ImportError as e:
@@ -118,7 +129,7 @@ def build_data(cfg: TrainConfig, vocab_size: int, split: str = "train"):
         seed=cfg.seed,
         split=split,
         **kw,
-        **cfg.data.options,
+        **options,
     )
 
 

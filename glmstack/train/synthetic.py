@@ -2,7 +2,8 @@
 
 Sequences are walks on a fixed random sparse Markov chain (each token has `branching` likely successors), so a
 small model can learn them and the loss falls quickly; batch i of rank r is a pure function of (seed, r, i),
-which makes the position (`state_dict`) exact and resumable and keeps ranks disjoint.
+which makes the position (`state_dict`, counted in global batches) exact and resumable on any number of ranks and keeps
+ranks disjoint.
 
     data = SyntheticLM(vocab_size=512, seq_len=64, batch_size=4, rank=0, world_size=1)
     batch = next(iter(data))   # {"input_ids": (B, T), "labels": (B, T) already shifted}
@@ -14,7 +15,7 @@ import torch
 
 
 class SyntheticLM:
-    """Infinite iterable of {"input_ids", "labels"} batches; state_dict() = {"position": batches yielded}."""
+    """Infinite iterable of {"input_ids", "labels"} batches; state_dict() = {"global_batches": consumed by all}."""
 
     def __init__(
         self,
@@ -27,13 +28,17 @@ class SyntheticLM:
         seed: int = 0,
         branching: int = 4,
         split: str = "train",
+        reserved_ids: int = 0,
     ):
+        """reserved_ids: the top ids of the vocabulary never appear in the text (special tokens of a transform,
+        e.g. blank infilling's [MASK] ... <eop>); 0 = the whole vocabulary (the default stream)."""
         self.vocab_size, self.seq_len, self.batch_size = vocab_size, seq_len, batch_size
         self.rank, self.world_size, self.seed = rank, world_size, seed
         self.stream = 0 if split == "train" else 1  # validation draws from a disjoint stream
         self.position = 0
         g = torch.Generator().manual_seed(seed)  # the chain itself is shared by every rank and split
-        self.successors = torch.randint(0, vocab_size, (vocab_size, branching), generator=g)  # (V, k)
+        self.n_text = vocab_size - reserved_ids  # ids that appear in the text
+        self.successors = torch.randint(0, self.n_text, (vocab_size, branching), generator=g)  # (V, k)
 
     def batch(self, index: int) -> dict[str, torch.Tensor]:
         """The `index`-th batch of this rank (pure in seed, rank, index)."""
@@ -42,7 +47,7 @@ class SyntheticLM:
         g = torch.Generator().manual_seed(mix % (2**63))
         B, T = self.batch_size, self.seq_len
         tokens = torch.empty(B, T + 1, dtype=torch.long)
-        tokens[:, 0] = torch.randint(0, self.vocab_size, (B,), generator=g)
+        tokens[:, 0] = torch.randint(0, self.n_text, (B,), generator=g)
         choice = torch.randint(0, self.successors.shape[1], (B, T), generator=g)
         for t in range(T):
             tokens[:, t + 1] = self.successors[tokens[:, t], choice[:, t]]
@@ -55,7 +60,13 @@ class SyntheticLM:
             yield out
 
     def state_dict(self) -> dict:
-        return {"position": self.position}
+        """The position in global batches (every rank's next batch index is the same), so a run resumed on
+        another number of ranks continues right after the last batch any rank consumed."""
+        return {"global_batches": self.position * self.world_size}
 
     def load_state_dict(self, state: dict) -> None:
-        self.position = int(state["position"])
+        consumed = int(state["global_batches"]) if "global_batches" in state else int(state["position"])
+        if consumed % self.world_size:
+            raise ValueError(f"the run consumed {consumed} global batches, which {self.world_size} ranks cannot "
+                             f"continue evenly; resume on a number of ranks that divides it")
+        self.position = consumed // self.world_size

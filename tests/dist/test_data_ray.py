@@ -1,11 +1,14 @@
-"""The data build on a local Ray cluster (datatrove's RayPipelineExecutor): the same bytes as in-process, and a
-failing task fails the build at once with its log path instead of leaving the driver waiting on markers."""
+"""The data build on a local Ray cluster (datatrove's RayPipelineExecutor): the same bytes as in-process, the sharded
+dedup's in-memory decisions with 1, 2 and 4 tasks, and a failing task fails the build at once with its log path
+instead of leaving the driver waiting on markers."""
 
+import functools
 import hashlib
 import shutil
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from glmstack.data.corpus import CorpusConfig, corpus_docs
@@ -54,6 +57,63 @@ def _digest(out: Path) -> dict:
 def test_ray_executor_gives_the_local_bytes(cluster, tok, local_build, tmp_path):
     build_dataset(_cfg(**RAY), tok, tmp_path)
     assert _digest(tmp_path) == _digest(local_build)
+
+
+def test_sharded_dedup_on_ray_gives_the_in_memory_decisions(cluster, tmp_path):
+    from glmstack.data.dedup import MinHasher, dedup_decisions, exact_hash
+    from glmstack.data.dedup_shards import decisions_from, make_plan, run_sharded_dedup, write_units
+    from glmstack.data.executor import run_units
+    from tests.integration.test_dedup_shards import CFG, planted_corpus
+
+    texts = planted_corpus(size_mb=0.2)
+    hasher = MinHasher(CFG)
+    sigs = np.stack([hasher.signature(t) for t in texts])
+    hashes = np.array([list(exact_hash(t)) for t in texts], np.uint8)
+    ref = dedup_decisions([h.tobytes() for h in hashes], list(sigs), CFG)
+    counts = write_units(tmp_path / "in", sigs, hashes, unit_docs=37)
+    for workers in (1, 2, 4):
+        plan = make_plan(tmp_path / "in", tmp_path / f"w{workers}", counts, CFG, block_docs=40, shard_records=400)
+        run = functools.partial(
+            run_units,
+            executor="ray",
+            workers=workers,
+            progress=False,
+            logging_dir=tmp_path / f"logs{workers}",
+            options=RAY["executor_options"],
+        )
+        assert decisions_from(run_sharded_dedup(plan, run), len(texts)) == ref
+    assert plan.n_shards >= 4 and ref.count("minhash") > 2 and ref.count("exact") > 2
+
+
+def test_sharded_semdedup_on_ray_gives_the_in_memory_decisions(cluster, tmp_path):
+    from glmstack.data.executor import run_units
+    from glmstack.data.semdedup import SemDedupConfig, hashed_embed, semdedup_drops
+    from glmstack.data.semdedup_shards import SemPlan, run_sharded_semdedup, save_rows
+
+    docs = corpus_docs(CorpusConfig(size_mb=0.6, seed=1), split="all")
+    texts = [d.text for d in docs if d.source in ("templates", "pydoc")]
+    cfg = SemDedupConfig(embedder="hashed")
+    ref = np.flatnonzero(semdedup_drops(texts, cfg)).tolist()
+    starts = list(range(0, len(texts), 40))
+    for u, a in enumerate(starts):
+        save_rows(tmp_path / f"emb_{u:05d}", hashed_embed(texts[a : a + 40], cfg.n_features))
+        np.save(tmp_path / f"sem_idx_{u:05d}.npy", np.arange(a, min(a + 40, len(texts))))
+    for workers in (4,):  # 1 and 2 workers: the process executor (test_dedup_shards.py) and the whole-build test
+        work = tmp_path / f"w{workers}"
+        work.mkdir()
+        for p in tmp_path.glob("*_0*.np*"):
+            shutil.copy(p, work / p.name)
+        plan = SemPlan(work=work, units=list(range(len(starts))), cfg=cfg, embedder="hashed", n_shards=4)
+        run = functools.partial(
+            run_units,
+            executor="ray",
+            workers=workers,
+            progress=False,
+            logging_dir=work / "logs",
+            options=RAY["executor_options"],
+        )
+        assert run_sharded_semdedup(plan, run, len(texts), sample_docs=10**6)["drop"].tolist() == ref
+    assert len(ref) > 20
 
 
 def test_a_failing_ray_task_fails_the_build_with_its_log(cluster, tok, local_build, tmp_path):

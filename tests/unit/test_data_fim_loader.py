@@ -132,3 +132,13 @@ def test_fim_needs_the_tokenizer_or_an_explicit_off(tmp_path, tok):
         PretrainLoader(train, seq_len=16, batch_size=1)
     assert PretrainLoader(train, seq_len=16, batch_size=1, fim=False).fim is None
     assert PretrainLoader(train, seq_len=16, batch_size=1, tokenizer=tok).fim is not None
+
+
+def test_a_padded_window_marks_its_padding_and_the_batch_keeps_one_shape():
+    """A window FIM left shorter carries segment_ids (0 = padding: out of the balancing load and aux loss, the
+    model's data contract); the other rows of its batch get one segment of ones, so the batch stacks."""
+    padded = {"input_ids": np.arange(4), "labels": np.array([1, 2, -100, -100]), "segment_ids": np.array([1, 1, 1, 0])}
+    plain = {"input_ids": np.arange(4), "labels": np.arange(1, 5)}
+    batch = PretrainLoader._collate([plain, padded])
+    assert batch["segment_ids"].tolist() == [[1, 1, 1, 1], [1, 1, 1, 0]]
+    assert set(PretrainLoader._collate([plain, plain])) == {"input_ids", "labels"}  # no padding: no mask path

@@ -56,3 +56,10 @@ def test_minilm_embedder_drops_light_paraphrases():
     edited = [t.replace(" the ", " a ", 2) for t in base]
     sem = semdedup_drops(base + edited, SemDedupConfig(embedder="minilm"))
     assert sem.sum() == len(base)  # one of each pair goes
+
+
+def test_hashed_embed_of_no_texts_is_an_empty_matrix():
+    """A work unit without prose embeds to (0, n_features), not sklearn's StopIteration (a speedrun unit of code only)."""
+    from glmstack.data.semdedup import hashed_embed
+
+    assert hashed_embed([], 64).shape == (0, 64)
