@@ -19,9 +19,10 @@ import numpy as np
 import torch
 
 from glmstack.data.packing import pack, row_arrays
+from glmstack.data.position import GlobalBatchPosition
 
 
-class PackedSFT:
+class PackedSFT(GlobalBatchPosition):
     def __init__(self, examples: list[tuple[list[int], list[int]]], *, seq_len: int, batch_size: int, seed: int = 0,
                  rank: int = 0, world_size: int = 1, buffer: int = 1 << 14, shuffle: bool = True, pad_id: int = 0):  # fmt: skip
         kept = [(np.asarray(i, np.int64), np.asarray(m, np.int64)) for i, m in examples if len(i) <= seq_len]
@@ -84,16 +85,6 @@ class PackedSFT:
             self.position += 1
             yield out
 
-    def state_dict(self) -> dict:
-        """The position in global batches, so a run resumed on another number of ranks continues after it."""
-        return {"global_batches": self.position * self.world_size}
-
-    def load_state_dict(self, state: dict) -> None:
-        consumed = int(state["global_batches"]) if "global_batches" in state else int(state["position"])
-        if consumed % self.world_size:
-            raise ValueError(f"the run consumed {consumed} global batches, which {self.world_size} ranks cannot "
-                             f"continue evenly; resume on a number of ranks that divides it")
-        self.position = consumed // self.world_size
 
     def trained_tokens(self) -> int:
         return int(sum(m.sum() for _, m in self.examples))

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import torch
 
+from glmstack.data.position import GlobalBatchPosition
 
-class SyntheticLM:
+
+class SyntheticLM(GlobalBatchPosition):
     """Infinite iterable of {"input_ids", "labels"} batches; state_dict() = {"global_batches": consumed by all}."""
 
     def __init__(
@@ -59,14 +61,3 @@ class SyntheticLM:
             self.position += 1
             yield out
 
-    def state_dict(self) -> dict:
-        """The position in global batches (every rank's next batch index is the same), so a run resumed on
-        another number of ranks continues right after the last batch any rank consumed."""
-        return {"global_batches": self.position * self.world_size}
-
-    def load_state_dict(self, state: dict) -> None:
-        consumed = int(state["global_batches"]) if "global_batches" in state else int(state["position"])
-        if consumed % self.world_size:
-            raise ValueError(f"the run consumed {consumed} global batches, which {self.world_size} ranks cannot "
-                             f"continue evenly; resume on a number of ranks that divides it")
-        self.position = consumed // self.world_size
