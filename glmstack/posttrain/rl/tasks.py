@@ -20,6 +20,7 @@ A Problem is `prompt_ids` (what the rollout engine is given, tokens in) + `meta`
 
 from __future__ import annotations
 
+import abc
 import random
 import zlib
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ def split_of(key: str) -> str:
     return "test" if zlib.crc32(key.encode()) % TEST_EVERY == 0 else "train"
 
 
-class Task:
+class Task(abc.ABC):
     """A generator of problems: `item(rng, level) -> (key text, meta)`; `encode(meta) -> prompt ids`."""
 
     name = "task"
@@ -56,11 +57,13 @@ class Task:
                 out.append(Problem(self.encode(meta), meta | {"task": self.name, "level": level}))
         return out
 
+    @abc.abstractmethod
     def item(self, rng: random.Random, level: int) -> tuple[str, dict]:
-        raise NotImplementedError
+        """One problem: (the text its held-out split is hashed from, its metadata)."""
 
+    @abc.abstractmethod
     def encode(self, meta: dict) -> list[int]:
-        raise NotImplementedError
+        """The prompt's token ids."""
 
 
 class ChatTask(Task):
