@@ -22,8 +22,9 @@ from __future__ import annotations
 import errno
 import functools
 import os
-import signal
 import time
+
+from glmstack.sandbox.uids import sigkill
 
 PARENT = "glmstack-sandbox"
 
@@ -122,11 +123,7 @@ def _kill_members(path: str) -> None:
             return
         if not pids:
             return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        sigkill(pids)
         time.sleep(0.01)
 
 

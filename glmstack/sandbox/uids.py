@@ -26,6 +26,15 @@ LOCK_DIR = Path(tempfile.gettempdir()) / "glmstack-sandbox-uids"
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
+
+def sigkill(pids) -> None:
+    """SIGKILL each pid; one that already exited is fine (shared by the uid and cgroup reapers)."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
 def _ensure_lock_dir() -> None:
     """LOCK_DIR lives in the shared /tmp: make sure it is ours (not another user's dir or symlink) before a root
     process creates files in it."""
@@ -98,11 +107,7 @@ def kill_uid(uid: int, wait_s: float = 5.0) -> None:
         if time.monotonic() > deadline:
             warnings.warn(f"sandbox: processes {pids} of uid {uid} survive SIGKILL", RuntimeWarning, stacklevel=2)
             return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        sigkill(pids)
         time.sleep(min(0.001 * rnd, 0.02))
 
 
