@@ -326,7 +326,7 @@ def _keep_as_is(t: torch.Tensor, ours: str) -> bool:
 
 def _keep_fp32(ours: str) -> bool:
     """Router weights, balancing biases and the DSA indexer's head weights are stored fp32 (as HF does)."""
-    router = ours.endswith(("gate.weight", "e_score_correction_bias")) and ".mlp.gate." in ours
+    router = ours.endswith(("gate.weight", "e_score_correction_bias")) and ".gate." in ours  # also mlp.visual.gate
     return router or ours.endswith("indexer.weights_proj.weight")
 
 

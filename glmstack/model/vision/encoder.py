@@ -22,6 +22,7 @@ from torch import nn
 from glmstack.model.gemm import Linear
 from glmstack.model.layers import MLP, RMSNorm
 from glmstack.model.rope import rotate_half
+from glmstack.model.vision.mrope import VisionInputError
 
 
 class PatchEmbed(nn.Module):
@@ -128,6 +129,7 @@ class VisionEncoder(nn.Module):
 
     def forward(self, pixel_values_NP: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
         vc, m = self.vc, self.vc.spatial_merge_size
+        check_pixels(pixel_values_NP, grid_thw, vc)
         hw_N2, size_N2, lengths = patch_coordinates(grid_thw, m)
         hw_N2, size_N2 = hw_N2.to(pixel_values_NP.device), size_N2.to(pixel_values_NP.device)
         x_ND = self.post_conv_layernorm(self.patch_embed(pixel_values_NP))
@@ -139,6 +141,18 @@ class VisionEncoder(nn.Module):
         w = self.downsample.weight  # (out, D, m, m): one merged token from its m x m consecutive patches
         x_MX = x_ND.view(-1, m, m, x_ND.shape[-1]).permute(0, 3, 1, 2).reshape(-1, w[0].numel())
         return self.merger(F.linear(x_MX, w.reshape(w.shape[0], -1), self.downsample.bias))
+
+
+def check_pixels(pixels_NP: torch.Tensor, grid_thw: torch.Tensor, vc) -> None:
+    """pixel_values must be (sum t*h*w, patch_dim) with h, w multiples of spatial_merge_size (one clear error)."""
+    m, rows = vc.spatial_merge_size, grid_thw.tolist() if grid_thw.dim() == 2 else None
+    if rows is None or any(len(r) != 3 or r[1] % m or r[2] % m or min(r) <= 0 for r in rows):
+        raise VisionInputError(f"grid_thw must be (N, 3) rows (t, h, w) with h, w multiples of spatial_merge_size "
+                               f"{m}; got {grid_thw.tolist()}")
+    want = (sum(t * h * w for t, h, w in rows), vc.patch_dim)
+    if tuple(pixels_NP.shape) != want:
+        raise VisionInputError(f"pixel values of shape {list(pixels_NP.shape)}, but grid_thw {rows} and patch_size "
+                               f"{vc.patch_size} (temporal {vc.temporal_patch_size}) need {list(want)}")
 
 
 def patch_coordinates(grid_thw: torch.Tensor, m: int):
