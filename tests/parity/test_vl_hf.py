@@ -66,3 +66,19 @@ def test_video_matches_hf(tmp_path):
         a = ours(ids, pixel_values_videos=pixels, video_grid_thw=grid).logits
     b = hf_logits(hf, cfg, ids, pixel_values_videos=pixels, video_grid_thw=grid)
     torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("case", ["moe", "dense"])
+def test_gradients_match_hf(case, tmp_path):
+    """Backward of the LM loss with images: every ViT, merger and decoder gradient equals transformers'."""
+    cfg = vl_config(case)
+    hf = hf_vl_model(cfg)
+    hf.save_pretrained(tmp_path)
+    ours = load_vl_hf(tmp_path, dtype=torch.float32)
+    ids, pv, grid = image_batch(cfg, [[IMAGE_SIZES[0], IMAGE_SIZES[4]]], seed=5)
+    hf(input_ids=ids, labels=ids, pixel_values=pv, image_grid_thw=grid,
+       mm_token_type_ids=token_types(ids, cfg)).loss.backward()
+    ours(ids, labels=shifted_labels(ids), pixel_values=pv, image_grid_thw=grid).lm_loss.backward()
+    for name, p in ours.named_parameters():
+        hf_name = "lm_head.weight" if name == "language_model.lm_head.weight" else "model." + name
+        torch.testing.assert_close(p.grad, hf.get_parameter(hf_name).grad, atol=1e-5, rtol=1e-4, msg=name)
