@@ -154,3 +154,20 @@ def test_checkpoint_round_trip_bf16_and_strictness(tmp_path):
         (tmp_path / "plain" / "config.json").read_text().replace('"depth": 2', '"depth": 3'))
     with pytest.raises(CheckpointError, match="missing"):
         load_vl_hf(tmp_path / "plain")
+
+
+def test_training_checkpoint_is_an_hf_folder(tmp_path):
+    """glmstack/train/checkpoint.py writes a GLMV as its glm4v_moe folder and reads it back; optimiser groups
+    cover every ViT tensor (conv kernels on AdamW)."""
+    from glmstack.optim.groups import assign_groups
+    from glmstack.train.checkpoint import load_model, save_model
+
+    model = _model(visual_expert=True)
+    groups = assign_groups(model)
+    assert groups["visual.patch_embed.proj.weight"] == "adamw" and groups["visual.blocks.0.attn.qkv.weight"] == "muon"
+    save_model(model, tmp_path / "ckpt")
+    assert VLConfig.from_hf(tmp_path / "ckpt").visual_expert
+    other = _model(seed=5, visual_expert=True)
+    load_model(other, tmp_path / "ckpt")
+    for (n, a), b in zip(model.state_dict().items(), other.state_dict().values()):
+        assert torch.equal(a, b), n

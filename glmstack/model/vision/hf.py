@@ -70,13 +70,26 @@ def load_vl_hf(folder: str | os.PathLike, dtype: torch.dtype | None = None, devi
     if dtype is None:
         dtype = DTYPES.get(cfg.hf_metadata.get("dtype") or cfg.hf_metadata.get("torch_dtype"), torch.float32)
     model = GLMV(cfg, dtype=dtype)
+    tensors = checkpoint_state(model, folder)  # checked here, before anything is allocated
+    model.materialize(device)
+    state = model.state_dict()
+    for name, full in tensors:
+        state[name].copy_(full)
+    if cfg.visual_expert and not any(".visual." in k and not k.startswith(_VIS) for k in checkpoint_files(folder)):
+        copy_language_into_experts(model.language_model)
+    return model
+
+
+def checkpoint_state(model: GLMV, folder: str | os.PathLike):
+    """The checkpoint in `folder` as a stream of (our state-dict name, full tensor) for the (meta) `model`, checked
+    first (one CheckpointError naming every problem). Missing visual-expert tensors are allowed (warned): the caller
+    copies the language model into the experts."""
+    folder = Path(folder)
     files = checkpoint_files(folder)
     entries = vl_entries(model)
     optional, packed = _optional_and_packed(model)
     plan, missing, unexpected, bad_shape = match_names(entries, optional, packed, model.state_dict(), _shapes(files))
-    fresh_experts = bool(missing) and cfg.visual_expert and set(missing) <= {
-        k for k, (ours, _) in entries.items() if ours in set(expert_names([ours]))}
-    if fresh_experts:
+    if missing and model.cfg.visual_expert and all(expert_names([entries[k][0]]) for k in missing):
         _warn(f"{folder} has no visual-expert weights: the experts start as copies of the language model's")
         missing = []
     _raise_if(missing, unexpected, bad_shape)
@@ -84,14 +97,7 @@ def load_vl_hf(folder: str | os.PathLike, dtype: torch.dtype | None = None, devi
     for key, (ours, idx) in plan.items():
         by_ours.setdefault(ours, []).append((key, idx))
     state = model.state_dict()
-    targets = [(ours, state[ours].shape, state[ours].dtype, by_ours[ours]) for ours in sorted(by_ours)]
-    model.materialize(device)
-    state = model.state_dict()
-    for name, full in _read(targets, files):
-        state[name].copy_(full)
-    if fresh_experts:
-        copy_language_into_experts(model.language_model)
-    return model
+    return _read([(ours, state[ours].shape, state[ours].dtype, by_ours[ours]) for ours in sorted(by_ours)], files)
 
 
 @torch.no_grad()
