@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from glmstack.config import ConfigError, from_dict
-from glmstack.model.config import HF_METADATA_KEYS, ModelConfig
+from glmstack.model.config import HF_METADATA_KEYS, ModelConfig, read_config_json
 
 VL_MODEL_TYPES = {"glm4v_moe": "Glm4vMoeForConditionalGeneration", "glm4v": "Glm4vForConditionalGeneration"}
 TEXT_MODEL_TYPES = {"glm4v_moe": "glm4v_moe_text", "glm4v": "glm4v_text"}
@@ -159,7 +159,7 @@ class VLConfig:
     def from_hf(cls, source: str | Path | dict, **overrides) -> VLConfig:
         """Read a `glm4v_moe` / `glm4v` config.json (dict, file or folder). overrides: top-level fields, or
         `text_config` / `vision_config` dicts of fields to override there."""
-        d = copy.deepcopy(source) if isinstance(source, dict) else _read(source)
+        d = copy.deepcopy(source) if isinstance(source, dict) else read_config_json(source)[1]
         where = "config.json" if isinstance(source, dict) else str(source)
         model_type = d.pop("model_type", None)
         if model_type not in VL_MODEL_TYPES:
@@ -207,20 +207,6 @@ class VLConfig:
         if name not in VL_PRESETS:
             raise ConfigError(f"unknown vision-language preset {name!r}; presets: {', '.join(VL_PRESETS)}")
         return cls.from_hf(VL_PRESETS[name], **overrides)
-
-
-def _read(source: str | Path) -> dict:
-    path = Path(source)
-    path = path / "config.json" if path.is_dir() else path
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file (a checkpoint folder needs config.json)") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
 
 
 def _rope_of(d: dict, where: str) -> tuple[dict, list[int]]:
