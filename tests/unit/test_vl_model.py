@@ -171,3 +171,15 @@ def test_training_checkpoint_is_an_hf_folder(tmp_path):
     load_model(other, tmp_path / "ckpt")
     for (n, a), b in zip(model.state_dict().items(), other.state_dict().values()):
         assert torch.equal(a, b), n
+
+
+def test_convert_command_handles_vl_folders(tmp_path, capsys):
+    from glmstack.model.convert import main
+
+    model = _model("tiny-glm4.1v")
+    save_vl_hf(model, tmp_path / "src")
+    assert main([str(tmp_path / "src"), str(tmp_path / "dst"), "--dtype", "bf16", "--max-shard-size", "100KB"]) == 0
+    assert "bfloat16" in capsys.readouterr().out
+    assert (tmp_path / "dst" / "model.safetensors.index.json").exists()
+    back = load_vl_hf(tmp_path / "dst")
+    assert back.cfg.model_type == "glm4v" and back.visual.patch_embed.proj.weight.dtype == torch.bfloat16
