@@ -183,3 +183,14 @@ def test_convert_command_handles_vl_folders(tmp_path, capsys):
     assert (tmp_path / "dst" / "model.safetensors.index.json").exists()
     back = load_vl_hf(tmp_path / "dst")
     assert back.cfg.model_type == "glm4v" and back.visual.patch_embed.proj.weight.dtype == torch.bfloat16
+
+
+def test_generate_batch_rows_are_independent():
+    """K sampled rows of one prompt at once: row b's tokens are what generate(seed=seeds[b]) gives alone."""
+    model = _model(seed=3)
+    ids, pixels, grid = _image_prompt(model.cfg, (1, 4, 4))
+    rows = model.generate_batch(ids.expand(3, -1), pixel_values=pixels.repeat(3, 1), image_grid_thw=grid.repeat(3, 1),
+                                max_new_tokens=5, temperature=1.0, seeds=[7, 8, 9])
+    alone = [model.generate(ids, pixel_values=pixels, image_grid_thw=grid, max_new_tokens=5, temperature=1.0,
+                            seed=s) for s in (7, 8, 9)]
+    assert rows == alone and len({tuple(r) for r in rows}) > 1

@@ -152,23 +152,35 @@ class GLMV(nn.Module):
         """Decode one prompt (input_ids (1, T) or (T,)) with a KV cache -> the new token ids (the stop id kept).
         Prefill runs the full multimodal forward; each new token then sits at next_position + step in all three
         RoPE rows (transformers' rope_deltas). Sampling is glmstack's (inference/sampling.py, seeded per row)."""
-        ids = input_ids.view(1, -1)
+        return self.generate_batch(input_ids.view(1, -1), pixel_values, image_grid_thw, pixel_values_videos,
+                                   video_grid_thw, max_new_tokens, temperature, top_p, top_k, [seed], stop_ids)[0]
+
+    @torch.no_grad()
+    def generate_batch(self, input_ids, pixel_values=None, image_grid_thw=None, pixel_values_videos=None,
+                       video_grid_thw=None, max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
+                       top_k: int = 0, seeds=None, stop_ids=()) -> list[list[int]]:
+        """Decode B prompts of the same length at once (input_ids (B, T), no padding; e.g. K samples of one prompt
+        with its image repeated K times in pixel_values) -> each row's new ids, cut after its first stop id.
+        Row b samples with seeds[b] (default b): its tokens do not depend on the other rows."""
+        B = input_ids.shape[0]
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
-        streams = RowStreams([seed])
-        types = token_types(ids, self.cfg)
-        _, next_pos = rope_index(ids, self.cfg, image_grid_thw, video_grid_thw, types_BT=types,
+        streams = RowStreams(list(seeds) if seeds is not None else list(range(B)))
+        _, next_pos = rope_index(input_ids, self.cfg, image_grid_thw, video_grid_thw,
                                  flat_images=self.cfg.visual_expert)
         cache = SimpleKVCache()
-        logits = self(ids, pixel_values=pixel_values, image_grid_thw=image_grid_thw,
+        logits = self(input_ids, pixel_values=pixel_values, image_grid_thw=image_grid_thw,
                       pixel_values_videos=pixel_values_videos, video_grid_thw=video_grid_thw, cache=cache).logits
-        out: list[int] = []
+        out: list[list[int]] = [[] for _ in range(B)]
+        done = [False] * B
         for step in range(max_new_tokens):
-            token = sample(logits[:, -1].float(), params, streams.keys(step)[:, 0])  # (1,)
-            out.append(int(token))
-            if out[-1] in stop_ids:
+            tokens = sample(logits[:, -1].float(), params, streams.keys(step)[:, 0])  # (B,)
+            for b, t in enumerate(tokens.tolist()):
+                if not done[b]:
+                    out[b].append(t)
+                    done[b] = t in stop_ids
+            if all(done) or step == max_new_tokens - 1:
                 break
-            pos = (next_pos + step).view(1, 1)
-            logits = self(token.view(1, 1), position_ids=pos, cache=cache).logits
+            logits = self(tokens.view(B, 1), position_ids=(next_pos + step).view(B, 1), cache=cache).logits
         return out
 
     # ---------------------------------------------------------------- accounting
