@@ -194,3 +194,15 @@ def test_generate_batch_rows_are_independent():
     alone = [model.generate(ids, pixel_values=pixels, image_grid_thw=grid, max_new_tokens=5, temperature=1.0,
                             seed=s) for s in (7, 8, 9)]
     assert rows == alone and len({tuple(r) for r in rows}) > 1
+
+
+def test_mtp_layer_round_trip(tmp_path):
+    """A GLM-4.5V-style model trained with an MTP layer keeps it through save/load (transformers ignores it)."""
+    model = _model(text_config={"num_nextn_predict_layers": 1})
+    save_vl_hf(model, tmp_path / "m")
+    back = load_vl_hf(tmp_path / "m")
+    assert len(back.language_model.mtp) == 1
+    for (n, a), b in zip(model.state_dict().items(), back.state_dict().values()):
+        assert torch.equal(a, b), n
+    with pytest.raises(ConfigError, match="QK-Norm"):
+        VLConfig.preset("tiny-glm4.5v", text_config={"use_qk_norm": True})

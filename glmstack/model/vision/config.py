@@ -139,8 +139,10 @@ class VLConfig:
         want = ModelConfig if self.model_type == "glm4v_moe" else DenseTextConfig
         if not isinstance(self.text_config, want):
             p.append(f"{self.model_type} needs a {want.__name__} text_config, got {type(self.text_config).__name__}")
-        elif isinstance(self.text_config, ModelConfig) and (self.text_config.is_mla or self.text_config.position_2d):
-            p.append("glm4v_moe's decoder is GQA with 1D/3D RoPE (no MLA, no position_2d)")
+        elif isinstance(self.text_config, ModelConfig) and (self.text_config.is_mla or self.text_config.position_2d
+                                                            or self.text_config.use_qk_norm):
+            p.append("glm4v_moe's decoder is GQA with 1D/3D RoPE (no MLA, no position_2d, no QK-Norm: "
+                     "transformers' Glm4vMoe has none)")
         elif sum(self.mrope_section) * 2 != self.text_config.rotary_dim:
             p.append(f"mrope_section {self.mrope_section} must sum to rotary_dim / 2 = "
                      f"{self.text_config.rotary_dim // 2}")
@@ -186,7 +188,7 @@ class VLConfig:
         text["rope_parameters"].setdefault("rope_theta", self.text_config.rope_theta)
         text["rope_parameters"].setdefault("partial_rotary_factor", self.text_config.partial_rotary_factor)
         text["rope_parameters"]["rope_type"] = "default"
-        if self.model_type == "glm4v_moe":
+        if self.model_type == "glm4v_moe" and not text.get("num_nextn_predict_layers"):
             text.pop("num_nextn_predict_layers", None)  # the released GLM-4.5V has no MTP layer; HF has no field
         vision = {k: v for k, v in dataclasses.asdict(self.vision_config).items() if k != "rope_theta"}
         vision.update(model_type=f"{self.model_type}_vision", hidden_act="silu", attention_dropout=0.0,
