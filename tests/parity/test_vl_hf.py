@@ -52,9 +52,10 @@ def test_glmstack_to_hf_logits(case, tmp_path):
     torch.testing.assert_close(a, hf_logits(hf, cfg, ids, pixel_values=pv, image_grid_thw=grid), atol=1e-4, rtol=0)
 
 
-def test_video_matches_hf(tmp_path):
+@pytest.mark.parametrize("case", ["moe", "dense"])
+def test_video_matches_hf(case, tmp_path):
     """A two-frame-patch video of 2 x (1, 4, 6) frames: frames written with image tokens inside the video markers."""
-    cfg = vl_config("moe")
+    cfg = vl_config(case)
     hf = hf_vl_model(cfg)
     hf.save_pretrained(tmp_path)
     ours = load_vl_hf(tmp_path, dtype=torch.float32)
