@@ -145,6 +145,11 @@ def test_checkpoint_round_trip_bf16_and_strictness(tmp_path):
     assert router.weight.dtype == torch.float32
     for (n, a), b in zip(model.state_dict().items(), back.state_dict().values()):
         torch.testing.assert_close(a.to(b.dtype), b, atol=0, rtol=0, msg=n)
+    ids, pixels, grid = _image_prompt(model.cfg, (1, 4, 6))
+    with torch.no_grad():  # a bf16 model runs images end to end (fp32 pixels are cast by the ViT)
+        low = back(ids, pixel_values=pixels, image_grid_thw=grid).logits
+        full = model(ids, pixel_values=pixels, image_grid_thw=grid).logits
+    assert low.dtype == torch.bfloat16 and (low.float() - full).abs().max() < 0.05
     plain = _model()
     save_vl_hf(plain, tmp_path / "plain")
     grown = load_vl_hf(tmp_path / "plain", visual_expert=True)  # experts start as copies (warned)
