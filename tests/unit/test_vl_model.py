@@ -211,3 +211,25 @@ def test_mtp_layer_round_trip(tmp_path):
         assert torch.equal(a, b), n
     with pytest.raises(ConfigError, match="QK-Norm"):
         VLConfig.preset("tiny-glm4.5v", text_config={"use_qk_norm": True})
+
+
+@pytest.mark.parametrize("preset", ["tiny-glm4.5v", "tiny-glm4.1v"])
+def test_one_optimizer_step_on_an_image_batch(preset):
+    """glmstack's Muon + AdamW groups cover every GLMV tensor (fused qkv / gate_up split into their matrices) and
+    one step on an image batch lowers the loss."""
+    from glmstack.optim.groups import build_optimizer
+    from glmstack.train.config import OptimConfig
+
+    model = _model(preset, visual_expert=True)
+    opt, _ = build_optimizer(model, OptimConfig(lr=0.02))
+    ids, pixels, grid = _image_prompt(model.cfg, (1, 4, 6))
+    labels = torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], -100)], dim=1)
+    losses = []
+    for _ in range(2):
+        opt.zero_grad()
+        loss = model(ids, labels=labels, pixel_values=pixels, image_grid_thw=grid).loss
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    assert losses[1] < losses[0]
+    assert model.visual.patch_embed.proj.weight.grad is not None
