@@ -233,3 +233,34 @@ def test_one_optimizer_step_on_an_image_batch(preset):
         losses.append(float(loss.detach()))
     assert losses[1] < losses[0]
     assert model.visual.patch_embed.proj.weight.grad is not None
+
+
+def test_released_style_config_json_parses():
+    """GLM-4.5V's config.json as released (transformers 4.5x layout: rope_scaling + flat rope keys in text_config,
+    torch_dtype, vision model_type glm4v_moe) reads as the glm-4.5v preset."""
+    released = {
+        "architectures": ["Glm4vMoeForConditionalGeneration"], "model_type": "glm4v_moe", "torch_dtype": "bfloat16",
+        "transformers_version": "4.55.0.dev0", "tie_word_embeddings": False, "image_token_id": 151363,
+        "video_token_id": 151364, "image_start_token_id": 151339, "image_end_token_id": 151340,
+        "video_start_token_id": 151341, "video_end_token_id": 151342,
+        "text_config": {
+            "model_type": "glm4v_moe_text", "pad_token_id": 151329, "vocab_size": 151552,
+            "eos_token_id": [151329, 151336, 151338], "attention_bias": True, "attention_dropout": 0.0,
+            "first_k_dense_replace": 1, "hidden_act": "silu", "head_dim": 128, "hidden_size": 4096,
+            "initializer_range": 0.02, "intermediate_size": 10944, "max_position_embeddings": 65536,
+            "moe_intermediate_size": 1408, "n_group": 1, "n_routed_experts": 128, "n_shared_experts": 1,
+            "norm_topk_prob": True, "num_attention_heads": 96, "num_experts_per_tok": 8, "num_hidden_layers": 46,
+            "num_key_value_heads": 8, "partial_rotary_factor": 0.5, "rms_norm_eps": 1e-05, "torch_dtype": "bfloat16",
+            "rope_scaling": {"rope_type": "default", "mrope_section": [8, 12, 12]}, "rope_theta": 10000.0,
+            "routed_scaling_factor": 1.0, "topk_group": 1, "use_cache": True, "use_qk_norm": False,
+            "image_token_id": 151363},
+        "vision_config": {
+            "attention_bias": False, "attention_dropout": 0.0, "depth": 24, "hidden_act": "silu", "hidden_size": 1536,
+            "image_size": 336, "in_channels": 3, "initializer_range": 0.02, "intermediate_size": 10944,
+            "model_type": "glm4v_moe", "num_heads": 12, "out_hidden_size": 4096, "patch_size": 14,
+            "rms_norm_eps": 1e-05, "spatial_merge_size": 2, "temporal_patch_size": 2},
+    }
+    cfg, preset = VLConfig.from_hf(released), VLConfig.preset("glm-4.5v")
+    assert cfg.vision_config == preset.vision_config and cfg.mrope_section == [8, 12, 12]
+    strip = lambda t: {k: v for k, v in vars(t).items() if k != "hf_metadata"}
+    assert strip(cfg.text_config) == strip(preset.text_config)
