@@ -93,16 +93,22 @@ class GLMV(nn.Module):
     # ---------------------------------------------------------------- forward
     def forward(self, input_ids, labels=None, pixel_values=None, image_grid_thw=None, pixel_values_videos=None,
                 video_grid_thw=None, position_ids=None, segment_ids=None, cache=None, mtp_weight=None,
-                aux_loss_weight=None) -> GLMOutput:
+                aux_loss_weight=None, attention_mask=None, mm_token_type_ids=None) -> GLMOutput:
         """input_ids (B, T) with each image written as its run of image_token_id placeholders (placeholders.py);
         pixel_values (N_patches, patch_dim) and image_grid_thw (N_images, 3) as Glm4vImageProcessor returns them,
         images in the order their runs appear (row by row); videos alike (frames written with image tokens inside
         <|begin_of_video|>..<|end_of_video|>). labels ALREADY SHIFTED (docs/CONTRACTS.md). position_ids: None
         (computed: 3D with vision input, else 1D), (B, T) 1D (decoding after a prefill: next_position + step) or
-        (3, B, T). segment_ids: packed documents (3D positions restart per segment). -> GLMOutput."""
+        (3, B, T). segment_ids: packed documents (3D positions restart per segment). attention_mask (B, T) and
+        mm_token_type_ids, as Glm4vProcessor returns them, are accepted too: a padded mask becomes segment_ids
+        (padding = segment 0, so `model(**processor_output)` works; left padding as transformers). -> GLMOutput."""
         cfg, lm = self.cfg, self.language_model
+        if attention_mask is not None and segment_ids is None and not bool(attention_mask.all()):
+            segment_ids = attention_mask.long()
         has_vision = pixel_values is not None or pixel_values_videos is not None
-        types_BT = token_types(input_ids, cfg) if has_vision or cfg.visual_expert else None
+        types_BT = None
+        if has_vision or cfg.visual_expert:
+            types_BT = token_types(input_ids, cfg) if mm_token_type_ids is None else mm_token_type_ids
         if not has_vision and (position_ids is None or position_ids.dim() == 2) and not cfg.visual_expert:
             return lm(input_ids, labels=labels, position_ids=position_ids, segment_ids=segment_ids, cache=cache,
                       mtp_weight=mtp_weight, aux_loss_weight=aux_loss_weight)  # the text model, untouched
