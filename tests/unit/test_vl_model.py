@@ -59,10 +59,9 @@ def test_visual_expert_text_only_bit_identical(preset):
 
 def test_visual_expert_initialised_from_language_model():
     """Experts copied from the language model compute exactly the model without them (CogVLM positions)."""
-    expert = _model(visual_expert=True)
-    base = GLMV(VLConfig.preset("tiny-glm4.5v"))
-    base.materialize("cpu")
-    base.load_state_dict(expert.state_dict(), strict=False)
+    expert, base = _model(visual_expert=True), _model()  # the same seed: the same language model and ViT
+    shared = base.state_dict()
+    assert all(torch.equal(t, shared[n]) for n, t in expert.state_dict().items() if n in shared)
     pid, pixels, grid = _image_prompt(base.cfg, (1, 4, 6))
     flat, _ = rope_index(pid, base.cfg, grid, flat_images=True)
     assert flat[0, 0, 3:3 + 1 + 6].tolist() == [3, 4, 4, 4, 4, 4, 4]  # begin_of_image, then one id for the image

@@ -80,11 +80,12 @@ class GLMV(nn.Module):
         return self
 
     def initial_tensors(self, seed: int = 0, device="cpu"):
-        """(state-dict name, initial tensor) of every tensor, one at a time (visual-expert copies excluded)."""
+        """(state-dict name, initial tensor) of every tensor, one at a time (visual-expert copies excluded: the same
+        seed gives the same weights with or without the expert)."""
         lm = self.language_model
         if isinstance(lm, GLM):
-            yield from (("language_model." + n, t) for n, t in lm.initial_tensors(seed, device)
-                        if ".visual." not in n)
+            plain = GLM(self.cfg.text_config) if self.cfg.visual_expert else lm  # a meta twin without experts
+            yield from (("language_model." + n, t) for n, t in plain.initial_tensors(seed, device))
         else:
             yield from _draw(_plan(lm, "language_model.", self.cfg.text_config.initializer_range), 1.0, seed, device)
         yield from _draw(_plan(self.visual, "visual.", self.cfg.vision_config.initializer_range), 1.0, seed + 1,
