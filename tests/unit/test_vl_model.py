@@ -263,3 +263,22 @@ def test_released_style_config_json_parses():
     assert cfg.vision_config == preset.vision_config and cfg.mrope_section == [8, 12, 12]
     strip = lambda t: {k: v for k, v in vars(t).items() if k != "hf_metadata"}
     assert strip(cfg.text_config) == strip(preset.text_config)
+
+
+@pytest.mark.parametrize("preset", ["tiny-glm4.5v", "tiny-glm4.1v"])
+def test_generate_batch_left_padded_prompts(preset):
+    """Prompts of different lengths (one with an image, one text only) left-padded in one batch: each row decodes
+    as it does alone."""
+    model = _model(preset, seed=4)
+    cfg = model.cfg
+    img_ids, pixels, grid = _image_prompt(cfg, (1, 4, 6))
+    text_ids = torch.tensor([[8, 9, 10, 11]])
+    T = img_ids.shape[1]
+    ids = torch.cat([img_ids, torch.cat([torch.zeros(1, T - 4, dtype=torch.long), text_ids], dim=1)])
+    mask = torch.ones_like(ids)
+    mask[1, :T - 4] = 0
+    rows = model.generate_batch(ids, pixel_values=pixels, image_grid_thw=grid, attention_mask=mask, max_new_tokens=5)
+    assert rows[0] == model.generate(img_ids, pixel_values=pixels, image_grid_thw=grid, max_new_tokens=5)
+    assert rows[1] == model.generate(text_ids, max_new_tokens=5)
+    with pytest.raises(VisionInputError, match="LEFT padding"):
+        model.generate_batch(ids, pixel_values=pixels, image_grid_thw=grid, attention_mask=mask.flip(1))

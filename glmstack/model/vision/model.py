@@ -20,8 +20,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from glmstack.inference.kv_cache import KVCache
 from glmstack.inference.sampling import RowStreams, SamplingParams, sample
-from glmstack.model.attention import SimpleKVCache
 from glmstack.model.config import ModelConfig
 from glmstack.model.layers import RMSNorm
 from glmstack.model.model import GLM, GLMOutput, _draw, _owner
@@ -165,17 +165,21 @@ class GLMV(nn.Module):
     @torch.no_grad()
     def generate_batch(self, input_ids, pixel_values=None, image_grid_thw=None, pixel_values_videos=None,
                        video_grid_thw=None, max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
-                       top_k: int = 0, seeds=None, stop_ids=()) -> list[list[int]]:
-        """Decode B prompts of the same length at once (input_ids (B, T), no padding; e.g. K samples of one prompt
-        with its image repeated K times in pixel_values) -> each row's new ids, cut after its first stop id.
-        Row b samples with seeds[b] (default b): its tokens do not depend on the other rows."""
-        B = input_ids.shape[0]
+                       top_k: int = 0, seeds=None, stop_ids=(), attention_mask=None) -> list[list[int]]:
+        """Decode B prompts at once (input_ids (B, T); prompts of different lengths LEFT-padded, with
+        attention_mask (B, T) 0 on the padding) -> each row's new ids, cut after its first stop id. The images of
+        all rows are concatenated in pixel_values in row order (K samples of one prompt: repeat it K times).
+        Row b samples with seeds[b] (default b): its tokens do not depend on the other rows. The KV cache is
+        glmstack.inference's (per-row left padding never attended)."""
+        B, T = input_ids.shape
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
         streams = RowStreams(list(seeds) if seeds is not None else list(range(B)))
-        _, next_pos = rope_index(input_ids, self.cfg, image_grid_thw, video_grid_thw,
-                                 flat_images=self.cfg.visual_expert)
-        cache = SimpleKVCache()
-        logits = self(input_ids, pixel_values=pixel_values, image_grid_thw=image_grid_thw,
+        segments = _left_padding_segments(attention_mask)
+        positions, next_pos = rope_index(input_ids, self.cfg, image_grid_thw, video_grid_thw, segments,
+                                         flat_images=self.cfg.visual_expert)
+        start = None if segments is None else (segments == 0).sum(1)
+        cache = KVCache(B, T + max_new_tokens, start=start)
+        logits = self(input_ids, pixel_values=pixel_values, image_grid_thw=image_grid_thw, position_ids=positions,
                       pixel_values_videos=pixel_values_videos, video_grid_thw=video_grid_thw, cache=cache).logits
         out: list[list[int]] = [[] for _ in range(B)]
         done = [False] * B
@@ -199,6 +203,17 @@ class GLMV(nn.Module):
                 seen.add(id(p))
                 total += p.numel()
         return total
+
+
+def _left_padding_segments(attention_mask):
+    """attention_mask (B, T) -> segment ids (0 = padding, 1 = the prompt), or None without padding; padding must be
+    on the left (decoding appends on the right)."""
+    if attention_mask is None or bool(attention_mask.all()):
+        return None
+    seg = attention_mask.long()
+    if bool((seg[:, 1:] < seg[:, :-1]).any()):
+        raise VisionInputError("generate_batch needs LEFT padding: attention_mask must be 0...0 1...1 per row")
+    return seg
 
 
 def _frames(video_grid_thw):
