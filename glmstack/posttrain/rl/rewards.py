@@ -10,6 +10,8 @@ batch is scored in one parallel call instead of one program after another. The o
               (GLM-4.5 §3.3: a malformed tool call gets 0), else 0
   overlong    DAPO's soft overlong punishment: 0 up to max_new_tokens − overlong_cache, then a linear ramp to −1 at
               max_new_tokens (arXiv 2503.14476), added to the task reward
+  tool_call   1 if the first tool call names meta["tool"] and its arguments validate against the tool's schema
+  chat_fact   1 if the reply contains meta["answer"] (the SFT chat set's verifier)
   toy         1 if the first response token's id ≡ meta["answer"] (mod 4) (the token task of tasks.py)
   rm:<folder> a reward model's score; judge:<url>[|model] a generative judge's 0-10 grade / 10 (judges.py)
 
@@ -149,6 +151,26 @@ def overlong(samples: list[Sample]) -> list[float]:
         free = s.max_new_tokens - cache
         out.append(0.0 if n <= free else -1.0 if s.finish == "length" else (free - n) / cache)
     return out
+
+
+@register("tool_call")
+def tool_call(samples: list[Sample]) -> list[float]:
+    from glmstack.chat import parse
+    from glmstack.posttrain.tools import TOOLS, validate_call
+
+    out = []
+    for s in samples:
+        calls = parse(s.text, TOOLS, style=s.style, in_reasoning=False).get("tool_calls") or []
+        first = calls[0]["function"] if calls else {}
+        out.append(float(first.get("name") == s.meta["tool"] and validate_call(calls[0], TOOLS) is None))
+    return out
+
+
+@register("chat_fact")
+def chat_fact(samples: list[Sample]) -> list[float]:
+    from glmstack.posttrain.synthetic import verify
+
+    return [float(verify({"set": "chat", "answer": s.meta["answer"]}, _message(s))) for s in samples]
 
 
 @register("toy")
