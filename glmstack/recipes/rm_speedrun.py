@@ -16,7 +16,7 @@ from glmstack.posttrain.rm.stage import RMConfig, RMOptions
 
 def rm() -> RMConfig:
     cfg = RMConfig(run="speedrun", stage="rm", init_from="speedrun/sft/model", seq_len=64, micro_batch_size=32,
-                   grad_accum=1, steps=150, rm=RMOptions(synthetic_n=3000))  # fmt: skip
+                   grad_accum=1, steps=200, rm=RMOptions(synthetic_n=4000))  # fmt: skip
     cfg.optim.lr = 1e-3
     cfg.schedule = dataclasses.replace(cfg.schedule, lr="cosine", warmup_steps=10, mtp_weight=[[0, 0.0]])
     cfg.ckpt.every, cfg.ckpt.keep_last, cfg.log.val_every, cfg.log.val_batches = 50, 2, 25, 8

@@ -7,8 +7,9 @@ Records (JSONL, one object a line), normalised to (prompt messages, chosen messa
              conversational preference format); a chosen/rejected may also be one assistant message object.
 A bad line is one ConfigError naming the file, the line and the field.
 
-The synthetic set ("synthetic:checkable", GLM-4.5 §3.4 trains RMs on preferences; here the preferred answer is
-checkable so held-out accuracy means something): three kinds, each pair a right and a wrong answer to one prompt
+The synthetic sets (GLM-4.5 §3.4 trains RMs on preferences; here the preferred answer is checkable, so held-out
+accuracy means something): "synthetic:<kind>" for one kind, "synthetic:checkable" = sort + json (arith is its own
+set: a speedrun-size trunk cannot add, docs/rl.md). Each pair is a right and a wrong answer to one prompt
   sort   "Sort these numbers: 7 2 9 4" -> chosen "2 4 7 9", rejected: the same numbers with one adjacent pair
          swapped (a near miss) or in the given order
   arith  "What is 7 + 5?" -> chosen "The answer is 12.", rejected the same sentence off by 1-3
@@ -34,6 +35,7 @@ from glmstack.config import ConfigError
 
 SYNTHETIC = "synthetic:"
 KINDS = ("sort", "arith", "json")
+CHECKABLE = ("sort", "json")  # what a small trunk can check; arith needs addition it does not have (docs/rl.md)
 TEST_EVERY = 5
 
 
@@ -125,7 +127,7 @@ PAIRS = {"sort": sort_pair, "arith": arith_pair, "json": json_pair}
 
 def synthetic_pairs(name: str, n: int, seed: int, split: str) -> list[dict]:
     """`n` records of `split`, kinds in turn; `name` = "checkable" (all kinds) or one kind."""
-    kinds = KINDS if name == "checkable" else (name,)
+    kinds = CHECKABLE if name == "checkable" else (name,)
     if any(k not in PAIRS for k in kinds):
         raise ConfigError(f"rm.data: unknown synthetic set {name!r} (checkable, {', '.join(KINDS)})")
     rng = random.Random(f"rm:{name}:{seed}")
