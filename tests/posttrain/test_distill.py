@@ -75,3 +75,27 @@ def test_distill_bad_teacher_is_one_line(base_dir, tmp_path, capsys):
     assert cli(args) == 2
     err = capsys.readouterr().err.strip()
     assert "distill.teachers[0]: unknown task 'nope'" in err and len(err.splitlines()) == 1
+
+
+def test_server_teacher_equals_in_process_teacher(base_dir, tok):
+    """Teacher log-probs over HTTP (our server's echo + logprobs, the official openai client) equal the in-process
+    teacher's, row for row, on the same student rollouts."""
+    from glmstack.posttrain.rl.remote import ServerEngine
+    from tests.serve_fixture import RunningServer
+
+    opts = RLOptions(task="arithmetic", samples_per_step=4, curriculum=[[0, 0, 1]], max_new_tokens=6, heldout_n=2,
+                     eval_every=0, dynamic_sampling=False)  # fmt: skip
+    teacher_folder = str(base_dir)
+    server = RunningServer(teacher_folder)
+    try:
+        steps = []
+        for teacher in (load_hf(teacher_folder).eval(), ServerEngine(server.url, "tiny", tok)):
+            data = Distillation(model=load_hf(str(base_dir)), opts=opts, seed=0, micro_batches=1, tokenizer=tok,
+                                teachers=[(Teacher(model="t", task="arithmetic"), make_task("arithmetic", tok),
+                                           teacher)])  # fmt: skip
+            steps.append(data.make_step()[0])
+    finally:
+        server.stop()
+    local, served = steps
+    assert torch.equal(local["input_ids"], served["input_ids"]) and local["mask"].sum() > 0
+    torch.testing.assert_close(served["teacher_logp"], local["teacher_logp"], atol=1e-4, rtol=0)

@@ -15,14 +15,15 @@ How it runs: the RL stage (stage.py) with this data stream. Per step, `Distillat
      prompts from its task (`tasks.py`) at its level, one sample per prompt (group size 1);
   3. builds the micro-batches as Rollouts does and has each teacher score its rows' sampled tokens: log-probs of
      the same (input, target) tensors the trainer sees, under the same sampling transform (logits / temperature,
-     top-k, top-p), from the teacher model in process or from a teacher server (`server`, remote.py's protocol:
-     our server has no prompt log-probs, so a server teacher generates nothing and is refused; see docs);
+     top-k, top-p), from the teacher model in process or from a teacher server (`server`: echo + logprobs
+     requests, remote.ServerEngine.score; raw log-probs, so only at temperature 1 without top-k / top-p);
   4. stage.rl_loss sees `teacher_logp` in the batch and uses Eq. 2's per-token advantage against the trainer's own
      log-probs (losses.distill_advantages).
 Held-out evaluation scores every teacher's task (greedy) and `distill_summary.json` has the per-task table.
 
 Teachers (`distill.teachers`, a list of objects):
   {"model": "runs/x/sft/model" or "x/sft" (run/stage), "task": "tools", "weight": 1.0, "level": 0}
+  {"server": "http://127.0.0.1:8000", "model": "<served model name>", "task": "chat"}     (a teacher server)
 
     glmstack distill distill_speedrun --set 'distill.teachers=[{"model": "A/model", "task": "tools"}, ...]'
     glmstack distill distill_tiny --set steps=4               # a random tiny student, the token task (smoke test)
@@ -44,7 +45,7 @@ from glmstack.posttrain.rl.rollouts import Rollouts, stable_seed
 from glmstack.posttrain.rl.stage import RLConfig
 from glmstack.train import dist
 
-TEACHER_KEYS = {"model": str, "task": str, "weight": (int, float), "level": int}
+TEACHER_KEYS = {"model": str, "task": str, "weight": (int, float), "level": int, "server": str}
 
 
 @dataclass(kw_only=True)
@@ -63,6 +64,7 @@ class Teacher:
     task: str
     weight: float = 1.0
     level: int = 0
+    server: str = ""  # an OpenAI-compatible server's URL: `model` is then the served model's name
 
 
 def teachers_of(cfg: DistillConfig) -> list[Teacher]:
@@ -103,9 +105,9 @@ def split_counts(total: int, weights: list[float]) -> list[int]:
 class Distillation(Rollouts):
     """The distillation data stream: Rollouts' machinery, prompts from each teacher's task, teacher log-probs."""
 
-    def __init__(self, *, model, teachers: list[tuple[Teacher, object, torch.nn.Module]], opts, seed: int,
+    def __init__(self, *, model, teachers: list[tuple[Teacher, object, object]], opts, seed: int,
                  micro_batches: int, tokenizer=None, style="glm-4.5"):  # fmt: skip
-        self.teachers = teachers  # (Teacher, its task, its model)
+        self.teachers = teachers  # (Teacher, its task, its model: a GLM in process or a remote.ServerEngine)
         super().__init__(model=model, task=teachers[0][1], opts=opts, seed=seed, micro_batches=micro_batches,
                          tokenizer=tokenizer, style=style)  # fmt: skip
         self.heldouts = [task.problems(split="test", n=opts.heldout_n, seed=seed, level=t.level)
@@ -138,7 +140,7 @@ class Distillation(Rollouts):
         batches = self.micro([[s] for s in flat], 1, stats)
         per = len(flat) // self.micro_batches
         for m, batch in enumerate(batches):
-            self.score(batch, owner[m * per : (m + 1) * per])
+            self.score(batch, owner[m * per : (m + 1) * per], [r for r, _, _ in flat[m * per : (m + 1) * per]])
         gap = sum(float(((b["rollout_logp"] - b["teacher_logp"]) * b["mask"]).sum()) for b in batches)
         trained = sum(float(b["mask"].sum()) for b in batches)
         for b in batches:  # the mean per-token reverse-KL sample, log π_student − log π_teacher, over the step
@@ -146,16 +148,26 @@ class Distillation(Rollouts):
         return batches
 
     @torch.no_grad()
-    def score(self, batch: dict, owners: list[int]) -> None:
-        """batch["teacher_logp"] (B, L): each row's teacher's log-prob of every target token, 0 off the mask."""
+    def score(self, batch: dict, owners: list[int], rows: list[tuple]) -> None:
+        """batch["teacher_logp"] (B, L): each row's teacher's log-prob of every target token, 0 off the mask.
+        `rows`: the batch's (prompt, response, rollout log-probs), for a server teacher (raw log-probs: check()
+        allows one only at temperature 1 without top-k / top-p, where raw = the sampling distribution)."""
+        from glmstack.posttrain.rl.remote import ServerEngine
+
         tlp = torch.zeros_like(batch["rollout_logp"])
         for k, (_, _, teacher_model) in enumerate(self.teachers):
-            rows = [i for i, o in enumerate(owners) if o == k]
-            if not rows:
+            rows_k = [i for i, o in enumerate(owners) if o == k]
+            if not rows_k:
                 continue
-            logits = teacher_model(batch["input_ids"][rows]).logits.float()
-            lp = token_logprobs(logits, batch["targets"][rows], self.temperature, self.opts.top_p, self.opts.top_k)
-            tlp[rows] = torch.where(batch["mask"][rows] > 0, lp, torch.zeros_like(lp))
+            if isinstance(teacher_model, ServerEngine):
+                scored = teacher_model.score([rows[i][0] + rows[i][1] for i in rows_k])
+                for i, lps in zip(rows_k, scored):
+                    lo, n = len(rows[i][0]) - 1, len(rows[i][1])  # the response's targets start at prompt end − 1
+                    tlp[i, lo : lo + n] = torch.tensor(lps[lo : lo + n], dtype=tlp.dtype)
+                continue
+            logits = teacher_model(batch["input_ids"][rows_k]).logits.float()
+            lp = token_logprobs(logits, batch["targets"][rows_k], self.temperature, self.opts.top_p, self.opts.top_k)
+            tlp[rows_k] = torch.where(batch["mask"][rows_k] > 0, lp, torch.zeros_like(lp))
         batch["teacher_logp"] = tlp
 
     def evaluate_all(self, temperature: float = 0.0) -> dict[str, float]:
@@ -173,11 +185,15 @@ class Distillation(Rollouts):
 
 
 # ---------------------------------------------------------------------------------------------------- stage
-def load_teacher(ref: str, cfg: DistillConfig, device) -> torch.nn.Module:
+def load_teacher(t: Teacher, cfg: DistillConfig, device, tokenizer):
+    """A GLM in process from a folder or run/stage name, or the client of a teacher server."""
     from glmstack.model import load_hf
+    from glmstack.posttrain.rl.remote import ServerEngine
     from glmstack.train.checkpoint import resolve
 
-    model = load_hf(resolve(ref, cfg.out_dir), dtype=torch.float32, device=device, missing_mtp="drop")
+    if t.server:
+        return ServerEngine(t.server, t.model, tokenizer)
+    model = load_hf(resolve(t.model, cfg.out_dir), dtype=torch.float32, device=device, missing_mtp="drop")
     return model.eval().requires_grad_(False)
 
 
@@ -187,8 +203,8 @@ def build(cfg: DistillConfig, model, tokenizer) -> Distillation:
 
     device = device_of(cfg)
     try:
-        teachers = [(t, make_task(t.task, tokenizer, cfg.rl.chat_style, cfg.rl.thinking), load_teacher(t.model, cfg,
-                     device)) for t in teachers_of(cfg)]  # fmt: skip
+        teachers = [(t, make_task(t.task, tokenizer, cfg.rl.chat_style, cfg.rl.thinking),
+                     load_teacher(t, cfg, device, tokenizer)) for t in teachers_of(cfg)]  # fmt: skip
         return Distillation(model=model, teachers=teachers, opts=cfg.rl, seed=cfg.seed, micro_batches=cfg.grad_accum,
                             tokenizer=tokenizer, style=cfg.rl.chat_style)  # fmt: skip
     except ValueError as e:
@@ -198,7 +214,9 @@ def build(cfg: DistillConfig, model, tokenizer) -> Distillation:
 def check(cfg: DistillConfig) -> None:
     if not isinstance(cfg, DistillConfig):
         raise ConfigError(f"the distill stage needs a DistillConfig (got {type(cfg).__name__})")
-    teachers_of(cfg)
+    o = cfg.rl
+    if any(t.server for t in teachers_of(cfg)) and (o.temperature != 1.0 or o.top_p < 1.0 or o.top_k):
+        raise ConfigError("a teacher server reports raw log-probs: use rl.temperature=1, top_p=1, top_k=0")
     if cfg.rl.loss == "gspo":
         raise ConfigError("rl.loss=gspo has one advantage per sequence; distillation's is per token (grpo, dis, cispo)")
     if cfg.rl.rollout_server:
