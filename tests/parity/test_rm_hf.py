@@ -45,7 +45,7 @@ def random_rm(case: str) -> RewardModel:
 def test_transformers_scores_equal_ours(case, shard_bytes, tmp_path, monkeypatch):
     rm = random_rm(case)
     if shard_bytes:  # force save_hf to shard: the score must land in the index too
-        import glmstack.model.hf as hf
+        from glmstack.model import hf
 
         save = hf.save_hf
         monkeypatch.setattr("glmstack.posttrain.rm.model.save_hf",

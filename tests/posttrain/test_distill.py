@@ -45,7 +45,7 @@ def test_teacher_equal_to_student_gives_zero_loss_and_gradient(base_dir, tok):
                         opts=opts, seed=0, micro_batches=1, tokenizer=tok)  # fmt: skip
     batch = data.make_step()[0]
     assert batch["mask"].sum() > 0 and batch["stats"]["reverse_kl"] == pytest.approx(0.0, abs=1e-5)
-    loss, metrics = rl_loss(opts)(student, batch, {})
+    loss, _ = rl_loss(opts)(student, batch, {})
     loss.backward()
     assert loss.item() == 0.0
     assert all(p.grad is None or p.grad.abs().max() == 0 for p in student.parameters())

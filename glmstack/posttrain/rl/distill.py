@@ -34,7 +34,6 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
@@ -72,7 +71,7 @@ def teachers_of(cfg: DistillConfig) -> list[Teacher]:
     from glmstack.posttrain.rl.tasks import TASKS
 
     if not cfg.distill.teachers:
-        raise ConfigError("distill.teachers is empty: give [{\"model\": FOLDER_OR_RUN/STAGE, \"task\": NAME}, ...]")
+        raise ConfigError('distill.teachers is empty: give [{"model": FOLDER_OR_RUN/STAGE, "task": NAME}, ...]')
     out = []
     for i, t in enumerate(cfg.distill.teachers):
         where = f"distill.teachers[{i}]"

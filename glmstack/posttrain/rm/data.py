@@ -142,21 +142,10 @@ def synthetic_pairs(name: str, n: int, seed: int, split: str) -> list[dict]:
 
 
 def data_files(entries: list[str], out: Path, n: int, seed: int, split: str) -> list[Path]:
-    """Paths for the entries; a synthetic set is written into `out` once (the file is the record)."""
-    paths = []
-    for e in entries:
-        if not e.startswith(SYNTHETIC):
-            paths.append(Path(e))
-            continue
-        path = out / f"{e[len(SYNTHETIC):]}.{split}.jsonl"
-        if not path.exists():
-            records = synthetic_pairs(e[len(SYNTHETIC) :], n, seed, split)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
-            tmp.rename(path)
-        paths.append(path)
-    return paths
+    """Paths for the entries; a synthetic set is written into `out` once (sft.data_files: the file is the record)."""
+    from glmstack.posttrain.sft import data_files as written
+
+    return written(entries, out, n, seed, split, generate=synthetic_pairs)
 
 
 # ---------------------------------------------------------------------------------------------- encoding

@@ -112,7 +112,7 @@ def _add_score(folder: Path, score: torch.Tensor) -> None:
     """Put score.weight into the last safetensors file save_hf wrote (one shard's memory at most) and into the
     index when there is one: transformers reads a lone model.safetensors and ignores other files."""
     index_path = folder / INDEX_NAME
-    last = sorted(folder.glob("*.safetensors"))[-1]
+    last = max(folder.glob("*.safetensors"))
     tensors = load_file(str(last))
     tensors["score.weight"] = score
     save_file(tensors, str(last), metadata={"format": "pt"})
