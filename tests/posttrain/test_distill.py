@@ -55,8 +55,8 @@ def test_distill_end_to_end(base_dir, tmp_path):
     teacher = load_hf(str(base_dir))
     with torch.no_grad():  # a different policy: the embedding rows reshuffled
         teacher.embed_tokens.weight.copy_(teacher.embed_tokens.weight.roll(1, dims=0))
-    save_hf(teacher, tmp_path / "teacher")
-    teachers = json.dumps([{"model": str(tmp_path / "teacher"), "task": "toy", "weight": 1.0}])
+    save_hf(teacher, tmp_path / "earlier" / "rl")  # named as run/stage under out_dir
+    teachers = json.dumps([{"model": "earlier/rl", "task": "toy", "weight": 1.0}])
     args = ["distill", "distill_tiny", "--set", f"init_from={base_dir}", "--set", f"out_dir={tmp_path}",
             "--set", f"distill.teachers={teachers}", "--set", "steps=4", "--set", "rl.eval_every=2",
             "--set", "log.plots=false"]  # fmt: skip
@@ -75,6 +75,10 @@ def test_distill_bad_teacher_is_one_line(base_dir, tmp_path, capsys):
     assert cli(args) == 2
     err = capsys.readouterr().err.strip()
     assert "distill.teachers[0]: unknown task 'nope'" in err and len(err.splitlines()) == 1
+    args[-1] = 'distill.teachers=[{"model": "no/such", "task": "toy"}]'
+    assert cli(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "distill.teachers: model 'no/such' is no HF folder" in err and len(err.splitlines()) == 1
 
 
 def test_server_teacher_equals_in_process_teacher(base_dir, tok):

@@ -192,7 +192,12 @@ def load_teacher(t: Teacher, cfg: DistillConfig, device, tokenizer):
 
     if t.server:
         return ServerEngine(t.server, t.model, tokenizer)
-    model = load_hf(resolve(t.model, cfg.out_dir), dtype=torch.float32, device=device, missing_mtp="drop")
+    try:
+        folder = resolve(t.model, cfg.out_dir)
+    except ConfigError:
+        raise ConfigError(f"distill.teachers: model {t.model!r} is no HF folder, stage folder or run/stage under "
+                          f"{cfg.out_dir}") from None  # fmt: skip
+    model = load_hf(folder, dtype=torch.float32, device=device, missing_mtp="drop")
     return model.eval().requires_grad_(False)
 
 
