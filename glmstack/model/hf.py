@@ -174,13 +174,15 @@ def load_hf(folder: str | os.PathLike, dtype: torch.dtype | None = None, device=
     return model
 
 
-def checkpoint_tensors(model: GLM, folder: str | os.PathLike, *, missing_mtp: str = "error", seed: int = 0):
+def checkpoint_tensors(model: GLM, folder: str | os.PathLike, *, missing_mtp: str = "error", seed: int = 0,
+                       keep=None):
     """The checkpoint in `folder` as a stream of (our state-dict name, full tensor in the model's dtype), for the
     (meta) `model` its config describes. Checked now (one CheckpointError naming every problem); the stream then
     reads one of our tensors at a time (a bank gathers its experts' slices), so a sharded model can keep its part
     of each (train/dist.py: materialize) and no process holds the whole checkpoint.
-    missing_mtp="init": a checkpoint without its MTP layer gets a freshly initialised one (`seed`), warned."""
-    files = checkpoint_files(Path(folder))
+    missing_mtp="init": a checkpoint without its MTP layer gets a freshly initialised one (`seed`), warned.
+    keep(hf_name) -> bool: read only those tensors (a reward model takes a causal LM's trunk, posttrain/rm)."""
+    files = {k: p for k, p in checkpoint_files(Path(folder)).items() if keep is None or keep(k)}
     fresh = None
     if missing_mtp == "init" and len(model.mtp) and mtp_missing(folder, model.cfg):
         _warn(f"{folder} has no MTP layer (e.g. written by transformers): training starts from a freshly "

@@ -31,6 +31,7 @@ from glmstack.config import ConfigError
 from glmstack.posttrain.rl.losses import (
     cispo_loss,
     dis_loss,
+    distill_advantages,
     entropy,
     gspo_loss,
     policy_loss,
@@ -97,6 +98,8 @@ def rl_loss(opts: RLOptions):
         valid = (batch["mask"] > 0) & torch.isfinite(logp_BT)  # a token outside the trainer's nucleus: dropped
         logp_BT = torch.where(valid, logp_BT, torch.zeros_like(logp_BT))
         mask, rollout, adv = valid.float(), batch["rollout_logp"], batch["advantages"]
+        if "teacher_logp" in batch:  # on-policy distillation (distill.py): GLM-5 Eq. 2's per-token advantage
+            adv = distill_advantages(batch["teacher_logp"], logp_BT) * mask
         old = logp_BT.detach()  # one optimizer step per rollout batch: π_old is the trainer at these weights
         if opts.loss == "grpo":
             loss, stats = policy_loss(logp_BT, old, adv, mask, rollout_logp=rollout, eps_low=opts.eps_low,
@@ -167,7 +170,7 @@ def build(cfg: RLConfig, model, tokenizer):
         raise ConfigError(f"rl: {e}") from None
 
 
-def run_rl(cfg: RLConfig, stop_at: int | None = None) -> dict:
+def run_rl(cfg: RLConfig, stop_at: int | None = None, build_data=build) -> dict:
     """Model and optimiser as every stage builds them, rollouts as the data, the RL loss; then the held-out score
     of the final weights (rl_summary.json), the dashboard plots and (with a tokenizer) an HF model folder."""
     from glmstack.train.loop import train
@@ -176,7 +179,7 @@ def run_rl(cfg: RLConfig, stop_at: int | None = None) -> dict:
     check(cfg)
     model, optimizer = model_and_optimizer(cfg)
     tokenizer = load_tokenizer(cfg)
-    data = build(cfg, model, tokenizer)
+    data = build_data(cfg, model, tokenizer)  # Rollouts; distill.py passes its teachers' stream
     folder = stage_dir(cfg)
     result = train(model=model, optimizer=optimizer, data=data, cfg=cfg, stage_dir=folder, loss_fn=rl_loss(cfg.rl),
                    stop_at=stop_at)  # fmt: skip
@@ -185,6 +188,8 @@ def run_rl(cfg: RLConfig, stop_at: int | None = None) -> dict:
 
         data.sync(perturb=False)
         result["heldout_acc"] = data.evaluate()
+        if hasattr(data, "evaluate_all"):  # one held-out score per task (distillation: per teacher)
+            result["heldout"] = data.evaluate_all()
         result["heldout_acc_sampled"] = data.evaluate(data.temperature)
         (folder / "rl_summary.json").write_text(json.dumps(summary(folder, result), indent=2) + "\n")
         if cfg.log.plots:
