@@ -30,11 +30,11 @@ class Stage:
     """One training stage of an arm: a recipe function with overrides; its steps are scaled by the budget."""
 
     name: str  # run folder name; arms sharing a stage name share the run (per seed)
-    recipe: str = "tiny"  # glmstack/recipes/<recipe>.py
+    recipe: str = "ablate"  # glmstack/recipes/<recipe>.py
     fn: str = "pretrain"  # the recipe function (pretrain, midtrain, rl, ...)
     overrides: dict[str, Any] = field(default_factory=dict)  # dotted TrainConfig keys -> values (as --set)
     steps: int = 200  # optimizer steps at scale 1 (the budget multiplies this)
-    cost: float = 1.0  # wall time of one step relative to one step of the tiny recipe (for the budget)
+    cost: float = 1.0  # wall time of one step relative to one step of the ablate recipe (for the budget)
     warmup_frac: float = 0.1  # lr warm-up as a fraction of the (scaled) steps; 0 = none
     init_from: str = ""  # name of an earlier stage of the same arm whose checkpoint this one starts from
     kind: Literal["train", "rl"] = "train"  # rl = glmstack.posttrain.rl.stage.run_rl (its config is an RLConfig)

@@ -67,7 +67,7 @@ def make_or_read_plan(args, claims, out: Path, say) -> dict:
     if old is not None and old.get("request") == request:
         say(f"resuming the plan in {out / 'plan.json'} (scale {old['scale']})")
         return old
-    sec = runner.probe_seconds_per_step(out) if args.budget_minutes else 0.0
+    sec = runner.probe_seconds_per_step(out, args.recipe) if args.budget_minutes else 0.0
     plan = runner.make_plan(claims, args.seeds, args.budget_minutes, sec)
     if args.scale is not None:
         plan = runner.make_plan(claims, args.seeds, None, sec) | {"scale": args.scale}
@@ -75,7 +75,7 @@ def make_or_read_plan(args, claims, out: Path, say) -> dict:
     plan |= {"request": request, "load_avg_at_start": round(os.getloadavg()[0], 1)}
     runner.write_plan(out, plan)
     say(f"plan: scale {plan['scale']} of each claim's steps, {args.seeds} seeds, "
-        + (f"estimated {plan['estimate_min']} min at {sec:.3f} s per tiny step (probe, load "
+        + (f"estimated {plan['estimate_min']} min at {sec:.3f} s per {args.recipe} step (probe, load "
            f"{plan['load_avg_at_start']})" if args.budget_minutes else "no budget given"))
     return plan
 

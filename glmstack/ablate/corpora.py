@@ -21,8 +21,8 @@ import numpy as np
 from glmstack.data.shards import ShardWriter
 
 TOPIC_VOCAB, N_TOPICS, BRANCHING = 128, 8, 3
-LOOKUP_VOCAB, N_KEYS, N_QUERIES = 128, 8, 4
-QUERY, SEP = 120, 121  # lookup task specials (ids above the symbols)
+LOOKUP_VOCAB, N_SYMBOLS, N_KEYS, N_QUERIES = 128, 32, 4, 3
+QUERY = 120  # the lookup task's query marker (above the symbols)
 EOS = 127
 
 
@@ -51,7 +51,7 @@ def topic_documents(n_docs: int, seq_len: int, seed: int) -> list[np.ndarray]:
 
 def lookup_document(rng: np.random.Generator) -> tuple[np.ndarray, list[int]]:
     """(tokens, positions of answer tokens): pairs k v (a random cycle over N_KEYS symbols), then queries."""
-    keys = rng.choice(QUERY, size=N_KEYS, replace=False)
+    keys = rng.choice(N_SYMBOLS, size=N_KEYS, replace=False)
     nxt = {int(keys[i]): int(keys[(i + 1) % N_KEYS]) for i in range(N_KEYS)}  # f: one cycle, so f(f(q)) != q
     order = rng.permutation(N_KEYS)
     toks = [t for i in order for t in (int(keys[i]), nxt[int(keys[i])])]
@@ -68,12 +68,12 @@ def lookup_documents(n_docs: int, seed: int) -> list[np.ndarray]:
     return [lookup_document(rng)[0] for _ in range(n_docs)]
 
 
-def code_corpus(folder: Path, vocab_size: int = 512) -> Path:
+def code_corpus(folder: Path, vocab_size: int = 512, size_mb: float = 0.2) -> Path:
     """The tiny data build (train/ with sampling-time FIM on code, eval/ without, tokenizer/) into `folder`."""
     from glmstack.data.cli import main
 
     if not (folder / "train" / "index.json").exists():
-        code = main(["tiny", "--out", str(folder), "--vocab-size", str(vocab_size)])
+        code = main(["tiny", "--out", str(folder), "--vocab-size", str(vocab_size), "--set", f"corpus.size_mb={size_mb}"])
         if code:
             raise RuntimeError(f"the data build into {folder} failed (exit code {code})")
     return folder

@@ -5,8 +5,8 @@ Order: for each seed, for each claim, for each arm -> train the arm's stages (th
 on a shared machine hits every arm of a seed alike, a stopped run leaves every claim with the same seeds done,
 and a rerun with the same --out skips finished results (and stages whose `ablate_done.json` exists).
 
-Sizing: every stage declares its steps at scale 1 and a relative cost per step (Stage.cost, in steps of the tiny
-recipe). A probe times the tiny recipe's steps on this machine now; the scale is budget / estimated time, and the
+Sizing: every stage declares its steps at scale 1 and a relative cost per step (Stage.cost, in steps of the base
+ablate recipe). A probe times the tiny recipe's steps on this machine now; the scale is budget / estimated time, and the
 resulting plan (steps per stage) is written to plan.json, which later runs with the same --out reuse.
 """
 
@@ -29,7 +29,7 @@ from glmstack.atomic import write_atomic
 from glmstack.config import ConfigError
 
 MIN_STEPS = 8  # fewer steps than this measures nothing
-MEASURE_COST = 30  # a measurement (validation, generation) in tiny-recipe steps, per arm and seed
+MEASURE_COST = 40  # building, saving and measuring an arm, in base-recipe steps, per arm and seed
 
 
 @dataclass
@@ -68,9 +68,9 @@ class ArmRun:
 # ---------------------------------------------------------------------------------------------------- sizing
 
 
-def probe_seconds_per_step(out: Path, steps: int = 6) -> float:
-    """Median wall seconds of one step of the tiny recipe on this machine now (after its first step)."""
-    stage = Stage(name="probe", overrides={"log.val_every": 0})
+def probe_seconds_per_step(out: Path, recipe: str = "ablate", steps: int = 6) -> float:
+    """Median wall seconds of one step of the base recipe on this machine now (after its first step)."""
+    stage = Stage(name="probe", recipe=recipe, overrides={"log.val_every": 0})
     with tempfile.TemporaryDirectory(dir=out) as tmp:
         cfg = stage_config(stage, seed=0, steps=steps, out_dir=Path(tmp))
         train_stage(stage, cfg, Path(tmp) / "probe.log")

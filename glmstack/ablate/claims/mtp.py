@@ -2,9 +2,9 @@
 
 Arms: the ablate recipe with its MTP layer (loss weight 0.3, GLM-4.5's first value) and without one. Measured:
 the held-out next-token loss (the main head only; the MTP term is not in it) at equal training tokens, and for the
-MTP arm the share of one-token MTP drafts the engine accepts under rejection sampling at temperature 1
-(glmstack/inference/speculative.py; a draft that knew nothing but the vocabulary would be accepted ~3% of the time
-on this chain, one that knew only the successor sets ~25-100%).
+MTP arm the share of one-token MTP drafts the engine accepts in greedy decoding (glmstack/inference/speculative.py:
+the draft must equal the main head's argmax). On this chain every token has 4 equally likely successors, so a draft
+that knew only the successor set would match ~25% of the time; the check asks for more than that.
 """
 
 import itertools
@@ -21,7 +21,7 @@ def measure(run) -> dict:
         model = run.model()
         val = itertools.islice(iter(build_data(run.cfg, model.cfg.vocab_size, split="val")), 1)
         prompts = [row[:8].tolist() for b in val for row in b["input_ids"]]
-        out["acceptance"] = mtp_acceptance(model, prompts, seed=run.seed)
+        out["acceptance"] = mtp_acceptance(model, prompts)
     return out
 
 
@@ -37,8 +37,8 @@ CLAIM = Claim(
     measure=measure,
     checks=[
         Check(metric="val_loss", treatment="mtp", control="no_mtp", says="lower next-token loss per training token"),
-        Check(metric="acceptance", treatment="mtp", kind="above", better="higher", margin=0.5,
-              says="most drafts accepted (threshold 0.5)"),
+        Check(metric="acceptance", treatment="mtp", kind="above", better="higher", margin=0.25,
+              says="greedy drafts accepted more often than a successor-set guess (0.25)"),
     ],
-    setup="ablate recipe with / without its MTP layer (weight 0.3); acceptance: 8 prompts x 24 tokens, k=1, T=1",
+    setup="ablate recipe with / without its MTP layer (weight 0.3); acceptance: 8 prompts x 24 greedy tokens, k=1",
 )
