@@ -24,7 +24,7 @@ def test_t_interval_matches_the_textbook_values():
     scipy = pytest.importorskip("scipy.stats")
     vals = [0.3, -0.1, 0.5, 0.2, 0.4, 0.1]
     ref = scipy.t.interval(0.95, len(vals) - 1, loc=sum(vals) / 6, scale=scipy.sem(vals))
-    assert t_interval(vals)[1:] == pytest.approx(ref, rel=1e-3)
+    assert t_interval(vals)[1:] == pytest.approx(ref, abs=1e-4)  # t to 3 decimals
     assert t_interval([1.0])[1:] == (-math.inf, math.inf)
 
 
@@ -48,7 +48,9 @@ def test_every_claim_of_the_issue_is_declared_with_valid_overrides():
     from glmstack.ablate.runner import stage_config
 
     names = claims_mod.names()
-    assert len(names) == 10
+    issue_20 = {"depth_heads", "qk_norm", "mtp", "muon", "loss_free_balance", "cosine_wsd", "fim", "packing",
+                "dsa_warmup", "icepop"}
+    assert issue_20 <= set(names) and {"blank_infilling", "stabilisers"} <= set(names)  # + issue 21's, moved here
     for name in names:
         c = claims_mod.load(name)
         assert c.checks and len(c.arms) >= 2
