@@ -115,8 +115,8 @@ def write(claims, table: dict, plan: dict, out: Path, command: str) -> Path:
     loads = [r["load_avg"] for arms in table.values() for rs in arms.values() for r in rs]
     load = f"{min(loads, default=0):.1f}–{max(loads, default=0):.1f}"
     lines = [f"Command: `{command}`", "",
-             f"Plan: scale {plan['scale']} of each claim's steps, {plan['seeds']} seeds; {seconds / 60:.1f} min of runs; "
-             f"load average {load} during the runs.", "",
+             (f"Plan: scale {plan['scale']} of each claim's steps, {plan['seeds']} seeds; {seconds / 60:.1f} min of "
+              f"runs; load average {load} during the runs."), "",
              table_md(rows), "", "Claims and set-ups:", ""]
     for c in claims:
         steps = ", ".join(f"{k} {v}" for k, v in plan["steps"][c.name].items())
