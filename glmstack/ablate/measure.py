@@ -22,6 +22,15 @@ def val_loss(run) -> float:
     return float(rows[-1]["val_loss"]) if rows else math.nan
 
 
+def val_batches(run, model, n: int) -> list[dict]:
+    """The first `n` batches of the arm's held-out stream (the loop validates on the same ones)."""
+    import itertools
+
+    from glmstack.train.stage import build_data
+
+    return list(itertools.islice(iter(build_data(run.cfg, model.cfg.vocab_size, split="val")), n))
+
+
 def tail_mean(rows: list[dict], key: str, frac: float = 0.2) -> float:
     """Mean of `key` over the last `frac` of the rows that have it."""
     vals = [r[key] for r in rows if key in r and math.isfinite(r[key])]

@@ -7,20 +7,15 @@ the draft must equal the main head's argmax). On this chain every token has 4 eq
 that knew only the successor set would match ~25% of the time; the check asks for more than that.
 """
 
-import itertools
-
 from glmstack.ablate.claim import Check, Claim, Stage
-from glmstack.ablate.measure import mtp_acceptance, val_loss
+from glmstack.ablate.measure import mtp_acceptance, val_batches, val_loss
 
 
 def measure(run) -> dict:
     out = {"val_loss": val_loss(run)}
     if run.arm == "mtp":
-        from glmstack.train.stage import build_data
-
         model = run.model()
-        val = itertools.islice(iter(build_data(run.cfg, model.cfg.vocab_size, split="val")), 1)
-        prompts = [row[:8].tolist() for b in val for row in b["input_ids"]]
+        prompts = [row[:8].tolist() for b in val_batches(run, model, 1) for row in b["input_ids"]]
         out["acceptance"] = mtp_acceptance(model, prompts)
     return out
 

@@ -7,20 +7,16 @@ measured: the largest pre-softmax attention logit |q·k|/sqrt(d) of any head on 
 whose loss exceeds the running mean by 20%), and the held-out loss.
 """
 
-import itertools
-
 from glmstack.ablate.claim import Check, Claim, Stage
-from glmstack.ablate.measure import max_attention_logit, spikes, val_loss
+from glmstack.ablate.measure import max_attention_logit, spikes, val_batches, val_loss
 
 HIGH_LR = {"optim.lr": 3e-2, "optim.grad_clip": 0.0}
 
 
 def measure(run) -> dict:
-    from glmstack.train.stage import build_data
-
     model = run.model()
-    val = list(itertools.islice(iter(build_data(run.cfg, model.cfg.vocab_size, split="val")), 4))
-    return {"max_logit": max_attention_logit(model, val), "spikes": spikes(run.rows()), "val_loss": val_loss(run)}
+    return {"max_logit": max_attention_logit(model, val_batches(run, model, 4)), "spikes": spikes(run.rows()),
+            "val_loss": val_loss(run)}
 
 
 CLAIM = Claim(
