@@ -10,8 +10,6 @@ this base. Steps come from --scale or --budget-minutes as on a CPU.
 
 from __future__ import annotations
 
-import dataclasses
-
 from glmstack.recipes import ablate
 from glmstack.train.config import TrainConfig
 
@@ -25,5 +23,4 @@ def pretrain() -> TrainConfig:
     cfg.run, cfg.seq_len, cfg.micro_batch_size, cfg.device = "ablate_gpu", 128, 64, "auto"
     cfg.model_overrides = ablate.MICRO | WIDE
     cfg.optim.lr = 2e-3
-    cfg.schedule = dataclasses.replace(cfg.schedule)
     return cfg

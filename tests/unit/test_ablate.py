@@ -59,6 +59,16 @@ def test_every_claim_of_the_issue_is_declared_with_valid_overrides():
                          init_from="seed0/pre_10" if stage.init_from else "", data=runner.Path("/nonexistent"))
 
 
+def test_the_gpu_recipe_replaces_the_base_of_every_ablate_stage():
+    from glmstack.ablate.cli import selected
+    from glmstack.ablate.runner import stage_config
+
+    (muon,) = selected(["muon"], "ablate_gpu")
+    cfg = stage_config(muon.arms["adamw"][0], seed=1, steps=30, out_dir=runner.Path("/nonexistent"))
+    assert cfg.model_overrides["hidden_size"] == 256 and cfg.micro_batch_size == 64 and cfg.optim.muon is False
+    assert cfg.steps == cfg.schedule.total_steps == 30 and cfg.schedule.warmup_steps == 3 and cfg.seed == 1
+
+
 def test_deep_and_wide_arms_have_equal_active_parameters():
     from glmstack.ablate.claims import depth_heads
     from glmstack.config import apply_overrides
