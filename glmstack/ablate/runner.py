@@ -195,7 +195,7 @@ def load_result(out: Path, claim: str, arm: str, seed: int, steps: dict) -> dict
 
 def run_all(claims: list[Claim], plan: dict, out: Path, *, keep_runs: bool = False, say=print) -> dict:
     """Run every missing (claim, arm, seed), seed-major; -> {claim: {arm: [result rows by seed]}}."""
-    done = 0
+    done = ran = 0
     total = plan["seeds"] * sum(len(c.arms) for c in claims)
     t0 = time.perf_counter()
     for seed in range(plan["seeds"]):
@@ -215,10 +215,12 @@ def run_all(claims: list[Claim], plan: dict, out: Path, *, keep_runs: bool = Fal
                 path = result_path(out, claim.name, arm, seed)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 write_atomic(path, json.dumps(row))
+                ran += 1
                 elapsed = time.perf_counter() - t0
+                eta = elapsed / ran * (total - done)  # runs differ in cost: a rough figure
                 say(f"[{done}/{total}] {claim.name} {arm} seed {seed}: "
                     + " ".join(f"{k}={v:.4g}" for k, v in metrics.items())
-                    + f" ({sec:.0f} s, elapsed {elapsed / 60:.1f} min, load {row['load_avg']})")
+                    + f" ({sec:.0f} s, elapsed {elapsed / 60:.1f} min, eta ~{eta / 60:.0f} min, load {row['load_avg']})")
         if not keep_runs:  # a seed's runs are measured: free the disk (results stay)
             for claim in claims:
                 shutil.rmtree(out / "runs" / claim.name / f"seed{seed}", ignore_errors=True)
