@@ -72,6 +72,7 @@ class Claim:
     setup: str = ""  # what the scale-down keeps and changes, for the report
     curves: list[str] = field(default_factory=lambda: ["loss"])  # metrics.jsonl keys drawn per arm in the plot
     data: Callable[[Path], object] | None = None  # writes the claim's corpus into a folder; overrides say "{data}"
+    default: bool = True  # in the set `glmstack ablate` runs when no claim is named (False: only when named)
 
     def __post_init__(self):
         for c in self.checks:
@@ -105,6 +106,11 @@ def names() -> list[str]:
     from glmstack.ablate import claims
 
     return sorted(m.name for m in pkgutil.iter_modules(claims.__path__) if not m.name.startswith("_"))
+
+
+def default_names() -> list[str]:
+    """The claims `glmstack ablate` runs when none is named: issue 20's ten (the GLM-4.5 / GLM-5 reports')."""
+    return [n for n in names() if load(n).default]
 
 
 def load(name: str) -> Claim:

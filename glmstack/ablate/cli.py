@@ -27,7 +27,7 @@ from glmstack.config import ConfigError
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="glmstack ablate", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("claims", nargs="*", help="claims to run (default: all; --list shows them)")
+    p.add_argument("claims", nargs="*", help="claims to run (default: the GLM-4.5 / GLM-5 ten; --list shows all)")
     p.add_argument("--seeds", type=int, default=3, help="seeds per arm (>= 2 for an interval; default 3)")
     p.add_argument("--budget-minutes", type=float, default=None,
                    help="scale every stage's steps so the whole set fits this wall time here (default: scale 1)")
@@ -42,7 +42,7 @@ def parse_args(argv):
 
 
 def selected(names: list[str], recipe: str) -> list:
-    chosen = [claims_mod.load(n) for n in (names or claims_mod.names())]
+    chosen = [claims_mod.load(n) for n in (names or claims_mod.default_names())]
     if recipe != "ablate":
         from glmstack.recipes import recipe_function
 
@@ -54,7 +54,7 @@ def selected(names: list[str], recipe: str) -> list:
 def list_claims() -> None:
     for name in claims_mod.names():
         c = claims_mod.load(name)
-        print(f"{name:<18} {c.source}: {c.statement}")
+        print(f"{name:<18} {c.source}: {c.statement}" + ("" if c.default else " (only when named)"))
         print(f"{'':<18} arms: {', '.join(c.arms)}; checks: "
               + "; ".join(f"{k.metric} ({k.kind}, {k.better})" for k in c.checks))
 

@@ -83,6 +83,7 @@ CLAIM = Claim(
           "causal": [Stage(name="causal", recipe="glm2021", steps=1000, cost=0.7, warmup_frac=0.01,
                            overrides=BASE | {"data.options": {"reserved_ids": 5}})]},
     measure=measure,
+    default=False,  # GLM (2021) / GLM-130B, not the GLM-4.5 / GLM-5 set: run when named
     checks=[Check(metric="infill_nll", treatment="blank", control="causal", says="better infilling"),
             Check(metric="l2r_nll", treatment="blank", control="causal", kind="no_worse", margin=0.02,
                   says="still generates left to right")],

@@ -32,6 +32,7 @@ CLAIM = Claim(
     arms={"pre_ln": arm("pre_ln"), "deepnorm": arm("deepnorm", **{"model_overrides.deepnorm": True}),
           "shrink": arm("shrink", **{"model_overrides.embedding_grad_shrink": 0.1})},
     measure=measure,
+    default=False,  # GLM (2021) / GLM-130B, not the GLM-4.5 / GLM-5 set: run when named
     checks=[Check(metric="spikes", treatment="deepnorm", control="pre_ln", says="DeepNorm: fewer loss spikes"),
             Check(metric="spikes", treatment="shrink", control="pre_ln", says="shrink: fewer loss spikes")],
     setup="micro model as 4 dense layers, AdamW lr 0.3, no clipping, no MTP",
