@@ -23,7 +23,7 @@ def measure(run) -> dict:
 
 
 def arm(mismatch: str) -> list[Stage]:
-    return [Stage(name=mismatch, recipe="rl_tiny", fn="rl", kind="rl", steps=30, cost=6.0, warmup_frac=0.0,
+    return [Stage(name=mismatch, recipe="rl_tiny", fn="rl", kind="rl", steps=100, cost=6.0, warmup_frac=0.0,
                   overrides=RL | {"rl.mismatch": mismatch})]
 
 
