@@ -80,12 +80,13 @@ def plot_claim(claim, arms: dict[str, list[dict]], path: Path) -> bool:
     fig, axes = plt.subplots(1, 1 + n_checks, figsize=(4 * (1 + n_checks), 3.2), dpi=100, squeeze=False)
     ax = axes[0][0]
     key = claim.curves[0]
+    color = {arm: f"C{i}" for i, arm in enumerate(claim.arms)}  # one colour per arm in every panel
     for arm, results in arms.items():
         curves = [r["curves"].get(key, []) for r in results if r["curves"].get(key)]
         if curves:
             n = min(len(c) for c in curves)
             xs = [p[0] for p in curves[0][:n]]
-            ax.plot(xs, np.mean([[p[1] for p in c[:n]] for c in curves], 0), label=arm)
+            ax.plot(xs, np.mean([[p[1] for p in c[:n]] for c in curves], 0), label=arm, color=color[arm])
     ax.set(title=f"{claim.name}: {key}", xlabel="step")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
@@ -94,7 +95,7 @@ def plot_claim(claim, arms: dict[str, list[dict]], path: Path) -> bool:
         shown = [a for a in (check.treatment, check.control) if a]
         for j, arm in enumerate(shown):
             vals = [r["metrics"][check.metric] for r in arms.get(arm, []) if check.metric in r["metrics"]]
-            ax.scatter([j] * len(vals), vals, s=18)
+            ax.scatter([j] * len(vals), vals, s=18, color=color[arm])
             if vals:
                 ax.hlines(np.mean(vals), j - 0.2, j + 0.2, color="black")
         ax.set_xticks(range(len(shown)), shown, fontsize=8)
