@@ -34,6 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "convert": ("glmstack.model.convert:main", "re-shard a checkpoint and change its dtype"),
     "eval": ("glmstack.eval.cli:main", "score a checkpoint or an endpoint: ppl, HumanEval, FIM, BFCL, math"),
     "sandbox": ("glmstack.sandbox.cli:main", "run a code snippet in the sandbox"),
+    "ablate": ("glmstack.ablate.cli:main", "the GLM papers' design claims measured at small scale, with 95% intervals"),
     "bench": ("glmstack.bench_cli:main", "list or run the benchmarks in bench/ (a source checkout only: a wheel has no bench/)"),
 }
 
