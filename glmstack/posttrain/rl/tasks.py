@@ -8,6 +8,9 @@ Tasks (`TASKS`, by name; `make_task(name, tokenizer, style)`):
   arithmetic  chat prompts in GLM's format ("What is 7 + 5?"); level 0: sums of one-digit numbers, level 1: sums up
               to 2 digits and differences, level 2+: glmstack.posttrain.synthetic's full arithmetic set (sums,
               differences, products, word problems). Reward `arithmetic` (the SFT set's verifier on the parsed reply).
+  compare     "Which is the largest of 3, 8 and 5?": the larger / smaller of two (levels 0-1) or three (level 2+)
+              one-digit numbers, from the SFT set's own generator (glmstack.posttrain.synthetic.compare_item) and held-out
+              split; a tiny SFT model partly solves it (copying one number scores 1/2 or 1/3). Reward `arithmetic`.
   code        "Write a Python function f(x) that ..." with hidden unit tests run in glmstack.sandbox (reward `code`).
   toy         token-id prompts, no tokenizer: the first response token is right when its id ≡ prompt[0] + level
               (mod 4) (reward `toy`; a random policy scores 1/4); tiny enough for unit tests and gradient checks.
@@ -100,6 +103,17 @@ class Arithmetic(ChatTask):
         return q, {"question": q, "answer": str(ans)}
 
 
+class Compare(ChatTask):
+    name = "compare"
+    rewards = ("arithmetic",)  # the last integer of the reply is the answer, as for arithmetic
+
+    def item(self, rng: random.Random, level: int) -> tuple[str, dict]:
+        from glmstack.posttrain.synthetic import compare_item
+
+        q, _, ans = compare_item(rng, level)
+        return q, {"question": q, "answer": str(ans)}
+
+
 # (name, description, reference body, hidden tests): functions of one integer argument
 CODE_FUNCS = (
     ("add_k", "returns x + {k}", "return x + {k}", "assert f(0) == {k}\nassert f(5) == 5 + {k}\nassert f(-3) == -3 + {k}"),
@@ -136,7 +150,7 @@ class Toy(Task):
         return list(meta["ids"])
 
 
-TASKS = {"arithmetic": Arithmetic, "code": Code, "toy": Toy}
+TASKS = {"arithmetic": Arithmetic, "compare": Compare, "code": Code, "toy": Toy}
 
 
 def make_task(name: str, tokenizer=None, style: str = "glm-4.5", thinking: bool = False) -> Task:
