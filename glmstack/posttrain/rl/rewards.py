@@ -10,6 +10,7 @@ batch is scored in one parallel call instead of one program after another. The o
               (GLM-4.5 §3.3: a malformed tool call gets 0), else 0
   overlong    DAPO's soft overlong punishment: 0 up to max_new_tokens − overlong_cache, then a linear ramp to −1 at
               max_new_tokens (arXiv 2503.14476), added to the task reward
+  reasoning_gym  the reasoning-gym dataset's own scorer (0..1) on the reply's answer ("The answer is X." -> X)
   toy         1 if the first response token's id ≡ meta["answer"] (mod 4) (the token task of tasks.py)
 
 The stage's reward is Σ weight · reward over `rl.rewards` ([[name, weight], ...]; default: the task's own reward).
@@ -134,6 +135,23 @@ def overlong(samples: list[Sample]) -> list[float]:
         n, cache = len(s.tokens), min(OVERLONG_CACHE, s.max_new_tokens)
         free = s.max_new_tokens - cache
         out.append(0.0 if n <= free else -1.0 if s.finish == "length" else (free - n) / cache)
+    return out
+
+
+_ANSWER_IS = re.compile(r"answer is:?\s*(.+?)\.?\s*$", re.DOTALL | re.IGNORECASE)
+
+
+@register("reasoning_gym")
+def reasoning_gym(samples: list[Sample]) -> list[float]:
+    from reasoning_gym import get_score_answer_fn
+
+    out = []
+    for s in samples:
+        content = (_message(s).get("content") or "").strip()
+        m = _ANSWER_IS.search(content)
+        entry = s.meta["entry"]
+        score = get_score_answer_fn(entry["metadata"]["source_dataset"])
+        out.append(float(score(answer=m.group(1) if m else content, entry=entry)))
     return out
 
 

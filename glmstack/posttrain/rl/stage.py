@@ -43,7 +43,7 @@ from glmstack.train.config import TrainConfig
 
 @dataclass(kw_only=True)
 class RLOptions:
-    task: str = "arithmetic"  # tasks.TASKS: arithmetic | compare | code | toy
+    task: str = "arithmetic"  # tasks.TASKS: arithmetic | compare | code | toy, or reasoning_gym:<dataset>
     rewards: list[list] = field(default_factory=list)  # [[name, weight], ...] (rewards.REWARDS); [] = the task's
     samples_per_step: int = 64  # rollouts per rollout batch (prompts × group size); split into grad_accum parts
     # PPO-style updates: each rollout batch is cut into `minibatches` parts, one optimizer step each, and passed over
@@ -138,8 +138,8 @@ def check(cfg: RLConfig) -> None:
     if not isinstance(cfg, RLConfig):
         raise ConfigError(f"the rl stage needs an RLConfig (got {type(cfg).__name__})")
     o = cfg.rl
-    if o.task not in TASKS:
-        raise ConfigError(f"rl.task: unknown task {o.task!r} (expected one of {', '.join(TASKS)})")
+    if o.task not in TASKS and not o.task.startswith("reasoning_gym:"):
+        raise ConfigError(f"rl.task: unknown task {o.task!r} (expected one of {', '.join(TASKS)}, reasoning_gym:<name>)")
     if o.ppo_epochs < 1 or o.minibatches < 1:
         raise ConfigError("rl.ppo_epochs and rl.minibatches must be >= 1")
     if o.temperature <= 0:
