@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rejection-sample": ("glmstack.posttrain.rejection:main", "sample, verify and filter responses into an SFT file"),
     "expert-iteration": ("glmstack.posttrain.expert_iteration:main", "experts -> rejection sampling -> one model"),
     "rl": ("glmstack.posttrain.rl.stage:main", "reasoning RL: GRPO/IcePop on rollouts from the engine, on the one loop"),
+    "agentic-rl": ("glmstack.posttrain.agentic.stage:main", "agentic RL: multi-turn tool environments, async rollouts (local or Ray)"),
     "sft-eval": ("glmstack.posttrain.evaluate:main", "held-out format/thinking/tool-call/task scores of chat models"),
     "generate": ("glmstack.inference.cli:generate_main", "generate text from a checkpoint (MTP speculative decoding)"),
     "chat": ("glmstack.inference.cli:chat_main", "chat with a checkpoint in the terminal (GLM chat format)"),
