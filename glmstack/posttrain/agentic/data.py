@@ -35,6 +35,7 @@ class AgenticData:
         self.group_size, self.micro_batches, self.sync_every = group_size, micro_batches, sync_every
         self.temperature, self.reset, self.evaluate, self.eval_every = temperature, reset, evaluate, eval_every
         self.step = 0
+        self.last_groups: list = []
         self.t_last = time.perf_counter()
 
     def __iter__(self):
@@ -63,6 +64,7 @@ class AgenticData:
             stats |= self.evaluate(self.policy)
             stats["time/eval_s"] = time.perf_counter() - t0
         groups, rstats = self.runner.next_batch()
+        self.last_groups = groups  # the step's trajectories (tests, inspection)
         now = time.perf_counter()
         flat = [t for g in groups for t in g]
         stats |= rstats | rollout_stats(flat) | {

@@ -37,6 +37,7 @@ class Runner:
         self.results: dict[int, list] = {}  # finished, not yet handed over
         self.owner: dict[int, int] = {}  # outstanding task id -> worker
         self.ledger: dict[int, str] = {}  # task id -> trained | stale | dropped
+        self.trained_ids: list[int] = []  # task ids handed to the trainer, in order
         self.duplicates = 0
         self.trajectories = 0  # accepted (trained) trajectories, padding excluded
 
@@ -78,6 +79,7 @@ class Runner:
                 self.take += 1
                 if kept:
                     groups.append(kept)
+                    self.trained_ids.append(self.take - 1)
                     self.trajectories += self.group_size - reasons["padded"]
                 continue
             self._top_up(self.groups_per_step - len(groups))
