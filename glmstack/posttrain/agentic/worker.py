@@ -37,6 +37,7 @@ class RolloutWorker:
         self.version = -1
         self._pending: tuple[dict, int] | None = None
         self._lock = threading.Lock()
+        self._loaded = threading.Event()  # set by the first set_weights: no rollout runs on unversioned weights
 
     def pid(self) -> int:
         return os.getpid()
@@ -44,9 +45,13 @@ class RolloutWorker:
     def set_weights(self, state: dict, version: int) -> None:
         with self._lock:
             self._pending = (state, version)
+        self._loaded.set()
 
     def current_version(self) -> int:
-        """Swap in staged weights (between turns) and return the version now loaded."""
+        """Swap in staged weights (between turns) and return the version now loaded. A Ray actor can be asked
+        for a rollout before its first weights arrive (they travel on another thread): it waits for them."""
+        if not self._loaded.wait(timeout=600):
+            raise RuntimeError("rollout worker: no weights arrived within 600 s")
         with self._lock:
             staged, self._pending = self._pending, None
         if staged is not None:
