@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rl": ("glmstack.posttrain.rl.stage:main", "reasoning RL: GRPO/IcePop on rollouts from the engine, on the one loop"),
     "rm": ("glmstack.posttrain.rm.stage:main", "train a Bradley-Terry reward model on preference pairs (an HF folder)"),
     "distill": ("glmstack.posttrain.rl.distill:main", "on-policy cross-stage distillation from earlier stages' teachers"),
+    "agentic-rl": ("glmstack.posttrain.agentic.stage:main", "agentic RL: multi-turn tool environments, async rollouts (local or Ray)"),
     "sft-eval": ("glmstack.posttrain.evaluate:main", "held-out format/thinking/tool-call/task scores of chat models"),
     "generate": ("glmstack.inference.cli:generate_main", "generate text from a checkpoint (MTP speculative decoding)"),
     "chat": ("glmstack.inference.cli:chat_main", "chat with a checkpoint in the terminal (GLM chat format)"),
