@@ -29,7 +29,14 @@ def run_once(model: str, out: str, asynchronous: bool, args) -> float:
     cfg.log.progress = cfg.log.plots = False
     cfg.ckpt.resume = "never"
     o = cfg.agentic
-    o.envs, o.heldout_n, o.workers, o.inflight, o.tau, o.asynchronous = [[args.env, 1.0]], 0, 2, 2, args.tau, asynchronous
+    o.envs, o.heldout_n, o.workers, o.inflight, o.tau, o.asynchronous = (
+        [[args.env, 1.0]],
+        0,
+        2,
+        2,
+        args.tau,
+        asynchronous,
+    )
     run_agentic(cfg)
     rows = [json.loads(x) for x in (Path(out) / cfg.run / "agentic" / "metrics.jsonl").read_text().splitlines()]
     later = rows[1:]  # the first step pays the actors' start-up
@@ -64,8 +71,10 @@ def main() -> None:
                 print(f"repeat {r} {mode:5s} {rate:.3f} trajectories/s", flush=True)
     ray.shutdown()
     s, a = statistics.median(rates["sync"]), statistics.median(rates["async"])
-    print(f"median sync {s:.3f} traj/s, async {a:.3f} traj/s: async / sync = {a / s:.2f}x "
-          f"(load average {os.getloadavg()[0]:.1f})")
+    print(
+        f"median sync {s:.3f} traj/s, async {a:.3f} traj/s: async / sync = {a / s:.2f}x "
+        f"(load average {os.getloadavg()[0]:.1f})"
+    )
 
 
 if __name__ == "__main__":

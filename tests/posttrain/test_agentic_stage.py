@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import random
 
-import pytest
 import torch
 
 from glmstack.model.hf import load_hf
