@@ -47,6 +47,7 @@ def test_trajectory_tokens_and_logprobs_are_what_the_trainer_sees(base_dir, tok)
         assert t.mask[: t.prompt_len] == [0] * t.prompt_len
 
 
+@pytest.mark.slow
 def test_stage_end_to_end_local(tmp_path, base_dir):
     cfg = tiny_cfg(tmp_path, base_dir, heldout_n=4, eval_every=1)
     cfg.log.plots = True

@@ -43,10 +43,13 @@ class AgenticData:
             yield from self.make_step()
 
     def state_dict(self) -> dict:
-        return {"step": self.step}
+        return {"step": self.step, "next_task": self.runner.take}
 
     def load_state_dict(self, state: dict) -> None:
-        self.step = int(state["step"])  # an asynchronous run resumes its counters; in-flight rollouts are redone
+        """Resume the counters: the step and the next task id (in-flight rollouts of the interrupted run are not
+        saved; they are generated afresh from the resumed weights, so an asynchronous resume is not bit-exact)."""
+        self.step = int(state["step"])
+        self.runner.take = self.runner.next_id = int(state.get("next_task", 0))
 
     def weights(self) -> dict:
         return {k: v.detach().cpu().clone() for k, v in dist.unwrap(self.policy).state_dict().items()}

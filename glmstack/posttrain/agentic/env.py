@@ -27,6 +27,8 @@ import json
 import random
 import zlib
 from dataclasses import dataclass, field
+from itertools import pairwise
+from typing import ClassVar
 
 from glmstack.posttrain.tools import validate_call
 
@@ -116,7 +118,7 @@ class Env(abc.ABC):
 class ToolEnv(Env):
     """Calls tools until the model answers without a call; subclasses define the task (see the module docstring)."""
 
-    tools: list[dict] = []
+    tools: ClassVar[list[dict]] = []
 
     def reset(self, spec: dict) -> tuple[list[dict], list[dict]]:
         self.spec, self.status = spec, "running"
@@ -187,7 +189,7 @@ class ToolEnv(Env):
         parts = {"outcome": float(solved), "penalty": -penalty}
         if o.process_rewards:
             oks = [ok for _, _, ok in self.calls]
-            recovered = solved and any(not a and b for a, b in zip(oks, oks[1:]))
+            recovered = solved and any(not a and b for a, b in pairwise(oks))
             parts["recover"] = o.recover_bonus if recovered else 0.0
             parts |= self.process_parts()
         return Reward(sum(parts.values()), solved, parts)

@@ -7,7 +7,7 @@
 LocalPool runs a queued task when `wait` is called (one process, no concurrency: with tau = 0 it is the
 synchronous loop). RayPool keeps one actor per worker (`num_cpus=1` each) whose rollouts run back to back while
 the trainer trains; `set_weights` uses its own concurrency group so it lands mid-task, between turns. A dead
-actor (killed, crashed, its node lost) shows up as a RayActorError on its pending results: `wait` starts a fresh
+actor (killed, crashed, OOM-killed by Ray's memory monitor) shows up as an error on its pending results: `wait` starts a fresh
 actor in its place with the latest weights and re-submits each of its lost tasks to it (same task id, same seeds);
 `restarts` and `resubmitted` count them. The runner's ledger (runner.py) accepts each task id once.
 """
@@ -89,6 +89,8 @@ class RayPool:
         self.refs: dict = {}  # ObjectRef -> (worker, task_id, spec, actor)
         self.weights: tuple | None = None  # (object ref, version) of the latest push
         self.restarts = self.resubmitted = 0
+        errors = ray.exceptions
+        self._died = (errors.RayActorError, errors.WorkerCrashedError, errors.OutOfMemoryError)
 
     def _make(self):
         return self.cls.remote(self.model_ref, *self.args)
@@ -105,7 +107,7 @@ class RayPool:
                 w, task_id, spec, actor = self.refs.pop(ref)
                 try:
                     out.append((task_id, self.ray.get(ref)))
-                except self.ray.exceptions.RayActorError:  # the worker died: a fresh one redoes its tasks
+                except self._died:  # the worker died (killed, crashed, OOM-killed): a fresh one redoes its tasks
                     if actor is self.actors[w]:
                         self._restart(w)
                     self.submit(w, task_id, spec)

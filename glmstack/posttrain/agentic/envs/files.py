@@ -66,7 +66,7 @@ class FilesEnv(ToolEnv):
             self.files[path] = str(args.get("content", ""))
             return f"wrote {len(self.files[path])} characters to {path}"
         if name == "read_file":
-            return self.files[path] if path in self.files else f"Error: no file {path}"
+            return self.files.get(path, f"Error: no file {path}")
         if name == "list_files":
             return "\n".join(sorted(self.files)) or "(empty)"
         self.tested_before_answer = True

@@ -21,7 +21,9 @@ def function(fn_name: str, description: str, **props) -> dict:
 
 
 FUNCTIONS = [
-    function("add_item", "Add qty units of an item to the inventory.", name={"type": "string"}, qty={"type": "integer"}),
+    function(
+        "add_item", "Add qty units of an item to the inventory.", name={"type": "string"}, qty={"type": "integer"}
+    ),
     function("remove_item", "Remove qty units of an item.", name={"type": "string"}, qty={"type": "integer"}),
     function("get_stock", "How many units of an item are in stock.", name={"type": "string"}),
 ]

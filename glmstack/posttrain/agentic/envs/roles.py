@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import re
+from typing import ClassVar
 
 from glmstack.posttrain.agentic.env import Step, ToolEnv, register
 
@@ -25,7 +26,7 @@ def uses(text: str, words: list[str]) -> bool:
 @register
 class RolesEnv(ToolEnv):
     name = "roles"
-    tools: list[dict] = []
+    tools: ClassVar[list[dict]] = []
 
     @classmethod
     def make_spec(cls, rng: random.Random, level: int) -> dict:
