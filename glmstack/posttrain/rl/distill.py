@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -126,8 +127,12 @@ class Distillation(Rollouts):
                 continue
             tag = (self.step, "distill", k) + (() if dist.world() == 1 else (dist.rank(),))
             problems = task.problems(split="train", n=n, seed=stable_seed(self.seed, *tag), level=teacher.level)
+            t0 = time.perf_counter()
             rows, samples = self.generate(problems, 1, self.temperature, tag)
-            task_reward, _ = reward_lib.total(samples, [(r, 1.0) for r in task.rewards])
+            t1 = time.perf_counter()
+            task_reward, _ = reward_lib.total(samples, [(r, 1.0) for r in task.rewards])  # watched, not trained on
+            stats["time/rollout_s"] = stats.get("time/rollout_s", 0.0) + t1 - t0
+            stats["time/reward_s"] = stats.get("time/reward_s", 0.0) + time.perf_counter() - t1
             stats[f"reward/{teacher.task}"] = sum(task_reward) / n
             flat += [(row, 0.0, s) for row, s in zip(rows, samples)]
             owner += [k] * n
@@ -137,13 +142,14 @@ class Distillation(Rollouts):
         self.history.append(stats["reward"])
         self.step += 1
         batches = self.micro([[s] for s in flat], 1, stats)
-        per = len(flat) // self.micro_batches
+        per, t0 = len(flat) // self.micro_batches, time.perf_counter()
         for m, batch in enumerate(batches):
             self.score(batch, owner[m * per : (m + 1) * per], [r for r, _, _ in flat[m * per : (m + 1) * per]])
         gap = sum(float(((b["rollout_logp"] - b["teacher_logp"]) * b["mask"]).sum()) for b in batches)
         trained = sum(float(b["mask"].sum()) for b in batches)
-        for b in batches:  # the mean per-token reverse-KL sample, log π_student − log π_teacher, over the step
-            b["stats"] = b["stats"] | {"reverse_kl": gap / max(trained, 1.0)}
+        figures = {"reverse_kl": gap / max(trained, 1.0), "time/teacher_s": time.perf_counter() - t0}
+        for b in batches:  # reverse_kl: the mean per-token sample of log π_student − log π_teacher over the step
+            b["stats"] = b["stats"] | figures
         return batches
 
     @torch.no_grad()

@@ -165,6 +165,14 @@ def heldout(cfg: RMConfig, pairs, kinds: list[str], tokenizer):
     return out
 
 
+def round_robin(val: list[tuple[str, dict]]) -> list[dict]:
+    """Held-out batches alternating over kinds, so the loop's first `log.val_batches` cover every kind."""
+    by_kind: dict[str, list[dict]] = {}
+    for kind, batch in val:
+        by_kind.setdefault(kind, []).append(batch)
+    return [b for group in itertools.zip_longest(*by_kind.values()) for b in group if b is not None]
+
+
 # ---------------------------------------------------------------------------------------------------- stage
 def check(cfg: RMConfig) -> None:
     if not isinstance(cfg, RMConfig):
@@ -194,7 +202,7 @@ def run_rm(cfg: RMConfig, stop_at: int | None = None) -> dict:
     val = heldout(cfg, val_pairs, kinds, tokenizer)
     folder = stage_dir(cfg)
     result = train(model=model, optimizer=optimizer, data=data, cfg=cfg, stage_dir=folder, loss_fn=rm_loss(cfg.rm),
-                   val_batches=[b for _, b in val][: cfg.log.val_batches], stop_at=stop_at)  # fmt: skip
+                   val_batches=round_robin(val)[: cfg.log.val_batches], stop_at=stop_at)  # fmt: skip
     if dist.rank() == 0 and result["stopped"] == "done":
         inner = dist.unwrap(model)
         if val:
