@@ -36,8 +36,9 @@ def write_docs(folder: Path, docs: list[np.ndarray], vocab_size: int, kind: str 
 
 
 def topic_documents(n_docs: int, seq_len: int, seed: int) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    chains = rng.integers(N_TOPICS, EOS, size=(N_TOPICS, TOPIC_VOCAB, BRANCHING))  # (topic, token, successors)
+    """`n_docs` documents drawn with `seed`; the chains are the same for every seed (train and val share them)."""
+    chains = np.random.default_rng(0).integers(N_TOPICS, EOS, size=(N_TOPICS, TOPIC_VOCAB, BRANCHING))  # (topic, token, succ.)
+    rng = np.random.default_rng(seed + 1)
     docs = []
     for _ in range(n_docs):
         n = int(np.clip(rng.exponential(seq_len * 2 / 3), 4, 3 * seq_len))
