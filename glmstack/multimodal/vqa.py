@@ -11,7 +11,8 @@ Kinds (`KINDS`, with the curriculum level that first uses them):
   count   level 1  1-4 shapes of one colour     "How many shapes are in the picture?"  -> 3
   text    level 1  one capital letter           "What letter is written in the image?" -> K
 Canvases are 48-144 px a side with any aspect ratio in between (the processor turns them into 4-16 visual tokens).
-The answer is written in GLM-4.5V's answer box, `<|begin_of_box|>red<|end_of_box|>` (arXiv 2507.01006 §5: the box
+Records are direct answers (`enable_thinking: false`: the template's empty think block, then the answer); the
+answer is written in GLM-4.5V's answer box, `<|begin_of_box|>red<|end_of_box|>` (arXiv 2507.01006 §5: the box
 makes the answer extractable for the reward); `verify(meta, reply)` reads it back.
 
     glmstack vl-data --out data/vqa --n 2000        # images (PNG) + train/test JSONL in the SFT record format
@@ -140,7 +141,7 @@ def messages(item: dict, with_answer: bool = True, image=None) -> list[dict]:
     return [user, {"role": "assistant", "content": boxed(item["answer"])}] if with_answer else [user]
 
 
-_BOX = re.compile(re.escape(BOX_OPEN) + r"(.*?)" + re.escape(BOX_CLOSE), re.S)
+_BOX = re.compile(re.escape(BOX_OPEN) + r"(.*?)" + re.escape(BOX_CLOSE), re.DOTALL)
 
 
 def extract_answer(reply: str) -> str | None:
@@ -166,7 +167,7 @@ def write(out: Path, n: int, seed: int = 0, test_n: int | None = None) -> dict[s
         for i, item in enumerate(generate(count, seed, split)):
             png = out / "images" / f"{split}_{i:05d}.png"
             item["image"].save(png)
-            rec = {"messages": messages(item, image=str(png.relative_to(out))),
+            rec = {"messages": messages(item, image=str(png.relative_to(out))), "enable_thinking": False,
                    "meta": {"answer": item["answer"], "kind": item["kind"], "level": item["level"], "split": split}}
             lines.append(json.dumps(rec, ensure_ascii=False))
         paths[split] = out / f"{split}.jsonl"

@@ -49,6 +49,8 @@ def classify(name: str, p: torch.Tensor, *, lm_head: str, router: str, embedding
         return router
     if p.ndim in (2, 3):  # hidden matrices and (E, out, in) expert banks
         return "muon"
+    if p.ndim in (4, 5):  # convolution kernels (a ViT's patch embedding and 2x2 merge): not named by the papers
+        return "adamw"
     raise ValueError(f"no optimiser rule for {name} of shape {tuple(p.shape)}")
 
 
