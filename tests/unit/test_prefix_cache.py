@@ -109,7 +109,7 @@ def _served_equals_generate(preset: str, n: int = 12) -> tuple[int, dict]:
     return sched.stats["prefill_computed"], sched.stats
 
 
-@pytest.mark.parametrize("preset", ["tiny", "tiny-glm47-flash"])
+@pytest.mark.parametrize("preset", ["tiny", "tiny-glm47-flash", "tiny-glm5"])
 def test_scheduler_with_prefix_cache_equals_no_cache_generate(preset):
     computed, stats = _served_equals_generate(preset)
     assert computed < stats["prompt_tokens"]  # the cache did serve part of the prompts
