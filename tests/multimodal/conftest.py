@@ -62,8 +62,8 @@ def vl_folder(tmp_path_factory, tok):
     proc = VisionProcessor(min_pixels=16 * 16, max_pixels=32 * 32, patch_size=vc.patch_size,
                            merge_size=vc.spatial_merge_size)  # fmt: skip
     batch = collate([encode_multimodal(tok, proc, vqa_chat(c), enable_thinking=False) for c in COLOURS])
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
-    for _ in range(60):
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    for _ in range(120):
         loss = model(batch["input_ids"], labels=batch["labels"], pixel_values=batch["pixel_values"],
                      image_grid_thw=batch["image_grid_thw"]).loss  # fmt: skip
         opt.zero_grad()

@@ -27,7 +27,7 @@ def greedy(folder, colour: str) -> str:
     """The reference: GLMV.generate (greedy) on the same prompt, decoded without the stop token."""
     eng = VisionEngine.load(folder)
     enc = eng.render_prompt(vqa_chat(colour, answer=False), None, "glm-4.5", enable_thinking=False)
-    new = eng.model.generate(torch.tensor(enc.ids), max_new_tokens=8, stop_ids=eng.tokenizer.eos_ids,
+    new = eng.model.generate(torch.tensor(enc.ids), max_new_tokens=16, stop_ids=eng.tokenizer.eos_ids,
                              **enc.media.model_inputs())  # fmt: skip
     return eng.tokenizer.decode([t for t in new if t not in eng.tokenizer.eos_ids])
 
@@ -42,7 +42,7 @@ def server(vl_folder):
 def ask(client, url: str, **kw):
     content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": QUESTION}]
     return client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": content}],
-                                          temperature=0, max_tokens=8,
+                                          temperature=0, max_tokens=16,
                                           extra_body={"chat_template_kwargs": {"enable_thinking": False}}, **kw)
 
 
@@ -73,7 +73,7 @@ def test_chat_cli_with_image(vl_folder, tmp_path, monkeypatch, capsys):
     png = tmp_path / "blue.png"
     square("blue").save(png)
     monkeypatch.setattr(sys, "stdin", io.StringIO(QUESTION + "\n"))
-    code = glmstack(["chat", str(vl_folder), "--image", str(png), "--temperature", "0", "--max-new-tokens", "8",
+    code = glmstack(["chat", str(vl_folder), "--image", str(png), "--temperature", "0", "--max-new-tokens", "16",
                      "--no-think"])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0 and out.strip() == greedy(vl_folder, "blue").strip() and "blue" in out
