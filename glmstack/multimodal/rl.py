@@ -122,16 +122,19 @@ class VisionRollouts(Rollouts):
         media = Media.concat([pb.meta["media"] for pb in problems]).model_inputs()
         return {"input_ids": ids, "targets": tgt, "media": media}
 
-    def micro(self, groups: list, group: int, stats: dict) -> list[dict]:
+    def batch(self, groups: list, group: int, stats: dict) -> dict:
+        """posttrain/rl's rollout batch plus each row's index, so its micro-batches can collect their rows' pixels."""
+        self.media = [s.meta["media"] for g in groups for _, _, s in g]
+        return super().batch(groups, group, stats) | {"row": torch.arange(len(self.media))}
+
+    def updates_of(self, batch: dict, stats: dict) -> list[dict]:
         """posttrain/rl's micro-batches, each with the pixels of its rows (in row order)."""
         from glmstack.multimodal.processor import Media
 
-        batches = super().micro(groups, group, stats)
-        flat = [s.meta["media"] for g in groups for _, _, s in g]
-        per = len(flat) // self.micro_batches
-        for k, b in enumerate(batches):
-            b.update(Media.concat(flat[k * per : (k + 1) * per]).model_inputs())
-        return batches
+        out = super().updates_of(batch, stats)
+        for mb in out:
+            mb.update(Media.concat([self.media[r] for r in mb.pop("row").tolist()]).model_inputs())
+        return out
 
 
 # ---------------------------------------------------------------------------------------------------- stage
@@ -146,6 +149,8 @@ def check(cfg: VLRLConfig) -> None:
     if not cfg.init_from:
         raise ConfigError("init_from is required: the vision-language model folder to train (e.g. vl_tiny/sft/model)")
     o = cfg.rl
+    if o.ppo_epochs * o.minibatches != 1:
+        raise ConfigError("rl.ppo_epochs / rl.minibatches: vl-rl takes one optimizer step per rollout batch (on-policy)")
     if o.temperature <= 0:
         raise ConfigError("rl.temperature must be > 0 (RL samples; the trainer divides its logits by it)")
     if not o.curriculum or any(len(r) not in (3, 4) for r in o.curriculum):
