@@ -40,6 +40,7 @@ from glmstack.posttrain.rl.losses import (
 )
 from glmstack.train import dist
 from glmstack.train.config import TrainConfig
+from glmstack.train.loop import VISION_INPUTS
 
 
 @dataclass(kw_only=True)
@@ -97,7 +98,8 @@ def rl_loss(opts: RLOptions):
     """loss_fn(model, batch, values) for the loop: the policy loss of one rollout micro-batch + dashboard figures."""
 
     def loss_fn(model, batch: dict, values: dict):
-        logits_BTV = model(batch["input_ids"]).logits.float()
+        vision = {k: batch[k] for k in VISION_INPUTS if k in batch}  # a vision-language policy's pixels
+        logits_BTV = model(batch["input_ids"], **vision).logits.float()
         temp = batch["temperature"]
         logp_BT = token_logprobs(logits_BTV, batch["targets"], temp, opts.top_p, opts.top_k)
         valid = (batch["mask"] > 0) & torch.isfinite(logp_BT)  # a token outside the trainer's nucleus: dropped
