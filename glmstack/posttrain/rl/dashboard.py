@@ -100,32 +100,46 @@ def _seed_mean(series: list[list[float]]) -> list[float]:
     return [sum(s[i] for s in series) / len(series) for i in range(n)]
 
 
+def heldout_curve(folder: Path) -> list[tuple[int, float]]:
+    """(step, greedy held-out accuracy): the evaluations during the run (taken before that step's update, so the
+    step-1 point is the start model) and the final weights' score from rl_summary.json at the last step."""
+    rows = read_metrics(folder / "metrics.jsonl")
+    summ = json.loads((folder / "rl_summary.json").read_text())
+    points = [(r["step"] - 1, r["heldout_acc"]) for r in rows if "heldout_acc" in r]
+    return points + [(summ["steps"], summ["heldout_end"])]
+
+
 def compare(groups: dict[str, list[str]], plot_path: str | None = None) -> str:
     """Settings × seeds -> a markdown table (mean ± std over seeds, std with Bessel's correction) and, with
-    `plot_path`, each setting's seed-mean reward and grad-norm curves (<stem>_reward.png, <stem>_grad_norm.png)."""
+    `plot_path`, each setting's seed-mean reward, grad-norm and held-out accuracy curves (<stem>_reward.png,
+    <stem>_grad_norm.png, <stem>_heldout.png)."""
     cols = ("held-out start", "held-out end", "held-out end (sampled)", "reward (last 5)", "grad norm (mean)",
             "grad norm (max)", "mean abs dlogp", "masked frac", "min/seed")  # fmt: skip
     lines = ["| setting (seeds) | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     curves = []
     for name, folders in groups.items():
         per = {c: [] for c in cols}
-        rewards, norms = [], []
+        rewards, norms, heldout = [], [], []
         for f in folders:
             rows = derived(read_metrics(Path(f) / "metrics.jsonl"))
             summ = json.loads((Path(f) / "rl_summary.json").read_text())
             per["held-out start"].append(summ["heldout_start"])
             per["held-out end"].append(summ["heldout_end"])
             per["held-out end (sampled)"].append(summ.get("heldout_sampled_end"))
-            per["reward (last 5)"].append(sum(r["reward"] for r in rows[-5:]) / len(rows[-5:]))
+            with_reward = [r for r in rows if "reward" in r]  # PPO-style updates: one row per rollout batch has it
+            per["reward (last 5)"].append(sum(r["reward"] for r in with_reward[-5:]) / len(with_reward[-5:]))
             per["grad norm (mean)"].append(sum(r["grad_norm"] for r in rows) / len(rows))
             per["grad norm (max)"].append(max(r["grad_norm"] for r in rows))
             per["mean abs dlogp"].append(summ["means"]["mean_abs_logp_diff"])
             per["masked frac"].append(summ["means"]["mismatch_masked_frac"])
             per["min/seed"].append(sum(r.get("time/step_s", 0.0) for r in rows) / 60)
-            rewards.append([r["reward"] for r in rows])
+            rewards.append([r["reward"] for r in with_reward])
             norms.append([r["grad_norm"] for r in rows])
+            heldout.append(heldout_curve(Path(f)))
         lines.append(f"| {name} ({len(folders)}) | " + " | ".join(_mean_std(per[c]) for c in cols) + " |")
-        curves.append((name, _seed_mean(rewards), _seed_mean(norms)))
+        steps = [s for s, _ in heldout[0]][: min(map(len, heldout))]
+        curves.append((name, _seed_mean(rewards), _seed_mean(norms), (steps, _seed_mean([[a for _, a in h]
+                                                                                       for h in heldout]))))  # fmt: skip
     if plot_path:
         from glmstack.report import draw_curves
 
@@ -133,6 +147,8 @@ def compare(groups: dict[str, list[str]], plot_path: str | None = None) -> str:
         for i, what in ((1, "reward"), (2, "grad_norm")):
             draw_curves(path.with_name(f"{path.stem}_{what}{path.suffix}"), f"{what} (mean over seeds)", "step", "",
                         [(c[0], list(range(1, len(c[i]) + 1)), c[i], "-") for c in curves])  # fmt: skip
+        draw_curves(path.with_name(f"{path.stem}_heldout{path.suffix}"), "held-out accuracy, greedy (mean over seeds)",
+                    "step", "", [(c[0], c[3][0], c[3][1], ".-") for c in curves])  # fmt: skip
     return "\n".join(lines)
 
 
