@@ -52,35 +52,33 @@ def _mean_std(xs: list[float]) -> str:
 
 
 def compare(settings: dict[str, list[Path]]) -> str:
-    """A markdown table: per setting (its seeds' folders), held-out success at the start (the first evaluated row)
-    and the end (agentic_summary.json), clean and with injected failures; mean reward of the first 8 steps."""
+    """A markdown table: per setting (its seeds' folders), greedy held-out success after each evaluated number of
+    updates (the row logged after an evaluation at step s scored the weights after s updates; the end from
+    agentic_summary.json), without and with injected tool failures; and the mean training reward of steps 1-8."""
     import json
 
-    header = ("| setting | seeds | held-out start | held-out end | with failures start | with failures end "
-              "| reward, steps 1-8 |")  # fmt: skip
-    lines = [header, "|---|---|---|---|---|---|---|"]
+    evals: dict[str, dict[tuple[str, int], list[float]]] = {}
+    early: dict[str, list[float]] = {}
     for name, folders in settings.items():
-        cols: dict[str, list[float]] = {k: [] for k in ("s", "e", "fs", "fe", "r")}
+        cols = evals.setdefault(name, {})
         for f in folders:
             rows = read_metrics(f / "metrics.jsonl")
-            first = next((r for r in rows if "heldout_success" in r), {})
-            summary = (
-                json.loads((f / "agentic_summary.json").read_text()) if (f / "agentic_summary.json").exists() else {}
-            )
-            for key, src, col in (
-                ("heldout_success", first, "s"),
-                ("heldout_success", summary, "e"),
-                ("heldout_faults_success", first, "fs"),
-                ("heldout_faults_success", summary, "fe"),
-            ):
-                if key in src:
-                    cols[col].append(float(src[key]))
-            early = [r["reward"] for r in rows if r["step"] <= 8]
-            if early:
-                cols["r"].append(sum(early) / len(early))
-        lines.append(
-            f"| {name} | {len(folders)} | " + " | ".join(_mean_std(cols[k]) for k in ("s", "e", "fs", "fe", "r")) + " |"
-        )
+            points = [(r["step"] - 1, r) for r in rows if "heldout_success" in r]
+            summary = f / "agentic_summary.json"
+            if summary.exists():
+                points.append((max(r["step"] for r in rows), json.loads(summary.read_text())))
+            for updates, r in points:
+                for key in ("heldout_success", "heldout_faults_success"):
+                    cols.setdefault((key, updates), []).append(float(r[key]))
+            rewards = [r["reward"] for r in rows if r["step"] <= 8]
+            early.setdefault(name, []).append(sum(rewards) / max(len(rewards), 1))
+    keys = sorted({k for cols in evals.values() for k in cols}, key=lambda k: (k[0] != "heldout_success", k[1]))
+    label = {"heldout_success": "held-out", "heldout_faults_success": "with failures"}
+    lines = ["| setting | seeds | " + " | ".join(f"{label[k]} @{u}" for k, u in keys) + " | reward, steps 1-8 |",
+             "|---|---|" + "---|" * (len(keys) + 1)]  # fmt: skip
+    for name, folders in settings.items():
+        cells = [_mean_std(evals[name].get(k, [])) for k in keys] + [_mean_std(early[name])]
+        lines.append(f"| {name} | {len(folders)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
