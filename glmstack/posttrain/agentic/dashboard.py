@@ -1,9 +1,10 @@
 """The agentic RL dashboard: plots from the stage's metrics.jsonl (nothing hooked into the loop).
 
-python -m glmstack.posttrain.agentic.dashboard runs/speedrun/agentic     # redraws plots/agentic_*.png
-python -m glmstack.posttrain.agentic.dashboard --compare clean=runs/a/agentic,runs/b/agentic faults=runs/c/agentic
-    # per setting over its seeds: held-out success (mean ± std) at the start and the end, without and with
-    # injected tool failures, and the training reward of the first steps (a markdown table)
+    python -m glmstack.posttrain.agentic.dashboard runs/speedrun/agentic     # redraws plots/agentic_*.png
+    python -m glmstack.posttrain.agentic.dashboard --compare clean=RUN_A/agentic,RUN_B/agentic faults=RUN_C/agentic \\
+        [--plot out.png]
+        # per setting over its seeds: greedy held-out success (mean ± std) at every evaluated step, without and
+        # with injected tool failures, the training reward of steps 1-8 (a markdown table); --plot: mean reward
 """
 
 from __future__ import annotations
@@ -82,9 +83,33 @@ def compare(settings: dict[str, list[Path]]) -> str:
     return "\n".join(lines)
 
 
+def plot_compare(settings: dict[str, list[Path]], out: Path, key: str = "reward") -> bool:
+    """Mean over seeds of `key` per step, one curve per setting, into `out`."""
+    from glmstack.report import draw_curves
+
+    curves = []
+    for name, folders in settings.items():
+        per_step: dict[int, list[float]] = {}
+        for f in folders:
+            for r in read_metrics(f / "metrics.jsonl"):
+                if key in r:
+                    per_step.setdefault(r["step"], []).append(r[key])
+        steps = sorted(per_step)
+        curves.append(
+            (f"{name} ({len(folders)} seeds)", steps, [sum(per_step[s]) / len(per_step[s]) for s in steps], ".-")
+        )
+    return draw_curves(out, f"{key}, mean over seeds", "step", key, curves)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "--compare":
-        print(compare({k: [Path(p) for p in v.split(",")] for k, v in (a.split("=", 1) for a in sys.argv[2:])}))
+        args = sys.argv[2:]
+        out = Path(args.pop(args.index("--plot") + 1)) if "--plot" in args else None
+        args = [a for a in args if a != "--plot"]
+        settings = {k: [Path(p) for p in v.split(",")] for k, v in (a.split("=", 1) for a in args)}
+        print(compare(settings))
+        if out is not None:
+            plot_compare(settings, out)
     else:
         for p in plot_dashboard(sys.argv[1]):
             print(p)
