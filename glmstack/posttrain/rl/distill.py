@@ -27,6 +27,7 @@ Teachers (`distill.teachers`, a list of objects):
 
     glmstack distill distill_speedrun --set 'distill.teachers=[{"model": "A/model", "task": "tools"}, ...]'
     glmstack distill distill_tiny --set steps=4               # a random tiny student, the token task (smoke test)
+    glmstack distill eval MODEL [MODEL ...] --tasks tools,chat --n 64   # greedy held-out score per task
 """
 
 from __future__ import annotations
@@ -248,9 +249,49 @@ def run_distill(cfg: DistillConfig, stop_at: int | None = None) -> dict:
     return result
 
 
+def score_tasks(folder: str, tasks: list[str], n: int, seed: int = 0, style: str = "glm-4.5",
+                max_new_tokens: int = 48) -> dict[str, float]:  # fmt: skip
+    """Greedy held-out score of RL tasks for one model folder: the table before and after distillation."""
+    from glmstack.inference import Engine
+    from glmstack.model import load_hf
+    from glmstack.posttrain.rl.tasks import make_task
+    from glmstack.tokenizer import Tokenizer
+
+    tok = Tokenizer.load(folder)
+    engine, out = Engine(load_hf(folder, missing_mtp="drop"), tok), {}
+    for name in tasks:
+        task = make_task(name, tok, style)
+        problems = task.problems(split="test", n=n, seed=seed)
+        res = engine.generate([p.prompt_ids for p in problems], max_new_tokens=max_new_tokens, temperature=0.0)
+        samples = [reward_lib.Sample(meta=p.meta, tokens=t, text=x, finish=f, max_new_tokens=max_new_tokens,
+                                     style=style) for p, t, x, f in
+                   zip(problems, res.tokens, res.text, res.finish_reason)]  # fmt: skip
+        out[name] = sum(reward_lib.total(samples, [(r, 1.0) for r in task.rewards])[0]) / n
+    return out
+
+
+def eval_main(argv: list[str]) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="glmstack distill eval", description=score_tasks.__doc__.splitlines()[0])
+    ap.add_argument("models", nargs="+", help="model folders (config.json, safetensors, tokenizer.json)")
+    ap.add_argument("--tasks", default="tools,chat", help="RL tasks (glmstack.posttrain.rl.tasks)")
+    ap.add_argument("--n", type=int, default=64, help="held-out prompts per task")
+    args = ap.parse_args(argv)
+    tasks = args.tasks.split(",")
+    print("| model | " + " | ".join(tasks) + " |\n|---" * 1 + "|---" * len(tasks) + "|")
+    for folder in args.models:
+        scores = score_tasks(folder, tasks, args.n)
+        print(f"| {folder} | " + " | ".join(f"{scores[t]:.1%}" for t in tasks) + " |", flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    """`glmstack distill <recipe> ...` trains; `glmstack distill eval MODEL ...` scores the teachers' tasks."""
     from glmstack.train.stage import main_for
 
+    if argv and argv[0] == "eval":
+        return eval_main(argv[1:])
     return main_for("distill", __doc__.splitlines()[0], argv, run_fn=run_distill)
 
 
