@@ -171,8 +171,10 @@ class Distillation(Rollouts):
                     lo, n = len(rows[i][0]) - 1, len(rows[i][1])  # the response's targets start at prompt end − 1
                     tlp[i, lo : lo + n] = torch.tensor(lps[lo : lo + n], dtype=tlp.dtype)
                 continue
-            logits = teacher_model(batch["input_ids"][rows_k]).logits.float()
-            lp = token_logprobs(logits, batch["targets"][rows_k], self.temperature, self.opts.top_p, self.opts.top_k)
+            dev = next(teacher_model.parameters()).device  # the batch is on the CPU until the loop moves it
+            logits = teacher_model(batch["input_ids"][rows_k].to(dev)).logits.float()
+            lp = token_logprobs(logits, batch["targets"][rows_k].to(dev), self.temperature, self.opts.top_p,
+                                self.opts.top_k).cpu()  # fmt: skip
             tlp[rows_k] = torch.where(batch["mask"][rows_k] > 0, lp, torch.zeros_like(lp))
         batch["teacher_logp"] = tlp
 
