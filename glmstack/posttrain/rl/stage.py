@@ -31,6 +31,7 @@ from glmstack.config import ConfigError
 from glmstack.posttrain.rl.losses import (
     cispo_loss,
     dis_loss,
+    distill_advantages,
     entropy,
     gspo_loss,
     policy_loss,
@@ -39,6 +40,7 @@ from glmstack.posttrain.rl.losses import (
 )
 from glmstack.train import dist
 from glmstack.train.config import TrainConfig
+from glmstack.train.loop import VISION_INPUTS
 
 
 @dataclass(kw_only=True)
@@ -96,7 +98,8 @@ def rl_loss(opts: RLOptions):
     """loss_fn(model, batch, values) for the loop: the policy loss of one rollout micro-batch + dashboard figures."""
 
     def loss_fn(model, batch: dict, values: dict):
-        logits_BTV = model(batch["input_ids"]).logits.float()
+        vision = {k: batch[k] for k in VISION_INPUTS if k in batch}  # a vision-language policy's pixels
+        logits_BTV = model(batch["input_ids"], **vision).logits.float()
         temp = batch["temperature"]
         logp_BT = token_logprobs(logits_BTV, batch["targets"], temp, opts.top_p, opts.top_k)
         valid = (batch["mask"] > 0) & torch.isfinite(logp_BT)  # a token outside the trainer's nucleus: dropped
@@ -108,6 +111,8 @@ def rl_loss(opts: RLOptions):
         else:  # one optimizer step per rollout batch: π_old is the trainer at these very weights
             old = logp_BT.detach()
         mask, rollout, adv = valid.float(), batch["rollout_logp"], batch["advantages"]
+        if "teacher_logp" in batch:  # on-policy distillation (distill.py): GLM-5 Eq. 2's per-token advantage
+            adv = distill_advantages(batch["teacher_logp"], logp_BT) * mask
         if opts.loss == "grpo":
             loss, stats = policy_loss(logp_BT, old, adv, mask, rollout_logp=rollout, eps_low=opts.eps_low,
                                       eps_high=opts.eps_high, reduction=opts.reduction, mismatch=opts.mismatch,
@@ -179,7 +184,7 @@ def build(cfg: RLConfig, model, tokenizer):
         raise ConfigError(f"rl: {e}") from None
 
 
-def run_rl(cfg: RLConfig, stop_at: int | None = None) -> dict:
+def run_rl(cfg: RLConfig, stop_at: int | None = None, build_data=build) -> dict:
     """Model and optimiser as every stage builds them, rollouts as the data, the RL loss; then the held-out score
     of the final weights (rl_summary.json), the dashboard plots and (with a tokenizer) an HF model folder."""
     from glmstack.train.loop import train
@@ -188,7 +193,7 @@ def run_rl(cfg: RLConfig, stop_at: int | None = None) -> dict:
     check(cfg)
     model, optimizer = model_and_optimizer(cfg)
     tokenizer = load_tokenizer(cfg)
-    data = build(cfg, model, tokenizer)
+    data = build_data(cfg, model, tokenizer)  # Rollouts; distill.py passes its teachers' stream
     folder = stage_dir(cfg)
     result = train(model=model, optimizer=optimizer, data=data, cfg=cfg, stage_dir=folder, loss_fn=rl_loss(cfg.rl),
                    stop_at=stop_at)  # fmt: skip
@@ -197,6 +202,8 @@ def run_rl(cfg: RLConfig, stop_at: int | None = None) -> dict:
 
         data.sync(perturb=False)
         result["heldout_acc"] = data.evaluate()
+        if hasattr(data, "evaluate_all"):  # one held-out score per task (distillation: per teacher)
+            result["heldout"] = data.evaluate_all()
         result["heldout_acc_sampled"] = data.evaluate(data.temperature)
         (folder / "rl_summary.json").write_text(json.dumps(summary(folder, result), indent=2) + "\n")
         if cfg.log.plots:

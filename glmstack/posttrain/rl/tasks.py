@@ -16,6 +16,8 @@ Tasks (`TASKS`, by name; `make_task(name, tokenizer, style)`):
               :leg_counting): one problem per draw from the dataset's own generator, seeded by our rng; `level` is the
               dataset's curriculum global level where it has one. Reward `reasoning_gym` (the dataset's scorer).
   code        "Write a Python function f(x) that ..." with hidden unit tests run in glmstack.sandbox (reward `code`).
+  tools       the SFT tools set's first turn with the calculator and python tools offered (reward `tool_call`)
+  chat        the SFT chat set's first turn under a naming system prompt (reward `chat_fact`)
   toy         token-id prompts, no tokenizer: the first response token is right when its id ≡ prompt[0] + level
               (mod 4) (reward `toy`; a random policy scores 1/4); tiny enough for unit tests and gradient checks.
 
@@ -81,11 +83,14 @@ class ChatTask(Task):
             raise ValueError(f"task {self.name} needs a tokenizer (init_from a folder with tokenizer.json)")
         self.tokenizer, self.style, self.thinking = tokenizer, style, thinking
 
+    tools: list[dict] | None = None  # the tools the prompt offers
+
     def encode(self, meta: dict) -> list[int]:
         from glmstack.chat import render
 
-        text = render([{"role": "user", "content": meta["question"]}], None, style=self.style,
-                      enable_thinking=self.thinking, add_generation_prompt=True)  # fmt: skip
+        messages = meta.get("messages") or [{"role": "user", "content": meta["question"]}]
+        text = render(messages, self.tools, style=self.style, enable_thinking=self.thinking,
+                      add_generation_prompt=True)  # fmt: skip
         return self.tokenizer.encode(text)
 
 
@@ -184,7 +189,44 @@ class Toy(Task):
         return list(meta["ids"])
 
 
-TASKS = {"arithmetic": Arithmetic, "compare": Compare, "code": Code, "toy": Toy}
+class ToolUse(ChatTask):
+    """The SFT tools set's first turn (glmstack.posttrain.synthetic.tool_item): the calculator and python tools
+    are offered; right = a call of the expected tool whose arguments validate (reward `tool_call`)."""
+
+    name = "tools"
+    rewards = ("tool_call",)
+
+    @property
+    def tools(self):
+        from glmstack.posttrain.tools import TOOLS
+
+        return TOOLS
+
+    def item(self, rng: random.Random, level: int) -> tuple[str, dict]:
+        from glmstack.posttrain.synthetic import tool_item
+
+        q, tool, args, _ = tool_item(rng)
+        return q, {"question": q, "tool": tool, "arguments": args}
+
+
+class ChatFacts(ChatTask):
+    """The SFT chat set's first turn (synthetic.chat_exchange) under a system prompt that names the assistant:
+    right = the expected word (capital, opposite, own name) in the reply (reward `chat_fact`)."""
+
+    name = "chat"
+    rewards = ("chat_fact",)
+
+    def item(self, rng: random.Random, level: int) -> tuple[str, dict]:
+        from glmstack.posttrain.synthetic import ASSISTANT_NAMES, chat_exchange
+
+        name = rng.choice(ASSISTANT_NAMES)
+        q, _, _, must = chat_exchange(rng, name)
+        system = f"You are {name}, a helpful assistant. Answer in one sentence."
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": f"Hello! {q}"}]
+        return f"{system} | {q}", {"question": q, "messages": messages, "answer": must}
+
+
+TASKS = {"arithmetic": Arithmetic, "compare": Compare, "code": Code, "toy": Toy, "tools": ToolUse, "chat": ChatFacts}
 
 
 def make_task(name: str, tokenizer=None, style: str = "glm-4.5", thinking: bool = False) -> Task:
