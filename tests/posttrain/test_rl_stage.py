@@ -119,6 +119,10 @@ def test_resume_equals_uninterrupted(tmp_path, ppo):
     assert [r["loss"] for r in rows[0]] == [r["loss"] for r in rows[1]]
     summary = json.loads((tmp_path / "a/tiny/rl/rl_summary.json").read_text())
     assert summary["steps"] == steps and (tmp_path / "a/tiny/rl/plots/rl_mismatch.png").exists()
+    from glmstack.posttrain.rl.dashboard import compare
+
+    table = compare({"run": [str(tmp_path / p / "tiny/rl") for p in "ab"]}, str(tmp_path / "cmp.png"))
+    assert "| run (2) | " in table and (tmp_path / "cmp_heldout.png").exists()
 
 
 def test_ppo_epochs_and_minibatches(tmp_path):
