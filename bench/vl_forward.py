@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "parity"))
 
 from glmstack.model.vision import VLConfig, load_vl_hf, token_types  # noqa: E402
-from vl_helpers import hf_vl_model, image_batch  # noqa: E402
+from vl_helpers import hf_vl_model, image_batch, processor  # noqa: E402
 
 SIZES = [(112, 84), (56, 168), (140, 112), (84, 84)]
 
@@ -57,11 +57,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as d:
         hf.save_pretrained(d)
         ours = load_vl_hf(d, dtype=torch.float32).train()
-    import vl_helpers
-
-    vl_helpers.processor = _processor  # bigger images than the tests' bounds
     rows = [[SIZES[(r + i) % len(SIZES)] for i in range(args.images)] for r in range(2)]
-    ids, pv, grid = image_batch(cfg, rows)
+    ids, pv, grid = image_batch(cfg, rows, proc=processor(cfg, min_side=56, max_side=168))
     labels = torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], -100)], dim=1)
     types = token_types(ids, cfg)
 
@@ -86,15 +83,6 @@ def main(argv=None) -> int:
     print(f"speed-up glmstack vs transformers (median of {args.pairs} pairs): cpu {statistics.median(cpu):.3f}x  "
           f"wall {statistics.median(wall):.3f}x")
     return 0
-
-
-def _processor(cfg):
-    from transformers import Glm4vImageProcessorPil
-
-    vc = cfg.vision_config
-    return Glm4vImageProcessorPil(patch_size=vc.patch_size, temporal_patch_size=vc.temporal_patch_size,
-                                  merge_size=vc.spatial_merge_size,
-                                  size={"shortest_edge": 2 * 56 * 56, "longest_edge": 2 * 168 * 168})
 
 
 if __name__ == "__main__":

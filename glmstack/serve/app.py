@@ -43,6 +43,7 @@ class Server:
     def __init__(self, engine, model_name: str, style: str, scheduler: Scheduler, time_limit_s: float = 600.0):
         self.tok, self.ctx = engine.tokenizer, engine.cfg.max_position_embeddings
         self.model = engine.model  # read by prompt_logprobs (echo + logprobs)
+        self.processor = getattr(engine, "processor", None)  # a vision-language checkpoint's (multimodal/serving.py)
         self.model_name, self.style, self.sched, self.time_limit_s = model_name, style, scheduler, time_limit_s
         self.created = int(time.time())
         self.counts = {"requests": 0, "rejected_429": 0, "errors_4xx": 0}
@@ -76,6 +77,25 @@ class Server:
         req.unsupported()
         return req
 
+    def media(self, req):
+        """A chat request's images (OpenAI image_url data URLs): its messages get the GLM-4.5V placeholders, the
+        pixels come back; None when it has none. A text model, a remote URL or a bad image is a 400."""
+        from glmstack.multimodal.serving import has_media, request_media
+
+        if not has_media(req.messages):
+            return None
+        req.messages, media = request_media(req.messages, self.processor)
+        return media
+
+    def expand(self, text: str, media) -> str:
+        from glmstack.multimodal.images import ImageError
+        from glmstack.multimodal.serving import expand_prompt
+
+        try:
+            return expand_prompt(text, media, self.processor)
+        except ImageError as e:
+            raise ApiError(400, f"messages: {e}", "messages") from None
+
     def budget(self, prompt_len: int, asked: int | None, param: str, prompt_param: str) -> int:
         """New tokens for a prompt: `asked` (the field `param`), else the rest of the context."""
         room = self.ctx - prompt_len
@@ -86,7 +106,7 @@ class Server:
                            f"context is {self.ctx}, leaving {room}", param)  # fmt: skip
         return asked if asked is not None else room
 
-    def jobs(self, req, prompt_ids: list[int], max_new: int, top_logprobs: int, logprobs: bool):
+    def jobs(self, req, prompt_ids: list[int], max_new: int, top_logprobs: int, logprobs: bool, media=None):
         """n jobs (choice j samples with seed + j, as Engine.generate's row j) sharing one event queue."""
         if logprobs and self.sched.speculative:
             raise ApiError(400, "logprobs are not available with --speculative mtp (verify steps keep no per-token "
@@ -106,7 +126,8 @@ class Server:
                     pass
 
             jobs.append(Job(prompt_ids=prompt_ids, max_new_tokens=max_new, params=params, seed=seed + j, emit=emit,
-                            stop_ids=frozenset(stop_ids), top_logprobs=top_logprobs, deadline=deadline))  # fmt: skip
+                            stop_ids=frozenset(stop_ids), top_logprobs=top_logprobs, deadline=deadline,
+                            media=media))  # fmt: skip
         try:
             self.sched.submit(jobs)
         except QueueFull as e:
@@ -170,13 +191,14 @@ def create_app(engine, model_name: str, style: str, scheduler: Scheduler, time_l
     async def chat(request: Request):
         srv.counts["requests"] += 1
         req = await srv.body(request, ChatRequest)
+        media = srv.media(req)  # image / video parts -> placeholders + pixels (None without any)
         cp = chat_prompt(req, style)
-        prompt_ids = srv.tok.encode(cp.text)
+        prompt_ids = srv.tok.encode(cp.text if media is None else srv.expand(cp.text, media))
         asked = req.max_completion_tokens or req.max_tokens
         param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
         max_new = srv.budget(len(prompt_ids), asked, param, "messages")
         k = (req.top_logprobs or 0) if req.logprobs else 0
-        jobs, queue = srv.jobs(req, prompt_ids, max_new, k, req.logprobs)
+        jobs, queue = srv.jobs(req, prompt_ids, max_new, k, req.logprobs, media)
         outs = [ChoiceOutput(srv.tok, req.stops(), jobs[0].stop_ids) for _ in jobs]
         rid = "chatcmpl-" + secrets.token_hex(12)
         if req.stream:

@@ -52,9 +52,10 @@ def test_glmstack_to_hf_logits(case, tmp_path):
     torch.testing.assert_close(a, hf_logits(hf, cfg, ids, pixel_values=pv, image_grid_thw=grid), atol=1e-4, rtol=0)
 
 
-def test_video_matches_hf(tmp_path):
+@pytest.mark.parametrize("case", ["moe", "dense"])
+def test_video_matches_hf(case, tmp_path):
     """A two-frame-patch video of 2 x (1, 4, 6) frames: frames written with image tokens inside the video markers."""
-    cfg = vl_config("moe")
+    cfg = vl_config(case)
     hf = hf_vl_model(cfg)
     hf.save_pretrained(tmp_path)
     ours = load_vl_hf(tmp_path, dtype=torch.float32)
@@ -82,3 +83,22 @@ def test_gradients_match_hf(case, tmp_path):
     for name, p in ours.named_parameters():
         hf_name = "lm_head.weight" if name == "language_model.lm_head.weight" else "model." + name
         torch.testing.assert_close(p.grad, hf.get_parameter(hf_name).grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_left_padded_batch_with_attention_mask(tmp_path):
+    """A processor-style batch (input_ids, attention_mask with left padding, pixel_values, image_grid_thw,
+    mm_token_type_ids): every real token's logits match transformers'."""
+    cfg = vl_config("moe")
+    hf = hf_vl_model(cfg)
+    hf.save_pretrained(tmp_path)
+    ours = load_vl_hf(tmp_path, dtype=torch.float32)
+    ids, pv, grid = image_batch(cfg, [[IMAGE_SIZES[1]], [IMAGE_SIZES[4]]], seed=7)
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0  # left padding: row 0's first 4 tokens (text) are padding
+    ids[0, :4] = 0
+    batch = dict(input_ids=ids, attention_mask=mask, pixel_values=pv, image_grid_thw=grid,
+                 mm_token_type_ids=token_types(ids, cfg))
+    with torch.no_grad():
+        a, b = ours(**batch).logits, hf(**batch).logits
+    keep = mask.bool()
+    torch.testing.assert_close(a[keep], b[keep], atol=1e-4, rtol=0)

@@ -43,13 +43,14 @@ def hf_vl_model(cfg: VLConfig, seed: int = 0):
     return model
 
 
-def processor(cfg: VLConfig):
+def processor(cfg: VLConfig, min_side: int = 16, max_side: int = 48):
+    """transformers' image processor for cfg's ViT, resizing to between min_side^2 and max_side^2 pixels."""
     from transformers import Glm4vImageProcessorPil
 
     vc = cfg.vision_config
     return Glm4vImageProcessorPil(patch_size=vc.patch_size, temporal_patch_size=vc.temporal_patch_size,
                                   merge_size=vc.spatial_merge_size,
-                                  size={"shortest_edge": 2 * 16 * 16, "longest_edge": 2 * 48 * 48})
+                                  size={"shortest_edge": 2 * min_side**2, "longest_edge": 2 * max_side**2})
 
 
 def images(sizes, seed: int = 0):
@@ -59,11 +60,11 @@ def images(sizes, seed: int = 0):
     return [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in sizes]
 
 
-def image_batch(cfg: VLConfig, per_row: list[list[tuple[int, int]]], seed: int = 0):
+def image_batch(cfg: VLConfig, per_row: list[list[tuple[int, int]]], seed: int = 0, proc=None):
     """Rows of text with the given images in them (placeholders expanded, rows padded with text to one length)
-    -> (input_ids (B, T), pixel_values, image_grid_thw)."""
+    -> (input_ids (B, T), pixel_values, image_grid_thw). proc: an image processor (default `processor(cfg)`)."""
     flat = [s for row in per_row for s in row]
-    feats = processor(cfg)(images=images(flat, seed), return_tensors="pt")
+    feats = (proc or processor(cfg))(images=images(flat, seed), return_tensors="pt")
     grid = feats["image_grid_thw"]
     gen = torch.Generator().manual_seed(seed)
     text = lambda n: torch.randint(0, 300, (n,), generator=gen).tolist()  # below the special-token ids

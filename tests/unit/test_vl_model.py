@@ -59,10 +59,9 @@ def test_visual_expert_text_only_bit_identical(preset):
 
 def test_visual_expert_initialised_from_language_model():
     """Experts copied from the language model compute exactly the model without them (CogVLM positions)."""
-    expert = _model(visual_expert=True)
-    base = GLMV(VLConfig.preset("tiny-glm4.5v"))
-    base.materialize("cpu")
-    base.load_state_dict(expert.state_dict(), strict=False)
+    expert, base = _model(visual_expert=True), _model()  # the same seed: the same language model and ViT
+    shared = base.state_dict()
+    assert all(torch.equal(t, shared[n]) for n, t in expert.state_dict().items() if n in shared)
     pid, pixels, grid = _image_prompt(base.cfg, (1, 4, 6))
     flat, _ = rope_index(pid, base.cfg, grid, flat_images=True)
     assert flat[0, 0, 3:3 + 1 + 6].tolist() == [3, 4, 4, 4, 4, 4, 4]  # begin_of_image, then one id for the image
@@ -145,6 +144,11 @@ def test_checkpoint_round_trip_bf16_and_strictness(tmp_path):
     assert router.weight.dtype == torch.float32
     for (n, a), b in zip(model.state_dict().items(), back.state_dict().values()):
         torch.testing.assert_close(a.to(b.dtype), b, atol=0, rtol=0, msg=n)
+    ids, pixels, grid = _image_prompt(model.cfg, (1, 4, 6))
+    with torch.no_grad():  # a bf16 model runs images end to end (fp32 pixels are cast by the ViT)
+        low = back(ids, pixel_values=pixels, image_grid_thw=grid).logits
+        full = model(ids, pixel_values=pixels, image_grid_thw=grid).logits
+    assert low.dtype == torch.bfloat16 and (low.float() - full).abs().max() < 0.05
     plain = _model()
     save_vl_hf(plain, tmp_path / "plain")
     grown = load_vl_hf(tmp_path / "plain", visual_expert=True)  # experts start as copies (warned)
@@ -206,3 +210,75 @@ def test_mtp_layer_round_trip(tmp_path):
         assert torch.equal(a, b), n
     with pytest.raises(ConfigError, match="QK-Norm"):
         VLConfig.preset("tiny-glm4.5v", text_config={"use_qk_norm": True})
+
+
+@pytest.mark.parametrize("preset", ["tiny-glm4.5v", "tiny-glm4.1v"])
+def test_one_optimizer_step_on_an_image_batch(preset):
+    """glmstack's Muon + AdamW groups cover every GLMV tensor (fused qkv / gate_up split into their matrices) and
+    one step on an image batch lowers the loss."""
+    from glmstack.optim.groups import build_optimizer
+    from glmstack.train.config import OptimConfig
+
+    model = _model(preset, visual_expert=True)
+    opt, _ = build_optimizer(model, OptimConfig(lr=0.02))
+    ids, pixels, grid = _image_prompt(model.cfg, (1, 4, 6))
+    labels = torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], -100)], dim=1)
+    losses = []
+    for _ in range(2):
+        opt.zero_grad()
+        loss = model(ids, labels=labels, pixel_values=pixels, image_grid_thw=grid).loss
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    assert losses[1] < losses[0]
+    assert model.visual.patch_embed.proj.weight.grad is not None
+
+
+def test_released_style_config_json_parses():
+    """GLM-4.5V's config.json as released (transformers 4.5x layout: rope_scaling + flat rope keys in text_config,
+    torch_dtype, vision model_type glm4v_moe) reads as the glm-4.5v preset."""
+    released = {
+        "architectures": ["Glm4vMoeForConditionalGeneration"], "model_type": "glm4v_moe", "torch_dtype": "bfloat16",
+        "transformers_version": "4.55.0.dev0", "tie_word_embeddings": False, "image_token_id": 151363,
+        "video_token_id": 151364, "image_start_token_id": 151339, "image_end_token_id": 151340,
+        "video_start_token_id": 151341, "video_end_token_id": 151342,
+        "text_config": {
+            "model_type": "glm4v_moe_text", "pad_token_id": 151329, "vocab_size": 151552,
+            "eos_token_id": [151329, 151336, 151338], "attention_bias": True, "attention_dropout": 0.0,
+            "first_k_dense_replace": 1, "hidden_act": "silu", "head_dim": 128, "hidden_size": 4096,
+            "initializer_range": 0.02, "intermediate_size": 10944, "max_position_embeddings": 65536,
+            "moe_intermediate_size": 1408, "n_group": 1, "n_routed_experts": 128, "n_shared_experts": 1,
+            "norm_topk_prob": True, "num_attention_heads": 96, "num_experts_per_tok": 8, "num_hidden_layers": 46,
+            "num_key_value_heads": 8, "partial_rotary_factor": 0.5, "rms_norm_eps": 1e-05, "torch_dtype": "bfloat16",
+            "rope_scaling": {"rope_type": "default", "mrope_section": [8, 12, 12]}, "rope_theta": 10000.0,
+            "routed_scaling_factor": 1.0, "topk_group": 1, "use_cache": True, "use_qk_norm": False,
+            "image_token_id": 151363},
+        "vision_config": {
+            "attention_bias": False, "attention_dropout": 0.0, "depth": 24, "hidden_act": "silu", "hidden_size": 1536,
+            "image_size": 336, "in_channels": 3, "initializer_range": 0.02, "intermediate_size": 10944,
+            "model_type": "glm4v_moe", "num_heads": 12, "out_hidden_size": 4096, "patch_size": 14,
+            "rms_norm_eps": 1e-05, "spatial_merge_size": 2, "temporal_patch_size": 2},
+    }
+    cfg, preset = VLConfig.from_hf(released), VLConfig.preset("glm-4.5v")
+    assert cfg.vision_config == preset.vision_config and cfg.mrope_section == [8, 12, 12]
+    strip = lambda t: {k: v for k, v in vars(t).items() if k != "hf_metadata"}
+    assert strip(cfg.text_config) == strip(preset.text_config)
+
+
+@pytest.mark.parametrize("preset", ["tiny-glm4.5v", "tiny-glm4.1v"])
+def test_generate_batch_left_padded_prompts(preset):
+    """Prompts of different lengths (one with an image, one text only) left-padded in one batch: each row decodes
+    as it does alone."""
+    model = _model(preset, seed=4)
+    cfg = model.cfg
+    img_ids, pixels, grid = _image_prompt(cfg, (1, 4, 6))
+    text_ids = torch.tensor([[8, 9, 10, 11]])
+    T = img_ids.shape[1]
+    ids = torch.cat([img_ids, torch.cat([torch.zeros(1, T - 4, dtype=torch.long), text_ids], dim=1)])
+    mask = torch.ones_like(ids)
+    mask[1, :T - 4] = 0
+    rows = model.generate_batch(ids, pixel_values=pixels, image_grid_thw=grid, attention_mask=mask, max_new_tokens=5)
+    assert rows[0] == model.generate(img_ids, pixel_values=pixels, image_grid_thw=grid, max_new_tokens=5)
+    assert rows[1] == model.generate(text_ids, max_new_tokens=5)
+    with pytest.raises(VisionInputError, match="LEFT padding"):
+        model.generate_batch(ids, pixel_values=pixels, image_grid_thw=grid, attention_mask=mask.flip(1))

@@ -62,6 +62,11 @@ class FusedMLP(nn.Module):
         self.gate_up_proj = Linear(dim, 2 * hidden, bias=False)
         self.down_proj = Linear(hidden, dim, bias=False)
 
+    def muon_blocks(self) -> dict[str, tuple]:
+        """W_gate and W_up orthogonalised apart, as the MoE experts' banks and GLM-4.5's separate gate/up_proj."""
+        f = self.down_proj.weight.shape[1]
+        return {"gate_up_proj.weight": (1, (f, f))}
+
     def forward(self, x):
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)

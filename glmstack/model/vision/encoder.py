@@ -64,6 +64,11 @@ class VisionAttention(nn.Module):
         self.qkv = Linear(vc.hidden_size, 3 * vc.hidden_size, bias=vc.attention_bias)
         self.proj = Linear(vc.hidden_size, vc.hidden_size, bias=False)
 
+    def muon_blocks(self) -> dict[str, tuple]:
+        """Muon orthogonalises W_q, W_k and W_v of the fused qkv apart (rows [q; k; v]), as the text model's."""
+        d = self.n_heads * self.head_dim
+        return {"attn.qkv.weight": (1, (d, d, d))}
+
     def forward(self, x_ND, cos_NK, sin_NK, lengths: list[int]):
         N = x_ND.shape[0]
         q_NHK, k_NHK, v_NHK = self.qkv(x_ND).view(N, 3, self.n_heads, self.head_dim).unbind(1)

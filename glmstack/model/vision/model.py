@@ -20,8 +20,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from glmstack.inference.kv_cache import KVCache
 from glmstack.inference.sampling import RowStreams, SamplingParams, sample
-from glmstack.model.attention import SimpleKVCache
 from glmstack.model.config import ModelConfig
 from glmstack.model.layers import RMSNorm
 from glmstack.model.model import GLM, GLMOutput, _draw, _owner
@@ -80,11 +80,12 @@ class GLMV(nn.Module):
         return self
 
     def initial_tensors(self, seed: int = 0, device="cpu"):
-        """(state-dict name, initial tensor) of every tensor, one at a time (visual-expert copies excluded)."""
+        """(state-dict name, initial tensor) of every tensor, one at a time (visual-expert copies excluded: the same
+        seed gives the same weights with or without the expert)."""
         lm = self.language_model
         if isinstance(lm, GLM):
-            yield from (("language_model." + n, t) for n, t in lm.initial_tensors(seed, device)
-                        if ".visual." not in n)
+            plain = GLM(self.cfg.text_config) if self.cfg.visual_expert else lm  # a meta twin without experts
+            yield from (("language_model." + n, t) for n, t in plain.initial_tensors(seed, device))
         else:
             yield from _draw(_plan(lm, "language_model.", self.cfg.text_config.initializer_range), 1.0, seed, device)
         yield from _draw(_plan(self.visual, "visual.", self.cfg.vision_config.initializer_range), 1.0, seed + 1,
@@ -93,16 +94,22 @@ class GLMV(nn.Module):
     # ---------------------------------------------------------------- forward
     def forward(self, input_ids, labels=None, pixel_values=None, image_grid_thw=None, pixel_values_videos=None,
                 video_grid_thw=None, position_ids=None, segment_ids=None, cache=None, mtp_weight=None,
-                aux_loss_weight=None) -> GLMOutput:
+                aux_loss_weight=None, attention_mask=None, mm_token_type_ids=None) -> GLMOutput:
         """input_ids (B, T) with each image written as its run of image_token_id placeholders (placeholders.py);
         pixel_values (N_patches, patch_dim) and image_grid_thw (N_images, 3) as Glm4vImageProcessor returns them,
         images in the order their runs appear (row by row); videos alike (frames written with image tokens inside
         <|begin_of_video|>..<|end_of_video|>). labels ALREADY SHIFTED (docs/CONTRACTS.md). position_ids: None
         (computed: 3D with vision input, else 1D), (B, T) 1D (decoding after a prefill: next_position + step) or
-        (3, B, T). segment_ids: packed documents (3D positions restart per segment). -> GLMOutput."""
+        (3, B, T). segment_ids: packed documents (3D positions restart per segment). attention_mask (B, T) and
+        mm_token_type_ids, as Glm4vProcessor returns them, are accepted too: a padded mask becomes segment_ids
+        (padding = segment 0, so `model(**processor_output)` works; left padding as transformers). -> GLMOutput."""
         cfg, lm = self.cfg, self.language_model
+        if attention_mask is not None and segment_ids is None and not bool(attention_mask.all()):
+            segment_ids = attention_mask.long()
         has_vision = pixel_values is not None or pixel_values_videos is not None
-        types_BT = token_types(input_ids, cfg) if has_vision or cfg.visual_expert else None
+        types_BT = None
+        if has_vision or cfg.visual_expert:
+            types_BT = token_types(input_ids, cfg) if mm_token_type_ids is None else mm_token_type_ids
         if not has_vision and (position_ids is None or position_ids.dim() == 2) and not cfg.visual_expert:
             return lm(input_ids, labels=labels, position_ids=position_ids, segment_ids=segment_ids, cache=cache,
                       mtp_weight=mtp_weight, aux_loss_weight=aux_loss_weight)  # the text model, untouched
@@ -158,17 +165,21 @@ class GLMV(nn.Module):
     @torch.no_grad()
     def generate_batch(self, input_ids, pixel_values=None, image_grid_thw=None, pixel_values_videos=None,
                        video_grid_thw=None, max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
-                       top_k: int = 0, seeds=None, stop_ids=()) -> list[list[int]]:
-        """Decode B prompts of the same length at once (input_ids (B, T), no padding; e.g. K samples of one prompt
-        with its image repeated K times in pixel_values) -> each row's new ids, cut after its first stop id.
-        Row b samples with seeds[b] (default b): its tokens do not depend on the other rows."""
-        B = input_ids.shape[0]
+                       top_k: int = 0, seeds=None, stop_ids=(), attention_mask=None) -> list[list[int]]:
+        """Decode B prompts at once (input_ids (B, T); prompts of different lengths LEFT-padded, with
+        attention_mask (B, T) 0 on the padding) -> each row's new ids, cut after its first stop id. The images of
+        all rows are concatenated in pixel_values in row order (K samples of one prompt: repeat it K times).
+        Row b samples with seeds[b] (default b): its tokens do not depend on the other rows. The KV cache is
+        glmstack.inference's (per-row left padding never attended)."""
+        B, T = input_ids.shape
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
         streams = RowStreams(list(seeds) if seeds is not None else list(range(B)))
-        _, next_pos = rope_index(input_ids, self.cfg, image_grid_thw, video_grid_thw,
-                                 flat_images=self.cfg.visual_expert)
-        cache = SimpleKVCache()
-        logits = self(input_ids, pixel_values=pixel_values, image_grid_thw=image_grid_thw,
+        segments = _left_padding_segments(attention_mask)
+        positions, next_pos = rope_index(input_ids, self.cfg, image_grid_thw, video_grid_thw, segments,
+                                         flat_images=self.cfg.visual_expert)
+        start = None if segments is None else (segments == 0).sum(1)
+        cache = KVCache(B, T + max_new_tokens, start=start)
+        logits = self(input_ids, pixel_values=pixel_values, image_grid_thw=image_grid_thw, position_ids=positions,
                       pixel_values_videos=pixel_values_videos, video_grid_thw=video_grid_thw, cache=cache).logits
         out: list[list[int]] = [[] for _ in range(B)]
         done = [False] * B
@@ -192,6 +203,17 @@ class GLMV(nn.Module):
                 seen.add(id(p))
                 total += p.numel()
         return total
+
+
+def _left_padding_segments(attention_mask):
+    """attention_mask (B, T) -> segment ids (0 = padding, 1 = the prompt), or None without padding; padding must be
+    on the left (decoding appends on the right)."""
+    if attention_mask is None or bool(attention_mask.all()):
+        return None
+    seg = attention_mask.long()
+    if bool((seg[:, 1:] < seg[:, :-1]).any()):
+        raise VisionInputError("generate_batch needs LEFT padding: attention_mask must be 0...0 1...1 per row")
+    return seg
 
 
 def _frames(video_grid_thw):

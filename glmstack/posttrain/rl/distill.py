@@ -141,17 +141,13 @@ class Distillation(Rollouts):
         stats |= {"reward": sum(rewards) / len(rewards), "temperature": self.temperature,
                   "response_len": sum(len(r[1]) for r, _, _ in flat) / len(flat)}  # fmt: skip
         self.history.append(stats["reward"])
-        self.step += 1
-        batches = self.micro([[s] for s in flat], 1, stats)
-        per, t0 = len(flat) // self.micro_batches, time.perf_counter()
-        for m, batch in enumerate(batches):
-            self.score(batch, owner[m * per : (m + 1) * per], [r for r, _, _ in flat[m * per : (m + 1) * per]])
-        gap = sum(float(((b["rollout_logp"] - b["teacher_logp"]) * b["mask"]).sum()) for b in batches)
-        trained = sum(float(b["mask"].sum()) for b in batches)
-        figures = {"reverse_kl": gap / max(trained, 1.0), "time/teacher_s": time.perf_counter() - t0}
-        for b in batches:  # reverse_kl: the mean per-token sample of log π_student − log π_teacher over the step
-            b["stats"] = b["stats"] | figures
-        return batches
+        self.step += self.updates
+        batch, t0 = self.batch([[s] for s in flat], 1, stats), time.perf_counter()
+        self.score(batch, owner, [r for r, _, _ in flat])  # before the split: PPO epochs shuffle the rows
+        gap = float(((batch["rollout_logp"] - batch["teacher_logp"]) * batch["mask"]).sum())
+        # reverse_kl: the mean per-token sample of log π_student − log π_teacher over the step
+        figures = {"reverse_kl": gap / max(float(batch["mask"].sum()), 1.0), "time/teacher_s": time.perf_counter() - t0}
+        return self.updates_of(batch, stats | figures)
 
     @torch.no_grad()
     def score(self, batch: dict, owners: list[int], rows: list[tuple]) -> None:

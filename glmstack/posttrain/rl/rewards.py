@@ -12,6 +12,7 @@ batch is scored in one parallel call instead of one program after another. The o
               max_new_tokens (arXiv 2503.14476), added to the task reward
   tool_call   1 if the first tool call names meta["tool"] and its arguments validate against the tool's schema
   chat_fact   1 if the reply contains meta["answer"] (the SFT chat set's verifier)
+  reasoning_gym  the reasoning-gym dataset's own scorer (0..1) on the reply's answer ("The answer is X." -> X)
   toy         1 if the first response token's id ≡ meta["answer"] (mod 4) (the token task of tasks.py)
   rm:<folder> a reward model's score; judge:<url>[|model] a generative judge's 0-10 grade / 10 (judges.py)
 
@@ -171,6 +172,23 @@ def chat_fact(samples: list[Sample]) -> list[float]:
     from glmstack.posttrain.synthetic import verify
 
     return [float(verify({"set": "chat", "answer": s.meta["answer"]}, _message(s))) for s in samples]
+
+
+_ANSWER_IS = re.compile(r"answer is:?\s*(.+?)\.?\s*$", re.DOTALL | re.IGNORECASE)
+
+
+@register("reasoning_gym")
+def reasoning_gym(samples: list[Sample]) -> list[float]:
+    from reasoning_gym import get_score_answer_fn
+
+    out = []
+    for s in samples:
+        content = (_message(s).get("content") or "").strip()
+        m = _ANSWER_IS.search(content)
+        entry = s.meta["entry"]
+        score = get_score_answer_fn(entry["metadata"]["source_dataset"])
+        out.append(float(score(answer=m.group(1) if m else content, entry=entry)))
+    return out
 
 
 @register("toy")

@@ -40,13 +40,19 @@ from glmstack.posttrain.rl.losses import (
 )
 from glmstack.train import dist
 from glmstack.train.config import TrainConfig
+from glmstack.train.loop import VISION_INPUTS
 
 
 @dataclass(kw_only=True)
 class RLOptions:
-    task: str = "arithmetic"  # tasks.TASKS: arithmetic | code | toy
+    task: str = "arithmetic"  # tasks.TASKS: arithmetic | compare | code | toy, or reasoning_gym:<dataset>
     rewards: list[list] = field(default_factory=list)  # [[name, weight], ...] (rewards.REWARDS); [] = the task's
-    samples_per_step: int = 64  # rollouts per optimizer step (prompts × group size); split into grad_accum parts
+    samples_per_step: int = 64  # rollouts per rollout batch (prompts × group size); split into grad_accum parts
+    # PPO-style updates: each rollout batch is cut into `minibatches` parts, one optimizer step each, and passed over
+    # `ppo_epochs` times; then old_logp = the trainer's log-probs at the rollout weights, computed once before the
+    # first update (1 and 1 = GLM-5's on-policy default: one optimizer step per rollout batch, old_logp = logp.detach())
+    ppo_epochs: int = 1
+    minibatches: int = 1
     # [[from_step, level, group_size(, hard_k)]]: hard_k > 0 trains only problems whose first hard_k samples all
     # fail and some later one succeeds (GLM-4.5's stage 2: pass@8 = 0, pass@512 > 0; rollouts.informative)
     curriculum: list[list[int]] = field(default_factory=lambda: [[0, 0, 8]])
@@ -92,15 +98,21 @@ def rl_loss(opts: RLOptions):
     """loss_fn(model, batch, values) for the loop: the policy loss of one rollout micro-batch + dashboard figures."""
 
     def loss_fn(model, batch: dict, values: dict):
-        logits_BTV = model(batch["input_ids"]).logits.float()
+        vision = {k: batch[k] for k in VISION_INPUTS if k in batch}  # a vision-language policy's pixels
+        logits_BTV = model(batch["input_ids"], **vision).logits.float()
         temp = batch["temperature"]
         logp_BT = token_logprobs(logits_BTV, batch["targets"], temp, opts.top_p, opts.top_k)
         valid = (batch["mask"] > 0) & torch.isfinite(logp_BT)  # a token outside the trainer's nucleus: dropped
         logp_BT = torch.where(valid, logp_BT, torch.zeros_like(logp_BT))
+        if "old_logp" in batch:  # PPO-style updates: π_old = the trainer at the rollout weights (rollouts.py)
+            valid = valid & torch.isfinite(batch["old_logp"])
+            logp_BT = torch.where(valid, logp_BT, torch.zeros_like(logp_BT))
+            old = torch.where(valid, batch["old_logp"], torch.zeros_like(logp_BT))
+        else:  # one optimizer step per rollout batch: π_old is the trainer at these very weights
+            old = logp_BT.detach()
         mask, rollout, adv = valid.float(), batch["rollout_logp"], batch["advantages"]
         if "teacher_logp" in batch:  # on-policy distillation (distill.py): GLM-5 Eq. 2's per-token advantage
             adv = distill_advantages(batch["teacher_logp"], logp_BT) * mask
-        old = logp_BT.detach()  # one optimizer step per rollout batch: π_old is the trainer at these weights
         if opts.loss == "grpo":
             loss, stats = policy_loss(logp_BT, old, adv, mask, rollout_logp=rollout, eps_low=opts.eps_low,
                                       eps_high=opts.eps_high, reduction=opts.reduction, mismatch=opts.mismatch,
@@ -131,8 +143,10 @@ def check(cfg: RLConfig) -> None:
     if not isinstance(cfg, RLConfig):
         raise ConfigError(f"the rl stage needs an RLConfig (got {type(cfg).__name__})")
     o = cfg.rl
-    if o.task not in TASKS:
-        raise ConfigError(f"rl.task: unknown task {o.task!r} (expected one of {', '.join(TASKS)})")
+    if o.task not in TASKS and not o.task.startswith("reasoning_gym:"):
+        raise ConfigError(f"rl.task: unknown task {o.task!r} (expected one of {', '.join(TASKS)}, reasoning_gym:<name>)")
+    if o.ppo_epochs < 1 or o.minibatches < 1:
+        raise ConfigError("rl.ppo_epochs and rl.minibatches must be >= 1")
     if o.temperature <= 0:
         raise ConfigError("rl.temperature must be > 0 (RL samples; the trainer divides its logits by it)")
     if not o.curriculum or any(len(r) not in (3, 4) for r in o.curriculum):
@@ -140,7 +154,7 @@ def check(cfg: RLConfig) -> None:
     for _, _, group, hard_k in (stage_at(o.curriculum, r[0]) for r in o.curriculum):
         if hard_k >= group:
             raise ConfigError(f"rl.curriculum: hard_k={hard_k} must be below the group size {group}")
-        problem = check_divisible(o.samples_per_step, int(group), cfg.grad_accum)
+        problem = check_divisible(o.samples_per_step, int(group), cfg.grad_accum * o.minibatches)
         if problem:
             raise ConfigError(problem)
     if cfg.schedule.batch_warmup_start_tokens:
