@@ -15,7 +15,7 @@ import dataclasses
 
 from glmstack.posttrain.sft import SFTConfig, SFTOptions
 
-SETS = ("arithmetic", "tools", "chat")
+SETS = ("arithmetic", "tools", "chat", "compare")
 STEPS = 300
 EXPERT_STEPS = 40  # experts see one set each
 MERGED_STEPS = 3 * EXPERT_STEPS  # the merged model sees all three sets and the experts' samples

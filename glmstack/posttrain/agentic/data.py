@@ -1,0 +1,103 @@
+"""The agentic RL data stream for the one loop: weight pushes, optimizer resets and micro-batches of trajectories.
+
+The loop (glmstack/train/loop.py) asks for `grad_accum` micro-batches per optimizer step; `AgenticData` answers the
+first request of step s by
+  1. every K = `sync_every` steps: pushing the policy's weights to the rollout workers as version s, and resetting
+     the optimizer's state (GLM-5 §3.3: "resets the optimizer after each inference-engine weight update");
+  2. taking the next batch of groups from the runner (the staleness drop and failure rules apply there);
+  3. advantage = reward − group mean; cutting the samples into equal micro-batches, padded to one length:
+     `input_ids`/`targets` (B, L), `mask` (B, L) 1 on the model's own tokens only, `rollout_logp` (B, L) the
+     engine's log-probs of those tokens, `advantages` (B,), `temperature`, `stats`.
+The loss is the reasoning stage's (`rl.stage.rl_loss`) with `loss=dis`: GLM-5's direct double-sided importance
+sampling against the rollout log-probs, no θ_old recompute.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from glmstack.posttrain.agentic.groups import advantages
+from glmstack.train import dist
+
+
+def reset_optimizer(optimizer) -> None:
+    """Drop every optimizer's per-parameter state (moments, momentum); hyper-parameters stay."""
+    for opt in getattr(optimizer, "optimizers", {"_": optimizer}).values():
+        opt.state.clear()
+
+
+class AgenticData:
+    def __init__(self, *, policy, optimizer, runner, group_size: int, micro_batches: int, sync_every: int,
+                 temperature: float, reset: bool = True, evaluate=None, eval_every: int = 0):  # fmt: skip
+        self.policy, self.optimizer, self.runner = policy, optimizer, runner
+        self.group_size, self.micro_batches, self.sync_every = group_size, micro_batches, sync_every
+        self.temperature, self.reset, self.evaluate, self.eval_every = temperature, reset, evaluate, eval_every
+        self.step = 0
+        self.last_groups: list = []
+        self.t_last = time.perf_counter()
+
+    def __iter__(self):
+        while True:
+            yield from self.make_step()
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "next_task": self.runner.take}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume the counters: the step and the next task id (in-flight rollouts of the interrupted run are not
+        saved; they are generated afresh from the resumed weights, so an asynchronous resume is not bit-exact)."""
+        self.step = int(state["step"])
+        self.runner.take = self.runner.next_id = int(state.get("next_task", 0))
+
+    def weights(self) -> dict:
+        return {k: v.detach().cpu().clone() for k, v in dist.unwrap(self.policy).state_dict().items()}
+
+    def make_step(self) -> list[dict]:
+        stats = {}
+        if self.step % self.sync_every == 0 or self.runner.version < 0:
+            t0 = time.perf_counter()
+            self.runner.push(self.weights(), self.step)
+            if self.reset and self.step > 0:
+                reset_optimizer(self.optimizer)
+            stats["time/sync_s"] = time.perf_counter() - t0
+        if self.evaluate is not None and self.eval_every and self.step % self.eval_every == 0:
+            t0 = time.perf_counter()
+            stats |= self.evaluate(self.policy)
+            stats["time/eval_s"] = time.perf_counter() - t0
+        groups, rstats = self.runner.next_batch()
+        self.last_groups = groups  # the step's trajectories (tests, inspection)
+        now = time.perf_counter()
+        flat = [t for g in groups for t in g]
+        stats |= rstats | rollout_stats(flat) | {
+            "weight_version": float(self.runner.version), "accepted_trajectories": float(self.runner.trajectories),
+            "traj_per_s": len(flat) / max(now - self.t_last, 1e-9)}  # fmt: skip
+        self.t_last = now
+        self.step += 1
+        return self.micro(flat, stats)
+
+    def micro(self, flat: list, stats: dict) -> list[dict]:
+        adv = advantages([t.reward for t in flat], self.group_size)
+        n, L = len(flat), max(len(t.ids) for t in flat) - 1
+        ids, tgt = torch.zeros(n, L, dtype=torch.long), torch.zeros(n, L, dtype=torch.long)
+        mask, rlp = torch.zeros(n, L), torch.zeros(n, L)
+        for i, t in enumerate(flat):
+            k = len(t.ids) - 1
+            ids[i, :k], tgt[i, :k] = torch.tensor(t.ids[:-1]), torch.tensor(t.ids[1:])
+            mask[i, :k] = torch.tensor(t.mask[1:], dtype=torch.float32)  # target t+1 is a model token
+            rlp[i, :k] = torch.tensor(t.logprobs[1:], dtype=torch.float32)
+        stats = stats | {"input_tokens": float(n * L), "trained_tokens": float(mask.sum())}
+        per = n // self.micro_batches
+        return [{"input_ids": ids[k : k + per], "targets": tgt[k : k + per], "mask": mask[k : k + per],
+                 "rollout_logp": rlp[k : k + per], "advantages": adv[k : k + per], "temperature": self.temperature,
+                 "stats": stats} for k in range(0, per * self.micro_batches, per)]  # fmt: skip
+
+
+def rollout_stats(flat: list) -> dict:
+    n = max(len(flat), 1)
+    status = lambda s: sum(t.status == s for t in flat) / n
+    return {"reward": sum(t.reward for t in flat) / n, "success": sum(t.success for t in flat) / n,
+            "turns": sum(t.turns for t in flat) / n, "model_tokens": sum(t.model_tokens for t in flat) / n,
+            "malformed_frac": status("malformed"), "loop_frac": status("loop"), "truncated_frac": status("truncated"),
+            "tool_calls": sum(len([m for m in t.messages if m["role"] == "tool"]) for t in flat) / n}  # fmt: skip

@@ -1,0 +1,218 @@
+"""The environment interface of agentic RL, and what every tool environment shares.
+
+    env = make_env("calculator", EnvOptions(fault_p=0.2), seed=7)
+    messages, tools = env.reset(spec)               # spec: a JSON dict from env.sample(rng, split)
+    step = env.step(assistant_message)              # -> Step(messages=[tool or user messages], done)
+    reward = env.reward()                           # -> Reward(value, success, parts)
+
+Why one small interface: GLM-5's rollout orchestrator treats every task as a service with its own rollout and reward
+logic over one message-list format (§3.3); the episode runner (episode.py) only ever calls reset/step/reward, so a
+new environment is a subclass with `sample`, `prompt`, `call` and `success`.
+
+What `ToolEnv` adds, from GLM-4.5 §3.3 / GLM-5 §3.3 (research/rl-recipe.md §1.3):
+  malformed call      a call that fails to parse or does not match its tool's JSON schema ends the episode, reward 0
+  fault injection     with probability `fault_p` a call times out or returns an error message instead of running
+  efficiency penalty  `call_penalty` per call beyond `free_calls`; reaching `max_tool_calls` ends the episode
+                      (an endless tool loop) with no outcome reward and `loop_penalty` more
+  process rewards     (`process_rewards`) `recover_bonus` when a call succeeded after an error and the task was
+                      solved; `test_bonus` when the environment's tests were run before the final answer
+  environment crash   `EnvCrash` from a tool (or `crash_p`, to exercise the rule) marks the sample `env_error`:
+                      excluded from training (groups.py), never scored as the model's failure.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import random
+import zlib
+from dataclasses import dataclass, field
+from itertools import pairwise
+from typing import ClassVar
+
+from glmstack.posttrain.tools import validate_call
+
+TEST_EVERY = 5  # one task in TEST_EVERY is held out (by a hash of its key)
+FAULTS = {
+    "timeout": "Error: the {name} tool timed out after 10 s.",
+    "error": "Error: the {name} service is temporarily unavailable. Try again.",
+}
+
+
+class EnvCrash(RuntimeError):
+    """The environment itself failed (not the model): the sample is excluded, not scored 0."""
+
+
+@dataclass(kw_only=True)
+class EnvOptions:
+    fault_p: float = 0.0  # probability a tool call fails (timeout or error message) instead of running
+    crash_p: float = 0.0  # probability a tool call crashes the environment (exercises the exclusion rule)
+    max_tool_calls: int = 4  # reaching it ends the episode as an endless tool loop
+    free_calls: int = 2  # calls beyond this cost call_penalty each
+    call_penalty: float = 0.05
+    loop_penalty: float = 0.2  # extra penalty when max_tool_calls ended the episode
+    process_rewards: bool = False  # GLM-5's process rewards (below)
+    recover_bonus: float = 0.1  # a call succeeded after an error, and the task was solved
+    test_bonus: float = 0.1  # ran the tests before answering (environments with tests)
+
+
+@dataclass
+class Step:
+    messages: list[dict]  # tool results (or the next user turn) to append; [] when done
+    done: bool
+
+
+@dataclass
+class Reward:
+    value: float  # what the advantage is computed from
+    success: bool  # the task's outcome check alone (held-out success)
+    parts: dict = field(default_factory=dict)  # outcome, penalty, process bonuses
+
+
+def split_of(key: str) -> str:
+    return "test" if zlib.crc32(key.encode()) % TEST_EVERY == 0 else "train"
+
+
+class Env(abc.ABC):
+    """reset(spec) -> (messages, tools); step(assistant message) -> Step; reward() -> Reward; `status` says how
+    the episode ended: running | done | malformed | loop | truncated | env_error."""
+
+    name = "env"
+
+    def __init__(self, opts: EnvOptions | None = None, seed: int = 0):
+        self.opts = opts or EnvOptions()
+        self.rng = random.Random(seed)  # fault and crash draws: a pure function of the episode's seed
+        self.status = "running"
+
+    @classmethod
+    def sample(cls, rng: random.Random, split: str, level: int = 0) -> dict:
+        """A task spec (a JSON-able dict) of `split`, drawn with `rng`: held-out specs never train."""
+        for _ in range(10_000):
+            spec = cls.make_spec(rng, level)
+            if split_of(json.dumps(spec, sort_keys=True)) == split:
+                return spec | {"env": cls.name}
+        raise ValueError(f"environment {cls.name}: no {split} task found")
+
+    @classmethod
+    @abc.abstractmethod
+    def make_spec(cls, rng: random.Random, level: int) -> dict:
+        """One task spec."""
+
+    @abc.abstractmethod
+    def reset(self, spec: dict) -> tuple[list[dict], list[dict]]:
+        """Start an episode: (prompt messages, tools)."""
+
+    @abc.abstractmethod
+    def step(self, message: dict) -> Step:
+        """React to one assistant message (parsed: content, reasoning_content, tool_calls)."""
+
+    @abc.abstractmethod
+    def reward(self) -> Reward:
+        """The episode's reward (call when it is over)."""
+
+    def abort(self, status: str) -> None:
+        """The episode ended outside the environment (truncated, malformed markup)."""
+        self.status = status
+
+
+class ToolEnv(Env):
+    """Calls tools until the model answers without a call; subclasses define the task (see the module docstring)."""
+
+    tools: ClassVar[list[dict]] = []
+
+    def reset(self, spec: dict) -> tuple[list[dict], list[dict]]:
+        self.spec, self.status = spec, "running"
+        self.calls: list[tuple[str, dict, bool]] = []  # (name, arguments, the call succeeded)
+        self.final: dict | None = None
+        self.setup(spec)
+        return self.prompt(spec), self.tools
+
+    def setup(self, spec: dict) -> None:
+        """Per-episode state (files, accounts, ...)."""
+
+    @abc.abstractmethod
+    def prompt(self, spec: dict) -> list[dict]:
+        """The opening messages."""
+
+    @abc.abstractmethod
+    def call(self, name: str, args: dict) -> str:
+        """Run one tool call; return its text ("Error: ..." for a failed call); raise EnvCrash if broken."""
+
+    @abc.abstractmethod
+    def success(self) -> bool:
+        """Whether the episode solved the task (after the final answer)."""
+
+    def answer(self, message: dict) -> Step:
+        """A reply without tool calls: the episode ends (multi-turn environments may continue with a user turn)."""
+        self.final, self.status = message, "done"
+        return Step([], True)
+
+    def process_parts(self) -> dict:
+        """Environment-specific process rewards (e.g. tests run before answering)."""
+        return {}
+
+    def step(self, message: dict) -> Step:
+        calls = message.get("tool_calls") or []
+        if not calls:
+            return self.answer(message)
+        if any(validate_call(c, self.tools) is not None for c in calls):
+            self.status = "malformed"
+            return Step([], True)
+        out = []
+        for c in calls:
+            if len(self.calls) >= self.opts.max_tool_calls:
+                self.status = "loop"
+                return Step([], True)
+            name, args = c["function"]["name"], json.loads(c["function"]["arguments"])
+            out.append({"role": "tool", "content": self._run(name, args)})
+        return Step(out, False)
+
+    def _run(self, name: str, args: dict) -> str:
+        if self.rng.random() < self.opts.crash_p:
+            self.status = "env_error"
+            raise EnvCrash(f"{self.name}: injected environment crash")
+        if self.rng.random() < self.opts.fault_p:
+            kind = self.rng.choice(sorted(FAULTS))
+            self.calls.append((name, args, False))
+            return FAULTS[kind].format(name=name)
+        text = self.call(name, args)
+        self.calls.append((name, args, not text.startswith("Error")))
+        return text
+
+    def reward(self) -> Reward:
+        o = self.opts
+        if self.status in ("malformed", "env_error"):
+            return Reward(0.0, False, {"outcome": 0.0})
+        solved = self.status == "done" and self.success()
+        penalty = o.call_penalty * max(0, len(self.calls) - o.free_calls)
+        penalty += o.loop_penalty if self.status == "loop" else 0.0
+        parts = {"outcome": float(solved), "penalty": -penalty}
+        if o.process_rewards:
+            oks = [ok for _, _, ok in self.calls]
+            recovered = solved and any(not a and b for a, b in pairwise(oks))
+            parts["recover"] = o.recover_bonus if recovered else 0.0
+            parts |= self.process_parts()
+        return Reward(sum(parts.values()), solved, parts)
+
+    def called(self, name: str) -> list[dict]:
+        return [args for n, args, _ in self.calls if n == name]
+
+
+ENVS: dict[str, type[Env]] = {}
+
+
+def register(cls: type[Env]) -> type[Env]:
+    ENVS[cls.name] = cls
+    return cls
+
+
+def env_class(name: str) -> type[Env]:
+    from glmstack.posttrain.agentic import envs  # noqa: F401 (registers the environments)
+
+    if name not in ENVS:
+        raise ValueError(f"unknown environment {name!r} (expected one of {', '.join(sorted(ENVS))})")
+    return ENVS[name]
+
+
+def make_env(name: str, opts: EnvOptions | None = None, seed: int = 0) -> Env:
+    return env_class(name)(opts, seed)

@@ -1,0 +1,103 @@
+"""Run a group of episodes on the inference engine, all turns batched: generate, parse, step the environments.
+
+    trajs = run_group(engine, tokenizer, specs, opts, env_opts, seeds, version=lambda: 3, task_id=0)
+
+Per turn every live episode's ids go to `Engine.generate(..., logprobs=True)` with its own seed (a pure function
+of the episode's seed and the turn), and each completion is appended as sampled (trajectory.py). Then:
+  - a completion cut by the token budget, or a prompt with no room left, ends the episode `truncated`;
+  - a tool call that does not parse (markup left in the text) or that is not ended by `<|observation|>` is a
+    malformed call: the episode ends with reward 0 (GLM-4.5 §3.3);
+  - otherwise the environment steps; its reply is appended as context, or the episode is done.
+`version()` is asked before each turn: a worker that received new weights between turns reports them, so a
+trajectory records every weight version it was generated with (GLM-5's staleness rule reads the first).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from glmstack.chat import parse
+from glmstack.posttrain.agentic.env import EnvCrash, EnvOptions, make_env
+from glmstack.posttrain.agentic.trajectory import Trajectory, continuation_ids
+from glmstack.posttrain.rl.rollouts import stable_seed
+
+
+@dataclass(kw_only=True)
+class EpisodeOptions:
+    max_turns: int = 3  # assistant turns per episode
+    max_new_tokens: int = 48  # per assistant turn
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    thinking: bool = False  # enable_thinking of the prompts
+    chat_style: str = "glm-4.5"
+    min_room: int = 8  # fewer free context positions than this before a turn: the episode is truncated
+
+
+def _malformed(text: str, message: dict, last: int | None, observation_id: int) -> bool:
+    leftover = any(t in (message.get("content") or "") for t in ("<tool_call>", "</tool_call>", "<arg_key>"))
+    return leftover or (bool(message.get("tool_calls")) and last != observation_id)
+
+
+def run_group(engine, tokenizer, specs: list[dict], opts: EpisodeOptions, env_opts: EnvOptions, seeds: list[int], *,
+              version=lambda: 0, task_id: int = 0) -> list[Trajectory]:  # fmt: skip
+    """One episode per spec (a group repeats one spec); returns finished trajectories with rewards."""
+    envs, trajs = [], []
+    for j, (spec, seed) in enumerate(zip(specs, seeds)):
+        env = make_env(spec["env"], env_opts, seed=stable_seed(seed, "env"))
+        messages, tools = env.reset(spec)
+        text = _prompt_text(messages, tools, opts)
+        envs.append(env)
+        trajs.append(Trajectory(task_id=task_id, index=j, spec=spec, messages=list(messages), tools=tools,
+                                ids=tokenizer.encode(text)))  # fmt: skip
+    ctx = engine.cfg.max_position_embeddings
+    observation = tokenizer.token_id("<|observation|>")
+    live = list(range(len(trajs)))
+    for turn in range(opts.max_turns):
+        for i in [i for i in live if ctx - len(trajs[i].ids) < opts.min_room]:
+            envs[i].abort("truncated")
+        live = [i for i in live if envs[i].status == "running"]
+        if not live:
+            break
+        v = version()
+        budget = min(opts.max_new_tokens, min(ctx - len(trajs[i].ids) for i in live))
+        res = engine.generate([trajs[i].ids for i in live], max_new_tokens=budget, temperature=opts.temperature,
+                              top_p=opts.top_p, top_k=opts.top_k, logprobs=True,
+                              seeds=[stable_seed(seeds[i], "turn", turn) for i in live])  # fmt: skip
+        for i, toks, lps, finish in zip(live, res.tokens, res.logprobs, res.finish_reason):
+            _advance(trajs[i], envs[i], toks, lps, finish, v, tokenizer, opts, observation)
+    for t, env in zip(trajs, envs):
+        if env.status == "running":  # out of turns while still calling tools
+            env.abort("truncated")
+        r = env.reward()
+        t.status, t.reward, t.success, t.parts = env.status, r.value, r.success, r.parts
+    return trajs
+
+
+def _advance(t: Trajectory, env, toks, lps, finish, v, tokenizer, opts: EpisodeOptions, observation: int) -> None:
+    t.add_model(list(toks), list(lps), v)
+    text = tokenizer.decode(toks)
+    message = parse(text, t.tools, style=opts.chat_style, in_reasoning=opts.chat_style == "glm-4.7" and opts.thinking)
+    message = {k: val for k, val in message.items() if val}  # drop empty content / reasoning / calls
+    t.messages.append(message | {"role": "assistant"})
+    if finish != "stop":
+        env.abort("truncated")
+        return
+    if _malformed(text, message, toks[-1] if toks else None, observation):
+        env.abort("malformed")
+        return
+    try:
+        step = env.step(message)
+    except EnvCrash:
+        env.abort("env_error")
+        return
+    if not step.done:
+        t.messages += step.messages
+        t.add_context(continuation_ids(tokenizer, step.messages, opts.chat_style, opts.thinking, after=toks[-1]))
+
+
+def _prompt_text(messages, tools, opts: EpisodeOptions) -> str:
+    from glmstack.chat import render
+
+    return render(messages, tools or None, style=opts.chat_style, enable_thinking=opts.thinking,
+                  add_generation_prompt=True)  # fmt: skip

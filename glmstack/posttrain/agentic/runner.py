@@ -1,0 +1,97 @@
+"""The asynchronous rollout runner: workers generate continuously, the trainer takes batches as they accumulate.
+
+GLM-5 §3.3 (research/rl-recipe.md §1.3): the inference side never waits for the trainer; a batch trains once
+enough trajectories have accumulated; weights go to the workers every K updates (data.py pushes them); each
+sample records its weight versions and is dropped when the trainer's version w' − its first version w0 > tau.
+
+    runner = Runner(pool, sample, groups_per_step=2, group_size=8, tau=1, workers=2, inflight=2)
+    runner.push(state_dict, version=0)
+    groups, stats = runner.next_batch()          # blocks until groups_per_step groups are ready
+
+Tasks get increasing ids; each id is one group (one spec × group_size episodes with seeds from the id). The ledger
+records what became of every id exactly once (trained | stale | dropped), so a result that arrives twice (a task
+re-done after its worker died) is never counted twice, and none is lost: ids are handed to the trainer in order
+(a reorder buffer), so the batches of a run are a function of the weights each task saw, not of which worker
+finished first. `asynchronous=True` keeps `workers × inflight` tasks queued at all times (the workers generate
+while the trainer trains); False submits only the tasks the next batch needs, after the weights were pushed —
+the synchronous baseline, with the same code.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+from glmstack.posttrain.agentic.groups import settle
+
+
+class Runner:
+    def __init__(self, pool, sample, *, groups_per_step: int, group_size: int, tau: int, workers: int,
+                 inflight: int = 1, asynchronous: bool = True):  # fmt: skip
+        self.pool, self.sample = pool, sample  # sample(task_id) -> spec
+        self.groups_per_step, self.group_size, self.tau = groups_per_step, group_size, tau
+        self.workers, self.inflight, self.asynchronous = workers, inflight, asynchronous
+        self.version = -1
+        self.next_id = 0  # next task id to submit
+        self.take = 0  # next task id to hand to the trainer
+        self.results: dict[int, list] = {}  # finished, not yet handed over
+        self.owner: dict[int, int] = {}  # outstanding task id -> worker
+        self.ledger: dict[int, str] = {}  # task id -> trained | stale | dropped
+        self.trained_ids: list[int] = []  # task ids handed to the trainer, in order
+        self.duplicates = 0
+        self.trajectories = 0  # accepted (trained) trajectories, padding excluded
+
+    def push(self, state: dict, version: int) -> None:
+        self.pool.set_weights(state, version)
+        self.version = version
+
+    def _submit_one(self) -> None:
+        load = Counter(self.owner.values())
+        w = min(range(self.workers), key=lambda k: load[k])
+        self.owner[self.next_id] = w
+        self.pool.submit(w, self.next_id, self.sample(self.next_id))
+        self.next_id += 1
+
+    def _top_up(self, missing: int) -> None:
+        target = self.take + missing  # sync: just what the next batch still needs
+        if self.asynchronous:
+            target = max(target, self.take + len(self.results) + self.workers * self.inflight)
+        while self.next_id < target:
+            self._submit_one()
+
+    def _collect(self) -> None:
+        for task_id, group in self.pool.wait():
+            if task_id in self.ledger or task_id in self.results or task_id not in self.owner:
+                self.duplicates += 1
+                continue
+            del self.owner[task_id]
+            self.results[task_id] = group
+
+    def next_batch(self) -> tuple[list[list], dict]:
+        t0 = time.perf_counter()
+        groups, why = [], Counter()
+        while len(groups) < self.groups_per_step:
+            if self.take in self.results:
+                group = self.results.pop(self.take)
+                kept, reasons = settle(group, self.group_size, self.version, self.tau)
+                why.update(reasons)
+                self.ledger[self.take] = "trained" if kept else ("stale" if reasons["stale"] else "dropped")
+                self.take += 1
+                if kept:
+                    groups.append(kept)
+                    self.trained_ids.append(self.take - 1)
+                    self.trajectories += self.group_size - reasons["padded"]
+                continue
+            self._top_up(self.groups_per_step - len(groups))
+            self._collect()
+        if self.asynchronous:
+            self._top_up(0)  # keep the workers busy while the trainer trains
+        staleness = [self.version - t.first_version for g in groups for t in g]
+        stats = {f"rollout/{k}": float(v) for k, v in why.items()} | {
+            "time/wait_s": time.perf_counter() - t0, "staleness_mean": sum(staleness) / len(staleness),
+            "staleness_max": float(max(staleness)), "rollout/restarts": float(self.pool.restarts),
+            "rollout/duplicates": float(self.duplicates)}  # fmt: skip
+        return groups, stats
+
+    def close(self) -> None:
+        self.pool.close()

@@ -1,0 +1,236 @@
+"""`glmstack agentic-rl <recipe> [--set key=value ...]`: agentic RL on the one loop, rollouts local or on Ray.
+
+GLM-5 §3.3 / GLM-4.5 §3.3 (research/rl-recipe.md §1.3): rollout workers play multi-turn tool episodes
+(envs/, episode.py) continuously; once `groups_per_step` groups are ready the trainer takes them (runner.py);
+weights go to the workers every `sync_every` updates with an optimizer reset (data.py); samples more than `tau`
+versions behind are dropped; environment crashes are excluded and groups padded (groups.py); advantage = reward −
+group mean; the loss is direct double-sided importance sampling (rl.losses.dis_loss via rl.stage.rl_loss).
+
+    glmstack agentic-rl agentic_speedrun                               # the SFT'd speedrun model, tool tasks
+    glmstack agentic-rl agentic_speedrun --set runner=ray --set ray.num_cpus=2 --set agentic.tau=2
+    glmstack agentic-rl agentic_speedrun --set runner=ray --set ray.address=auto   # an existing cluster
+    glmstack agentic-rl agentic_speedrun --set agentic.env.fault_p=0.3  # train with injected tool failures
+Output: <out_dir>/<run>/<stage>/metrics.jsonl, plots/agentic_*.png, agentic_summary.json, model/ (HF folder).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from glmstack.config import ConfigError
+from glmstack.posttrain.agentic.env import EnvOptions, env_class
+from glmstack.posttrain.agentic.episode import EpisodeOptions
+from glmstack.posttrain.rl.rollouts import stable_seed
+from glmstack.train import dist
+from glmstack.train.config import TrainConfig
+
+
+@dataclass(kw_only=True)
+class AgenticOptions:
+    envs: list[list] = field(default_factory=lambda: [["calculator", 1.0], ["python", 1.0]])  # [[name, ratio]]
+    level: int = 0  # task difficulty passed to the environments
+    group_size: int = 8
+    groups_per_step: int = 2  # a batch = groups_per_step × group_size trajectories
+    episode: EpisodeOptions = field(default_factory=EpisodeOptions)
+    env: EnvOptions = field(default_factory=EnvOptions)
+    # the asynchronous runner (GLM-5 §3.3)
+    workers: int = 2  # rollout workers
+    inflight: int = 1  # tasks queued per worker (asynchronous)
+    asynchronous: bool = True  # False: generate only after the trainer's push (the synchronous baseline)
+    sync_every: int = 1  # K: push weights every K optimizer updates
+    reset_optimizer: bool = True  # reset the optimizer's state after each push
+    tau: int = 1  # drop a sample when current version − its first version > tau
+    # the objective (rl.stage.rl_loss reads these names)
+    loss: Literal["dis", "grpo", "cispo"] = "dis"
+    eps_low: float = 0.2  # DIS keeps tokens with 1 − eps_low < r < 1 + eps_high (GLM-5 gives no values)
+    eps_high: float = 0.28
+    reduction: Literal["sample", "token"] = "sample"
+    mismatch: Literal["none", "tis", "icepop"] = "none"  # loss=grpo only
+    mismatch_low: float = 0.5
+    mismatch_high: float = 2.0
+    entropy_coef: float = 0.0  # GLM-5's agentic RL adds a small entropy bonus
+    # held-out evaluation (greedy), with and without injected tool failures
+    heldout_n: int = 40
+    eval_every: int = 10  # steps; 0 = start and end only
+    eval_fault_p: float = 0.5  # the "with injected failures" column
+
+    @property
+    def temperature(self) -> float:
+        return self.episode.temperature
+
+    @property
+    def top_p(self) -> float:
+        return self.episode.top_p
+
+    @property
+    def top_k(self) -> int:
+        return self.episode.top_k
+
+
+@dataclass(kw_only=True)
+class RayOptions:
+    address: str = ""  # an existing cluster ("auto" or host:port); "" starts a local one
+    num_cpus: int = 0  # of the local cluster (0: all)
+    worker_threads: int = 1  # torch threads per rollout worker
+
+
+@dataclass(kw_only=True)
+class AgenticConfig(TrainConfig):
+    runner: Literal["local", "ray"] = "local"
+    ray: RayOptions = field(default_factory=RayOptions)
+    agentic: AgenticOptions = field(default_factory=AgenticOptions)
+
+
+# ---------------------------------------------------------------------------------------------------- tasks
+def sampler(opts: AgenticOptions, seed: int, split: str = "train"):
+    """task_id -> spec: the environment by its ratio, then its task; a pure function of (seed, task_id)."""
+    names = [n for n, _ in opts.envs]
+    weights = [float(w) for _, w in opts.envs]
+
+    def sample(task_id: int) -> dict:
+        rng = random.Random(stable_seed(seed, split, task_id))
+        name = rng.choices(names, weights)[0]
+        return env_class(name).sample(rng, split, opts.level)
+
+    return sample
+
+
+def heldout(opts: AgenticOptions, seed: int) -> list[dict]:
+    sample = sampler(opts, seed, "test")
+    return [sample(i) for i in range(opts.heldout_n)]
+
+
+def evaluate(worker, specs: list[dict], env: EnvOptions) -> dict:
+    """Greedy success on `specs` (one episode each, batched) with `worker`'s weights."""
+    greedy = copy.copy(worker.opts)
+    greedy.temperature = 0.0
+    from glmstack.posttrain.agentic.episode import run_group
+
+    trajs = run_group(worker.engine, worker.tokenizer, specs, greedy, env, list(range(len(specs))),
+                      version=worker.current_version)  # fmt: skip
+    out = {"success": sum(t.success for t in trajs) / len(trajs)}
+    for name in sorted({s["env"] for s in specs}):
+        mine = [t for t in trajs if t.spec["env"] == name]
+        out[f"success/{name}"] = sum(t.success for t in mine) / len(mine)
+    return out
+
+
+def held_out_eval(cfg: AgenticConfig, tokenizer_dir: str):
+    """evaluate(policy) -> {heldout_success, heldout_success_faults, per env}: the policy's current weights in an
+    in-process worker, without and with injected tool failures (`eval_fault_p`)."""
+    from glmstack.posttrain.agentic.worker import RolloutWorker
+
+    o = cfg.agentic
+    specs = heldout(o, cfg.seed)
+    holder: dict = {}
+
+    def run(policy) -> dict:
+        if "w" not in holder:
+            holder["w"] = RolloutWorker(copy.deepcopy(dist.unwrap(policy)), tokenizer_dir, o.episode, o.env, cfg.seed)
+        w = holder["w"]
+        w.set_weights(dist.unwrap(policy).state_dict(), -1)
+        clean = evaluate(w, specs, EnvOptions(**{**vars(o.env), "fault_p": 0.0, "crash_p": 0.0}))
+        faults = evaluate(w, specs, EnvOptions(**{**vars(o.env), "fault_p": o.eval_fault_p, "crash_p": 0.0}))
+        return {f"heldout_{k}": v for k, v in clean.items()} | {f"heldout_faults_{k}": v for k, v in faults.items()}
+
+    return run
+
+
+# ---------------------------------------------------------------------------------------------------- stage
+def check(cfg: AgenticConfig) -> None:
+    if not isinstance(cfg, AgenticConfig):
+        raise ConfigError(f"the agentic-rl stage needs an AgenticConfig (got {type(cfg).__name__})")
+    o = cfg.agentic
+    if not cfg.init_from:
+        raise ConfigError("init_from: agentic RL starts from a chat model folder (with tokenizer.json)")
+    for name, ratio in o.envs:
+        try:
+            env_class(name)
+        except ValueError as e:
+            raise ConfigError(f"agentic.envs: {e}") from None
+        if float(ratio) <= 0:
+            raise ConfigError(f"agentic.envs: the ratio of {name} must be > 0")
+    if o.tau < o.sync_every - 1:
+        raise ConfigError(f"agentic.tau={o.tau} < sync_every - 1 = {o.sync_every - 1}: every sample would be stale")
+    if (o.groups_per_step * o.group_size) % cfg.grad_accum:
+        raise ConfigError("agentic: groups_per_step × group_size must split into grad_accum micro-batches")
+    if o.episode.temperature <= 0:
+        raise ConfigError("agentic.episode.temperature must be > 0 (RL samples)")
+    if min(o.workers, o.group_size, o.groups_per_step, o.sync_every, o.inflight) < 1:
+        raise ConfigError("agentic: workers, group_size, groups_per_step, sync_every and inflight must be >= 1")
+
+
+def make_pool(cfg: AgenticConfig, model, tokenizer_dir: str):
+    from glmstack.posttrain.agentic.pools import LocalPool, RayPool
+
+    o = cfg.agentic
+    args = (copy.deepcopy(dist.unwrap(model)).cpu(), tokenizer_dir, o.episode, o.env, cfg.seed, o.workers, o.group_size)
+    if cfg.runner == "ray":
+        return RayPool(*args, address=cfg.ray.address, num_cpus=cfg.ray.num_cpus, threads=cfg.ray.worker_threads)
+    return LocalPool(*args)
+
+
+def build(cfg: AgenticConfig, model, optimizer, tokenizer_dir: str):
+    from glmstack.posttrain.agentic.data import AgenticData
+    from glmstack.posttrain.agentic.runner import Runner
+
+    o = cfg.agentic
+    runner = Runner(make_pool(cfg, model, tokenizer_dir), sampler(o, cfg.seed), groups_per_step=o.groups_per_step,
+                    group_size=o.group_size, tau=o.tau, workers=o.workers, inflight=o.inflight,
+                    asynchronous=o.asynchronous)  # fmt: skip
+    return AgenticData(policy=model, optimizer=optimizer, runner=runner, group_size=o.group_size,
+                       micro_batches=cfg.grad_accum, sync_every=o.sync_every, temperature=o.episode.temperature,
+                       reset=o.reset_optimizer, evaluate=held_out_eval(cfg, tokenizer_dir) if o.heldout_n else None,
+                       eval_every=o.eval_every)  # fmt: skip
+
+
+def run_agentic(cfg: AgenticConfig, stop_at: int | None = None) -> dict:
+    """Model and optimiser as every stage builds them, the runner's trajectories as the data, the DIS loss; then
+    the final held-out success (agentic_summary.json), plots and an HF model folder."""
+    from glmstack.posttrain.agentic.dashboard import plot_dashboard
+    from glmstack.posttrain.rl.stage import rl_loss
+    from glmstack.train.checkpoint import resolve
+    from glmstack.train.loop import train
+    from glmstack.train.stage import model_and_optimizer, stage_dir
+
+    check(cfg)
+    folder_in = resolve(cfg.init_from, cfg.out_dir)
+    if not (folder_in / "tokenizer.json").exists():
+        raise ConfigError(f"init_from: {folder_in} has no tokenizer.json (agentic RL needs a chat model folder)")
+    model, optimizer = model_and_optimizer(cfg)
+    data = build(cfg, model, optimizer, str(folder_in))
+    folder = stage_dir(cfg)
+    try:
+        result = train(model=model, optimizer=optimizer, data=data, cfg=cfg, stage_dir=folder,
+                       loss_fn=rl_loss(cfg.agentic), stop_at=stop_at)  # fmt: skip
+    finally:
+        data.runner.close()
+    if dist.rank() == 0 and result["stopped"] == "done":
+        if data.evaluate is not None:
+            result |= data.evaluate(model)
+        result["accepted_trajectories"] = data.runner.trajectories
+        (folder / "agentic_summary.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+        if cfg.log.plots:
+            plot_dashboard(folder)
+        from glmstack.posttrain.sft import export
+        from glmstack.tokenizer import Tokenizer
+
+        tok = Tokenizer.load(folder_in)
+        result["model"] = str(export(Path(result["checkpoint"]), folder / "model", tok, cfg.agentic.episode.chat_style))
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    from glmstack.train.stage import main_for
+
+    return main_for("agentic", __doc__.splitlines()[0], argv, run_fn=run_agentic)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,107 @@
+"""The agentic RL stage (issue 18) on a tiny random chat model: tokens in, tokens out (the trajectory's rollout
+log-probs are the trainer's at its model tokens, the loss mask covers exactly those), the stage end to end on the
+one loop with runner=local, the optimizer reset after each weight push, and the CLI's bad input."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from glmstack.model.hf import load_hf
+from glmstack.posttrain.agentic.env import EnvOptions, env_class
+from glmstack.posttrain.agentic.episode import EpisodeOptions, run_group
+from glmstack.posttrain.agentic.stage import build, run_agentic
+from glmstack.posttrain.agentic.worker import RolloutWorker
+from glmstack.posttrain.rl.losses import token_logprobs
+from glmstack.recipes.agentic_tiny import agentic as tiny
+
+
+def tiny_cfg(tmp_path, base_dir, **agentic):
+    cfg = tiny()
+    cfg.out_dir, cfg.init_from = str(tmp_path), str(base_dir)
+    cfg.agentic.envs = [["roles", 1.0]]
+    for k, v in agentic.items():
+        setattr(cfg.agentic, k, v)
+    return cfg
+
+
+def test_trajectory_tokens_and_logprobs_are_what_the_trainer_sees(base_dir, tok):
+    model = load_hf(base_dir, dtype=torch.float32)
+    opts = EpisodeOptions(max_turns=2, max_new_tokens=64, temperature=1.5)  # a random model: stop tokens are rare
+    worker = RolloutWorker(model, str(base_dir), opts, EnvOptions(), seed=0)
+    rng = random.Random(0)
+    specs = [env_class(n).sample(rng, "train") for n in ["roles"] * 7 + ["calculator"]]
+    trajs = run_group(worker.engine, tok, specs, opts, EnvOptions(), list(range(8)))
+    assert any(t.turns == 2 for t in trajs), "a roles episode should reach its reviewer turn"
+    for t in trajs:
+        assert len(t.ids) == len(t.mask) == len(t.logprobs) and sum(t.mask) > 0
+        ids = torch.tensor([t.ids])
+        with torch.no_grad():
+            logp = token_logprobs(model(ids[:, :-1]).logits, ids[:, 1:], opts.temperature)[0]
+        model_pos = [k - 1 for k in range(1, len(t.ids)) if t.mask[k]]
+        torch.testing.assert_close(logp[model_pos], torch.tensor([t.logprobs[k + 1] for k in model_pos]),
+                                   atol=1e-4, rtol=0)  # fmt: skip
+        assert t.mask[: t.prompt_len] == [0] * t.prompt_len
+
+
+@pytest.mark.slow
+def test_stage_end_to_end_local(tmp_path, base_dir):
+    cfg = tiny_cfg(tmp_path, base_dir, heldout_n=4, eval_every=1)
+    cfg.log.plots = True
+    result = run_agentic(cfg)
+    assert result["stopped"] == "done" and result["accepted_trajectories"] == 16
+    rows = [json.loads(x) for x in (tmp_path / "tiny" / "agentic" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert {"reward", "success", "traj_per_s", "weight_version", "heldout_success", "staleness_max"} <= set(rows[0])
+    assert rows[1]["weight_version"] == 1.0 and rows[1]["staleness_max"] <= cfg.agentic.tau
+    assert (tmp_path / "tiny" / "agentic" / "agentic_summary.json").exists()
+    assert list((tmp_path / "tiny" / "agentic" / "plots").glob("agentic_*.png"))
+    assert (tmp_path / "tiny" / "agentic" / "model" / "tokenizer.json").exists()
+
+
+def test_micro_batch_mask_is_the_model_tokens(tmp_path, base_dir):
+    from glmstack.train.stage import model_and_optimizer
+
+    cfg = tiny_cfg(tmp_path, base_dir)
+    model, optimizer = model_and_optimizer(cfg)
+    data = build(cfg, model, optimizer, str(base_dir))
+    batches = data.make_step()
+    flat = [t for g in data.last_groups for t in g]
+    mask = torch.cat([b["mask"] for b in batches])
+    assert mask.sum() == sum(t.model_tokens for t in flat)
+    data.runner.close()
+
+
+def test_optimizer_reset_after_each_push(tmp_path, base_dir):
+    """K = 2: the state built by step 0 survives step 1 and is gone when step 2's push happens."""
+    from glmstack.posttrain.rl.stage import rl_loss
+    from glmstack.train.stage import model_and_optimizer
+
+    cfg = tiny_cfg(tmp_path, base_dir, sync_every=2, tau=1)
+    model, optimizer = model_and_optimizer(cfg)
+    data = build(cfg, model, optimizer, str(base_dir))
+    loss_fn, sizes, versions = rl_loss(cfg.agentic), [], []
+    for _ in range(3):
+        batches = data.make_step()
+        versions.append(data.runner.version)
+        sizes.append(sum(len(o.state) for o in optimizer.optimizers.values()))
+        for b in batches:
+            loss, _ = loss_fn(model, b, {})
+            (loss + 0 * sum(p.sum() for p in model.parameters())).backward()  # every parameter gets a state
+        optimizer.step()
+        optimizer.zero_grad()
+    assert versions == [0, 0, 2]
+    assert sizes[0] == 0 and sizes[1] > 0 and sizes[2] == 0
+    data.runner.close()
+
+
+def test_cli_bad_environment_is_one_line(capsys, base_dir):
+    from glmstack.cli import main
+
+    code = main(["agentic-rl", "agentic_tiny", "--set", f"init_from={base_dir}", "--set",
+                 'agentic.envs=[["nope", 1.0]]'])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "unknown environment 'nope'" in err and len(err.splitlines()) == 1
