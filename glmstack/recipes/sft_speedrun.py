@@ -18,7 +18,8 @@ from glmstack.posttrain.sft import SFTConfig, SFTOptions
 SETS = ("arithmetic", "tools", "chat", "compare")
 STEPS = 300
 EXPERT_STEPS = 40  # experts see one set each
-MERGED_STEPS = 3 * EXPERT_STEPS  # the merged model sees all three sets and the experts' samples
+EXPERT_SETS = ("arithmetic", "tools", "chat")  # the reasoning, tool-use and chat experts' sets
+MERGED_STEPS = len(EXPERT_SETS) * EXPERT_STEPS  # the merged model sees the experts' sets and their samples
 
 
 def sft() -> SFTConfig:
@@ -69,4 +70,4 @@ def sft_merged() -> SFTConfig:
     """GLM-4.5's overall SFT: the experts' training sets plus their rejection-sampled outputs (the driver appends
     those files, `--rs-weight` times each), for the experts' steps together at their lr, so every skill gets the
     budget its expert had. (Sampled outputs alone, a few dozen conversations at this size, kept 67% of tools.)"""
-    return expert("merged", SETS, MERGED_STEPS)
+    return expert("merged", EXPERT_SETS, MERGED_STEPS)
