@@ -70,7 +70,7 @@ def train(steps: int, seed: int = 0):
 
 def generate(sched: Scheduler, prompt: list[int], n_new: int, seed: int) -> tuple[Job, list[int]]:
     done, out = threading.Event(), []
-    emit = lambda ev: done.set() if isinstance(ev, Finished) else out.append(ev.id)  # noqa: E731
+    emit = lambda ev: done.set() if isinstance(ev, Finished) else out.append(ev.id)
     job = Job(prompt_ids=prompt, max_new_tokens=n_new, params=SamplingParams(temperature=1.0), seed=seed, emit=emit)
     sched.submit([job])
     done.wait(600)
@@ -170,7 +170,8 @@ def main() -> None:
             print(kind, json.dumps(table[kind]), flush=True)
     finally:
         sched.stop()
-    res = {"table": table, "calibrated_length_rule": calibrated(records), "train_s": round(train_s, 1), "total_s": round(time.time() - t0, 1),
+    res = {"table": table, "calibrated_length_rule": calibrated(records), "train_s": round(train_s, 1),
+           "total_s": round(time.time() - t0, 1),
            "rules": f"length < {args.min_length} or rate > {args.max_rate} after 128 tokens; draft_k 2; temperature 1"}
     print(json.dumps(res, indent=1))
     if args.out:

@@ -9,7 +9,7 @@ them into one hybrid model by an overall SFT on their outputs. Here, with the re
   3. the merged model = SFT of the same base on the overall mix (<run>/expert_merged/model): the recipe's own data
      (sft_speedrun: the experts' three training sets) plus the three sampled files, each repeated `rs_weight`
      times (GLM-4.5 §3.1 distils the experts' outputs into one model within an overall SFT mix; on their sampled
-     outputs alone, a few dozen conversations at this size, the merged model kept 93% of chat but 67% of tools)
+     outputs alone, a few dozen conversations at this size, the merged model kept 90% of chat and 36% of tools)
   4. every expert and the merged model are scored on held-out prompts of each expert's set; the table (and
      `kept` = merged / expert) goes to <run>/expert_iteration.md and .json
 Finished steps are skipped on a re-run (each SFT resumes from its checkpoints; a sampled file is reused).
