@@ -80,8 +80,8 @@ def generate(sched: Scheduler, prompt: list[int], n_new: int, seed: int) -> tupl
 def load_or_train(steps: int, path: str | None):
     """The trained model (cached at `path` as a state dict with its topic permutations) and the training time."""
     if path and Path(path).exists():
-        saved = torch.load(path)
-        model = GLM(saved["cfg"]).eval()
+        saved = torch.load(path, weights_only=False)  # our own file: a ModelConfig beside the tensors
+        model = GLM(saved["cfg"]).init_weights(seed=0).eval()
         model.load_state_dict(saved["model"])
         return model, saved["perms"], 0.0
     t0 = time.time()

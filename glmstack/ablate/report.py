@@ -120,7 +120,7 @@ def write(claims, table: dict, plan: dict, out: Path, command: str) -> Path:
               f"runs; load average {load} during the runs."), "",
              table_md(rows), "", "Claims and set-ups:", ""]
     for c in claims:
-        steps = ", ".join(f"{k} {v}" for k, v in plan["steps"][c.name].items())
+        steps = ", ".join(f"{k} {v}" for k, v in plan["steps"].get(c.name, {}).items()) or "not in this plan"
         lines.append(f"- **{c.name}** ({c.source}): {c.statement}. {c.setup}. Steps: {steps}.")
     lines += ["", "Plots: " + ", ".join(f"[{p}](plots/{p}.png)" for p in plots), ""]
     path = out / "ablations.md"

@@ -236,7 +236,7 @@ def _curves(run: ArmRun, keys: list[str]) -> dict[str, list[list[float]]]:
 def collect(claims: list[Claim], plan: dict, out: Path) -> dict:
     table = {}
     for claim in claims:
-        steps = plan["steps"][claim.name]
+        steps = plan["steps"].get(claim.name)  # a claim outside the plan has no results of this plan
         table[claim.name] = {
             arm: [r for s in range(plan["seeds"]) if (r := load_result(out, claim.name, arm, s, steps)) is not None]
             for arm in claim.arms

@@ -8,6 +8,7 @@ reply through StreamParser, shows reasoning dimmed and apart, and tool calls par
     glmstack generate CKPT --prompt "def fib(n):" --max-new-tokens 64 --speculative mtp --draft 3
     glmstack generate CKPT --prompt "a" --prompt "b" --temperature 0.7 --top-p 0.9 --seed 0 --stats
     glmstack chat CKPT [--system "..."] [--tools tools.json] [--no-think]      # /reset, /exit
+    glmstack chat VL_CKPT --image shape.png --no-think     # a GLM-4.5V / 4.1V folder; /image FILE attaches another
     glmstack generate CKPT --quantize int4 --prompt "..."    # or fp8 (glmstack.inference.quant)
     echo "Use Python to reverse the word rocket." | glmstack chat CKPT --tools builtin --run-tools --temperature 0
 """

@@ -72,7 +72,8 @@ def report(rows: list[dict], folder: Path) -> Path:
             name = f"samples/{i:02d}.png"
             shutil.copy(s["image"], folder / name)
             mark = "ok" if s["correct"] else "WRONG"
-            lines.append(f"| ![]({name}) | {s['question']} | {s['answer']} | `{s['reply']}` ({mark}) |")
+            reply = " ".join(s["reply"].split()).replace("|", "\\|")  # one table cell
+            lines.append(f"| ![]({name}) | {s['question']} | {s['answer']} | `{reply}` ({mark}) |")
     path = folder / "report.md"
     path.write_text("\n".join(lines) + "\n")
     (folder / "report.json").write_text(json.dumps(rows, indent=2) + "\n")

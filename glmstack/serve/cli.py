@@ -56,6 +56,7 @@ def _prefix_cache(args):
         int(mb * 2**20),
         getattr(args, "fault_block", None),
         getattr(args, "fault_scale", 1.0),
+        getattr(args, "fault_mode", "noise"),
     )
 
 
@@ -132,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--fault-scale", type=float, default=1.0, help="testing only: the corruption's noise, x the block's std"
     )
+    ap.add_argument("--fault-mode", choices=["noise", "swap"], default="noise",
+                    help="testing only: noise, or the block holds another request's KV (swap)")  # fmt: skip
     ap.add_argument(
         "--monitor",
         choices=["flag", "abort", "off"],

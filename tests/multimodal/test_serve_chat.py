@@ -83,3 +83,13 @@ def test_chat_cli_bad_image_is_one_line(vl_folder, tmp_path, capsys):
     assert glmstack(["chat", str(vl_folder), "--image", str(tmp_path / "missing.png")]) == 2
     err = capsys.readouterr().err.strip()
     assert "no such file" in err and "\n" not in err
+
+
+def test_images_for_a_text_model_are_a_400():
+    from glmstack.multimodal.serving import request_media
+    from glmstack.serve.protocol import ApiError
+
+    parts = [{"type": "image_url", "image_url": {"url": to_data_url(square("red"))}}, {"type": "text", "text": "?"}]
+    with pytest.raises(ApiError, match="no vision encoder") as e:
+        request_media([{"role": "user", "content": parts}], processor=None)
+    assert e.value.status == 400

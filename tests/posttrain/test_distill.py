@@ -51,7 +51,7 @@ def test_teacher_equal_to_student_gives_zero_loss_and_gradient(base_dir, tok):
     assert all(p.grad is None or p.grad.abs().max() == 0 for p in student.parameters())
 
 
-def test_distill_end_to_end(base_dir, tmp_path):
+def test_distill_end_to_end(base_dir, tmp_path, capsys):
     teacher = load_hf(str(base_dir))
     with torch.no_grad():  # a different policy: the embedding rows reshuffled
         teacher.embed_tokens.weight.copy_(teacher.embed_tokens.weight.roll(1, dims=0))
@@ -67,6 +67,8 @@ def test_distill_end_to_end(base_dir, tmp_path):
     assert len(rows) == 4 and "heldout/toy" in rows[0] and "heldout/toy" in rows[2]
     assert all(abs(r["reverse_kl"]) > 1e-3 for r in rows)  # a different teacher: log-probs disagree
     assert (stage / "model" / "config.json").exists()
+    assert cli(["distill", "eval", str(stage / "model"), "--tasks", "toy", "--n", "4"]) == 0
+    assert f"| {stage / 'model'} |" in capsys.readouterr().out
 
 
 def test_distill_bad_teacher_is_one_line(base_dir, tmp_path, capsys):

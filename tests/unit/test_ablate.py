@@ -3,6 +3,7 @@ the CLI (two seeds, seconds), and resume after a crash (finished (claim, arm, se
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
@@ -138,3 +139,18 @@ def test_bad_input_is_one_line(capsys):
     assert len(err) == 1 and "unknown claim 'no_such_claim'" in err[0] and "muon" in err[0]
     assert main(["--list"]) == 0
     assert "icepop" in capsys.readouterr().out
+
+
+def test_corpora_train_and_validation_documents_come_from_the_same_task():
+    from glmstack.ablate import corpora
+
+    def transitions(docs):
+        return [(int(d[0]), int(a), int(b)) for d in docs for a, b in itertools.pairwise(d[1:])]
+
+    seen = set(transitions(corpora.topic_documents(2000, 64, seed=1)))
+    val = transitions(corpora.topic_documents(100, 64, seed=2))
+    assert sum(t in seen for t in val) / len(val) > 0.9  # the same chains (other chains: ~1/40)
+    doc, answers = corpora.lookup_document(__import__("numpy").random.default_rng(0))
+    table = {int(doc[i]): int(doc[i + 1]) for i in range(0, 2 * corpora.N_KEYS, 2)}
+    for p in answers[::2]:  # q f(q) f(f(q)) after each query marker
+        assert doc[p - 2] == corpora.QUERY and table[int(doc[p - 1])] == doc[p] and table[int(doc[p])] == doc[p + 1]

@@ -1,9 +1,10 @@
 """The agentic RL dashboard: plots from the stage's metrics.jsonl (nothing hooked into the loop).
 
-python -m glmstack.posttrain.agentic.dashboard runs/speedrun/agentic     # redraws plots/agentic_*.png
-python -m glmstack.posttrain.agentic.dashboard --compare clean=runs/a/agentic,runs/b/agentic faults=runs/c/agentic
-    # per setting over its seeds: held-out success (mean ± std) at the start and the end, without and with
-    # injected tool failures, and the training reward of the first steps (a markdown table)
+    python -m glmstack.posttrain.agentic.dashboard runs/speedrun/agentic     # redraws plots/agentic_*.png
+    python -m glmstack.posttrain.agentic.dashboard --compare clean=RUN_A/agentic,RUN_B/agentic faults=RUN_C/agentic \\
+        [--plot out.png]
+        # per setting over its seeds: greedy held-out success (mean ± std) at every evaluated step, without and
+        # with injected tool failures, the training reward of steps 1-8 (a markdown table); --plot: mean reward
 """
 
 from __future__ import annotations
@@ -52,41 +53,63 @@ def _mean_std(xs: list[float]) -> str:
 
 
 def compare(settings: dict[str, list[Path]]) -> str:
-    """A markdown table: per setting (its seeds' folders), held-out success at the start (the first evaluated row)
-    and the end (agentic_summary.json), clean and with injected failures; mean reward of the first 8 steps."""
+    """A markdown table: per setting (its seeds' folders), greedy held-out success after each evaluated number of
+    updates (the row logged after an evaluation at step s scored the weights after s updates; the end from
+    agentic_summary.json), without and with injected tool failures; and the mean training reward of steps 1-8."""
     import json
 
-    header = ("| setting | seeds | held-out start | held-out end | with failures start | with failures end "
-              "| reward, steps 1-8 |")  # fmt: skip
-    lines = [header, "|---|---|---|---|---|---|---|"]
+    evals: dict[str, dict[tuple[str, int], list[float]]] = {}
+    early: dict[str, list[float]] = {}
     for name, folders in settings.items():
-        cols: dict[str, list[float]] = {k: [] for k in ("s", "e", "fs", "fe", "r")}
+        cols = evals.setdefault(name, {})
         for f in folders:
             rows = read_metrics(f / "metrics.jsonl")
-            first = next((r for r in rows if "heldout_success" in r), {})
-            summary = (
-                json.loads((f / "agentic_summary.json").read_text()) if (f / "agentic_summary.json").exists() else {}
-            )
-            for key, src, col in (
-                ("heldout_success", first, "s"),
-                ("heldout_success", summary, "e"),
-                ("heldout_faults_success", first, "fs"),
-                ("heldout_faults_success", summary, "fe"),
-            ):
-                if key in src:
-                    cols[col].append(float(src[key]))
-            early = [r["reward"] for r in rows if r["step"] <= 8]
-            if early:
-                cols["r"].append(sum(early) / len(early))
-        lines.append(
-            f"| {name} | {len(folders)} | " + " | ".join(_mean_std(cols[k]) for k in ("s", "e", "fs", "fe", "r")) + " |"
-        )
+            points = [(r["step"] - 1, r) for r in rows if "heldout_success" in r]
+            summary = f / "agentic_summary.json"
+            if summary.exists():
+                points.append((max(r["step"] for r in rows), json.loads(summary.read_text())))
+            for updates, r in points:
+                for key in ("heldout_success", "heldout_faults_success"):
+                    cols.setdefault((key, updates), []).append(float(r[key]))
+            rewards = [r["reward"] for r in rows if r["step"] <= 8]
+            early.setdefault(name, []).append(sum(rewards) / max(len(rewards), 1))
+    keys = sorted({k for cols in evals.values() for k in cols}, key=lambda k: (k[0] != "heldout_success", k[1]))
+    label = {"heldout_success": "held-out", "heldout_faults_success": "with failures"}
+    lines = ["| setting | seeds | " + " | ".join(f"{label[k]} @{u}" for k, u in keys) + " | reward, steps 1-8 |",
+             "|---|---|" + "---|" * (len(keys) + 1)]  # fmt: skip
+    for name, folders in settings.items():
+        cells = [_mean_std(evals[name].get(k, [])) for k in keys] + [_mean_std(early[name])]
+        lines.append(f"| {name} | {len(folders)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def plot_compare(settings: dict[str, list[Path]], out: Path, key: str = "reward") -> bool:
+    """Mean over seeds of `key` per step, one curve per setting, into `out`."""
+    from glmstack.report import draw_curves
+
+    curves = []
+    for name, folders in settings.items():
+        per_step: dict[int, list[float]] = {}
+        for f in folders:
+            for r in read_metrics(f / "metrics.jsonl"):
+                if key in r:
+                    per_step.setdefault(r["step"], []).append(r[key])
+        steps = sorted(per_step)
+        curves.append(
+            (f"{name} ({len(folders)} seeds)", steps, [sum(per_step[s]) / len(per_step[s]) for s in steps], ".-")
+        )
+    return draw_curves(out, f"{key}, mean over seeds", "step", key, curves)
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "--compare":
-        print(compare({k: [Path(p) for p in v.split(",")] for k, v in (a.split("=", 1) for a in sys.argv[2:])}))
+        args = sys.argv[2:]
+        out = Path(args.pop(args.index("--plot") + 1)) if "--plot" in args else None
+        args = [a for a in args if a != "--plot"]
+        settings = {k: [Path(p) for p in v.split(",")] for k, v in (a.split("=", 1) for a in args)}
+        print(compare(settings))
+        if out is not None:
+            plot_compare(settings, out)
     else:
         for p in plot_dashboard(sys.argv[1]):
             print(p)

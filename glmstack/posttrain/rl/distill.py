@@ -27,6 +27,7 @@ Teachers (`distill.teachers`, a list of objects):
 
     glmstack distill distill_speedrun --set 'distill.teachers=[{"model": "A/model", "task": "tools"}, ...]'
     glmstack distill distill_tiny --set steps=4               # a random tiny student, the token task (smoke test)
+    glmstack distill eval MODEL [MODEL ...] --tasks tools,chat --n 64   # greedy held-out score per task
 """
 
 from __future__ import annotations
@@ -140,17 +141,13 @@ class Distillation(Rollouts):
         stats |= {"reward": sum(rewards) / len(rewards), "temperature": self.temperature,
                   "response_len": sum(len(r[1]) for r, _, _ in flat) / len(flat)}  # fmt: skip
         self.history.append(stats["reward"])
-        self.step += 1
-        batches = self.micro([[s] for s in flat], 1, stats)
-        per, t0 = len(flat) // self.micro_batches, time.perf_counter()
-        for m, batch in enumerate(batches):
-            self.score(batch, owner[m * per : (m + 1) * per], [r for r, _, _ in flat[m * per : (m + 1) * per]])
-        gap = sum(float(((b["rollout_logp"] - b["teacher_logp"]) * b["mask"]).sum()) for b in batches)
-        trained = sum(float(b["mask"].sum()) for b in batches)
-        figures = {"reverse_kl": gap / max(trained, 1.0), "time/teacher_s": time.perf_counter() - t0}
-        for b in batches:  # reverse_kl: the mean per-token sample of log π_student − log π_teacher over the step
-            b["stats"] = b["stats"] | figures
-        return batches
+        self.step += self.updates
+        batch, t0 = self.batch([[s] for s in flat], 1, stats), time.perf_counter()
+        self.score(batch, owner, [r for r, _, _ in flat])  # before the split: PPO epochs shuffle the rows
+        gap = float(((batch["rollout_logp"] - batch["teacher_logp"]) * batch["mask"]).sum())
+        # reverse_kl: the mean per-token sample of log π_student − log π_teacher over the step
+        figures = {"reverse_kl": gap / max(float(batch["mask"].sum()), 1.0), "time/teacher_s": time.perf_counter() - t0}
+        return self.updates_of(batch, stats | figures)
 
     @torch.no_grad()
     def score(self, batch: dict, owners: list[int], rows: list[tuple]) -> None:
@@ -170,8 +167,10 @@ class Distillation(Rollouts):
                     lo, n = len(rows[i][0]) - 1, len(rows[i][1])  # the response's targets start at prompt end − 1
                     tlp[i, lo : lo + n] = torch.tensor(lps[lo : lo + n], dtype=tlp.dtype)
                 continue
-            logits = teacher_model(batch["input_ids"][rows_k]).logits.float()
-            lp = token_logprobs(logits, batch["targets"][rows_k], self.temperature, self.opts.top_p, self.opts.top_k)
+            dev = next(teacher_model.parameters()).device  # the batch is on the CPU until the loop moves it
+            logits = teacher_model(batch["input_ids"][rows_k].to(dev)).logits.float()
+            lp = token_logprobs(logits, batch["targets"][rows_k].to(dev), self.temperature, self.opts.top_p,
+                                self.opts.top_k).cpu()  # fmt: skip
             tlp[rows_k] = torch.where(batch["mask"][rows_k] > 0, lp, torch.zeros_like(lp))
         batch["teacher_logp"] = tlp
 
@@ -248,9 +247,49 @@ def run_distill(cfg: DistillConfig, stop_at: int | None = None) -> dict:
     return result
 
 
+def score_tasks(folder: str, tasks: list[str], n: int, seed: int = 0, style: str = "glm-4.5",
+                max_new_tokens: int = 48) -> dict[str, float]:  # fmt: skip
+    """Greedy held-out score of RL tasks for one model folder: the table before and after distillation."""
+    from glmstack.inference import Engine
+    from glmstack.model import load_hf
+    from glmstack.posttrain.rl.tasks import make_task
+    from glmstack.tokenizer import Tokenizer
+
+    tok = Tokenizer.load(folder)
+    engine, out = Engine(load_hf(folder, missing_mtp="drop"), tok), {}
+    for name in tasks:
+        task = make_task(name, tok, style)
+        problems = task.problems(split="test", n=n, seed=seed)
+        res = engine.generate([p.prompt_ids for p in problems], max_new_tokens=max_new_tokens, temperature=0.0)
+        samples = [reward_lib.Sample(meta=p.meta, tokens=t, text=x, finish=f, max_new_tokens=max_new_tokens,
+                                     style=style) for p, t, x, f in
+                   zip(problems, res.tokens, res.text, res.finish_reason)]  # fmt: skip
+        out[name] = sum(reward_lib.total(samples, [(r, 1.0) for r in task.rewards])[0]) / n
+    return out
+
+
+def eval_main(argv: list[str]) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="glmstack distill eval", description=score_tasks.__doc__.splitlines()[0])
+    ap.add_argument("models", nargs="+", help="model folders (config.json, safetensors, tokenizer.json)")
+    ap.add_argument("--tasks", default="tools,chat", help="RL tasks (glmstack.posttrain.rl.tasks)")
+    ap.add_argument("--n", type=int, default=64, help="held-out prompts per task")
+    args = ap.parse_args(argv)
+    tasks = args.tasks.split(",")
+    print("| model | " + " | ".join(tasks) + " |\n|---" * 1 + "|---" * len(tasks) + "|")
+    for folder in args.models:
+        scores = score_tasks(folder, tasks, args.n)
+        print(f"| {folder} | " + " | ".join(f"{scores[t]:.1%}" for t in tasks) + " |", flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    """`glmstack distill <recipe> ...` trains; `glmstack distill eval MODEL ...` scores the teachers' tasks."""
     from glmstack.train.stage import main_for
 
+    if argv and argv[0] == "eval":
+        return eval_main(argv[1:])
     return main_for("distill", __doc__.splitlines()[0], argv, run_fn=run_distill)
 
 

@@ -73,8 +73,9 @@ def rm_loss(opts: RMOptions):
 def pair_accuracy(model, batches) -> tuple[float, int]:
     """Fraction of pairs whose chosen reply scores higher, over all batches; -> (accuracy, pairs)."""
     model.eval()
-    right, n = 0, 0
+    right, n, dev = 0, 0, next(model.parameters()).device
     for b in batches:
+        b = {k: v.to(dev) for k, v in b.items()}
         r_c, r_r = model(b["input_ids"], b["last"], segment_ids=b["segment_ids"])[0].chunk(2)
         right, n = right + int((r_c > r_r).sum()), n + r_c.numel()
     model.train()
