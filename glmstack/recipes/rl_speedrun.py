@@ -4,7 +4,7 @@ The task ("Which is the largest of 3, 8 and 5?", or the smallest; level 3 of glm
 set) is one the 5-minute speedrun's SFT model partly solves — about 1 in 4 held-out problems greedy, inside issue
 17's 10-60% band — so RL has room to raise it (docs/rl.md: the 3-seed table and the command). `init_from` is the
 SFT stage's model folder (`glmstack sft sft_speedrun` writes runs/speedrun/sft/model); point it at another chat
-model with --set init_from=FOLDER. 60 steps of 64 rollouts fit ~10 minutes per seed on the shared 2-core machine.
+model with --set init_from=FOLDER. 60 steps of 64 rollouts took 54 s of CPU per seed (one thread; docs/rl.md).
 
     glmstack rl rl_speedrun
     glmstack rl rl_speedrun --set init_from=/path/to/sft/model --set seed=1 --set run=rl_seed1

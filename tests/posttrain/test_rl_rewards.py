@@ -101,5 +101,8 @@ def test_reasoning_gym_task_and_reward(tok):
     score = rewards.get("reasoning_gym")
     assert score([sample(f"The answer is {p.meta['answer']}.", p.meta) for p in test]) == [1.0] * 10
     assert max(score([sample("The answer is 123456789.", p.meta) for p in test])) < 0.5  # its partial credit
-    terms = lambda ps: max(p.meta["entry"]["metadata"]["num_terms"] for p in ps)  # noqa: E731
+
+    def terms(problems):
+        return max(p.meta["entry"]["metadata"]["num_terms"] for p in problems)
+
     assert terms(train) == 2 and terms(task.problems(split="train", n=40, seed=0, level=1)) == 3

@@ -135,13 +135,9 @@ def test_ppo_epochs_and_minibatches(tmp_path):
     batches = data.make_step()
     assert len(batches) == 2 * 2 * cfg.grad_accum and data.step == 4
     per_epoch = len(batches) // 2
-    for epoch in range(2):
-        part = batches[epoch * per_epoch : (epoch + 1) * per_epoch]
-        keys = sorted(tuple(b["input_ids"][i].tolist()) for b in part for i in range(len(b["input_ids"])))
-        assert len(keys) == cfg.rl.samples_per_step
-        if epoch:
-            assert keys == first_keys
-        first_keys = keys
+    epochs = [sorted(tuple(row.tolist()) for b in batches[e * per_epoch : (e + 1) * per_epoch] for row in b["input_ids"])
+              for e in range(2)]  # fmt: skip
+    assert len(epochs[0]) == cfg.rl.samples_per_step and epochs[0] == epochs[1]
     for b in batches:
         m = b["mask"] > 0
         torch.testing.assert_close(b["old_logp"][m], b["rollout_logp"][m], atol=1e-5, rtol=0)

@@ -260,8 +260,11 @@ class Rollouts:
             for m in range(self.opts.minibatches):
                 rows = order[m * per_step : (m + 1) * per_step]
                 step_stats = stats if not out else {"temperature": self.temperature}
-                step_stats = step_stats | {"input_tokens": float(len(rows) * L),
-                                           "trained_tokens": float(batch["mask"][rows].sum()), "ppo_epoch": epoch}
+                step_stats = step_stats | {
+                    "input_tokens": float(len(rows) * L),
+                    "trained_tokens": float(batch["mask"][rows].sum()),
+                    "ppo_epoch": epoch,
+                }
                 for k in range(0, per * self.micro_batches, per):
                     idx = rows[k : k + per]
                     out.append({key: value[idx] for key, value in batch.items()}

@@ -5,14 +5,15 @@ GLM-5 §3.2 Eq. 1 / GLM-4.5 §3.2 (research/rl-recipe.md §1): per optimizer ste
   -> prompts × group_size rollouts with the engine's own per-token log-probs -> rewards -> group advantages
      (dynamic sampling drops zero-variance groups and over-samples) -> micro-batches       (rollouts.py)
   -> this loss: log-probs from the trainer's logits / the rollout temperature over the same top-k / top-p nucleus,
-     old log-probs = their detached copy (one optimizer step per rollout batch: on-policy), the policy loss
+     old log-probs = their detached copy (one optimizer step per rollout batch: on-policy; with rl.ppo_epochs /
+     rl.minibatches > 1, the trainer's log-probs at the rollout weights, computed by rollouts.py), the policy loss
      (rl.loss: grpo = clipped surrogate with rl.mismatch none | tis | icepop; dis; cispo; gspo)  (losses.py)
   -> the loop's optimizer step, guard, checkpoint, metrics.jsonl.
 The curriculum is a stage table `rl.curriculum` = [[from_step, level, group_size(, hard_k)], ...]; dynamic temperature
 (`rl.dynamic_temperature`) raises the temperature when the reward plateaus. The dashboard (metrics.jsonl, plots/,
 rl_summary.json) is described in docs/rl.md, with why a policy loss near 0 is expected.
 
-    glmstack rl rl_speedrun                                   # the SFT'd speedrun model on arithmetic
+    glmstack rl rl_speedrun                                   # the SFT'd speedrun model on the compare task
     glmstack rl rl_speedrun --set rl.mismatch=none --set rl.rollout_dtype=bfloat16 --set seed=1
     glmstack rl rl_tiny --set steps=4                         # a random tiny model on the token task (smoke test)
 """
@@ -144,7 +145,9 @@ def check(cfg: RLConfig) -> None:
         raise ConfigError(f"the rl stage needs an RLConfig (got {type(cfg).__name__})")
     o = cfg.rl
     if o.task not in TASKS and not o.task.startswith("reasoning_gym:"):
-        raise ConfigError(f"rl.task: unknown task {o.task!r} (expected one of {', '.join(TASKS)}, reasoning_gym:<name>)")
+        raise ConfigError(
+            f"rl.task: unknown task {o.task!r} (expected one of {', '.join(TASKS)}, reasoning_gym:<name>)"
+        )
     if o.ppo_epochs < 1 or o.minibatches < 1:
         raise ConfigError("rl.ppo_epochs and rl.minibatches must be >= 1")
     if o.temperature <= 0:
