@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 from glmstack.chat.encode import encode_segments, tokenize_segments
 from glmstack.chat.render import Segment
+from glmstack.model.vision.mrope import VisionInputError
+from glmstack.model.vision.placeholders import expand_runs
 from glmstack.multimodal.images import ImageError, load_image, load_video
 from glmstack.multimodal.processor import Media
 
@@ -99,30 +101,17 @@ def split_media(messages) -> tuple[list[dict], list, list]:
 
 
 def expand(segments: list[Segment], media: Media, processor) -> list[Segment]:
-    """Each `<|image|>` / `<|video|>` placeholder replaced by its visual tokens, left to right in one pass (a
-    video's expansion holds `<|image|>` tokens that must not be expanded again)."""
-    todo = {IMAGE_TOKEN: [IMAGE_TOKEN * processor.image_tokens(g) for g in media.image_grid_thw],
-            VIDEO_TOKEN: [_video_tokens(processor, g, ts) for g, ts in zip(media.video_grid_thw,
-                                                                         media.video_timestamps)]}  # fmt: skip
-    out = []
-    for s in segments:
-        pieces = _PLACEHOLDER.split(s.text)  # text, token, text, token, ..., text
-        for k in range(1, len(pieces), 2):
-            if not todo[pieces[k]]:
-                kind = "image" if pieces[k] == IMAGE_TOKEN else "video"
-                raise ImageError(f"the prompt has more {pieces[k]} placeholders than {kind}s given")
-            pieces[k] = todo[pieces[k]].pop(0)
-        out.append(Segment("".join(pieces), s.trained))
-    if todo[IMAGE_TOKEN] or todo[VIDEO_TOKEN]:
-        raise ImageError(f"{len(todo[IMAGE_TOKEN])} image(s) and {len(todo[VIDEO_TOKEN])} video(s) have no "
-                         "placeholder in the prompt")  # fmt: skip
-    return out
-
-
-def _video_tokens(processor, grid_thw, timestamps) -> str:
-    t, h, w = (int(x) for x in grid_thw)
-    per_frame = IMAGE_TOKEN * processor.image_tokens((1, h, w))
-    return "".join(f"<|begin_of_image|>{per_frame}<|end_of_image|>{int(ts)}" for ts in timestamps[:t])
+    """Each `<|image|>` / `<|video|>` placeholder replaced by its visual tokens, left to right in one pass
+    (glmstack.model.vision.placeholders.expand_runs on the text split at the placeholders)."""
+    pieces = [_PLACEHOLDER.split(s.text) for s in segments]  # per segment: text, token, text, ..., text
+    stamps = [[[str(int(ts))] for ts in video] for video in media.video_timestamps]
+    marks = (IMAGE_TOKEN, VIDEO_TOKEN, "<|begin_of_image|>", "<|end_of_image|>")
+    try:
+        runs = iter(expand_runs([p for ps in pieces for p in ps], marks, processor.merge_size, media.image_grid_thw,
+                                media.video_grid_thw, stamps))  # fmt: skip
+    except VisionInputError as e:
+        raise ImageError(str(e)) from None
+    return [Segment("".join("".join(next(runs)) for _ in ps), s.trained) for s, ps in zip(segments, pieces)]
 
 
 def encode_multimodal(tokenizer, processor, messages, tools=None, style="glm-4.5", enable_thinking=True,

@@ -98,8 +98,9 @@ class VisionProcessor:
 
     def image_tokens(self, grid_thw) -> int:
         """`<|image|>` tokens of one image (or of one temporal patch of a video: pass (1, h, w))."""
-        t, h, w = (int(x) for x in grid_thw)
-        return t * h * w // self.merge_size**2
+        from glmstack.model.vision.placeholders import tokens_per_image
+
+        return tokens_per_image(grid_thw, self.merge_size)
 
     def resized(self, height: int, width: int, num_frames: int = 2) -> tuple[int, int]:
         from transformers.models.glm4v.image_processing_pil_glm4v import smart_resize

@@ -22,7 +22,7 @@ dashboard plots, and the model folder.
 from __future__ import annotations
 
 import copy
-import json
+import dataclasses
 import sys
 import time
 from dataclasses import dataclass, field
@@ -33,7 +33,7 @@ from glmstack.config import ConfigError
 from glmstack.multimodal.stage import VLOptions
 from glmstack.posttrain.rl import rewards as reward_lib
 from glmstack.posttrain.rl.losses import token_logprobs
-from glmstack.posttrain.rl.rollouts import Rollouts, check_divisible, stage_at
+from glmstack.posttrain.rl.rollouts import Rollouts
 from glmstack.posttrain.rl.stage import RLConfig
 from glmstack.posttrain.rl.tasks import Problem
 from glmstack.train import dist
@@ -144,23 +144,17 @@ class VLRLConfig(RLConfig):
 
 
 def check(cfg: VLRLConfig) -> None:
+    """posttrain/rl's checks, plus what vl-rl adds: a model to start from and one optimizer step per batch."""
+    from glmstack.posttrain.rl.stage import check as check_rl
+
     if not isinstance(cfg, VLRLConfig):
         raise ConfigError(f"vl-rl needs a VLRLConfig (got {type(cfg).__name__})")
     if not cfg.init_from:
         raise ConfigError("init_from is required: the vision-language model folder to train (e.g. vl_tiny/sft/model)")
-    o = cfg.rl
-    if o.ppo_epochs * o.minibatches != 1:
+    if cfg.rl.ppo_epochs * cfg.rl.minibatches != 1:
         raise ConfigError("rl.ppo_epochs / rl.minibatches: vl-rl takes one optimizer step per rollout batch (on-policy)")
-    if o.temperature <= 0:
-        raise ConfigError("rl.temperature must be > 0 (RL samples; the trainer divides its logits by it)")
-    if not o.curriculum or any(len(r) not in (3, 4) for r in o.curriculum):
-        raise ConfigError("rl.curriculum: give rows [from_step, level, group_size] or [..., hard_k]")
-    for _, _, group, hard_k in (stage_at(o.curriculum, r[0]) for r in o.curriculum):
-        if hard_k >= group:
-            raise ConfigError(f"rl.curriculum: hard_k={hard_k} must be below the group size {group}")
-        problem = check_divisible(o.samples_per_step, int(group), cfg.grad_accum)
-        if problem:
-            raise ConfigError(problem)
+    # rl.task names posttrain/rl's text tasks; vl-rl's task is VisualQA, so check the rest with the default task
+    check_rl(dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, task=type(cfg.rl)().task)))
 
 
 def run_vl_rl(cfg: VLRLConfig, stop_at: int | None = None) -> dict:
@@ -168,7 +162,7 @@ def run_vl_rl(cfg: VLRLConfig, stop_at: int | None = None) -> dict:
     held-out table, the dashboard and the model folder."""
     from glmstack.model.vision import load_vl_hf
     from glmstack.multimodal.processor import VisionProcessor
-    from glmstack.multimodal.stage import export, stage_dir
+    from glmstack.multimodal.stage import finish, stage_dir
     from glmstack.optim import build_optimizer
     from glmstack.posttrain.rl.stage import rl_loss
     from glmstack.tokenizer import Tokenizer
@@ -188,17 +182,8 @@ def run_vl_rl(cfg: VLRLConfig, stop_at: int | None = None) -> dict:
     folder = stage_dir(cfg)
     result = train(model=model, optimizer=optimizer, data=data, cfg=cfg, stage_dir=folder, loss_fn=rl_loss(cfg.rl),
                    stop_at=stop_at)  # fmt: skip
-    if result["stopped"] != "done":
-        return result
-    result["model"] = str(export(model, tokenizer, processor, folder / "model", cfg.vl.chat_style))
-    if cfg.vl.eval_n:
-        from glmstack.multimodal.evaluate import evaluate_model, heldout_items
-
-        scores = evaluate_model(model, tokenizer, processor, heldout_items(cfg), cfg.vl.chat_style,
-                                max_new_tokens=cfg.vl.max_new_tokens)  # fmt: skip
-        (folder / "eval.json").write_text(json.dumps(scores, indent=2) + "\n")
-        result["heldout_acc"] = scores["accuracy"]
-    if cfg.log.plots:
+    result = finish(cfg, result, model, tokenizer, processor, folder)
+    if result["stopped"] == "done" and cfg.log.plots:
         from glmstack.posttrain.rl.dashboard import plot_dashboard
 
         plot_dashboard(folder)

@@ -204,6 +204,11 @@ def run_vl(cfg: VLTrainConfig, stop_at: int | None = None) -> dict:
     optimizer, _ = build_optimizer(model, cfg.optim)
     result = train(model=model, optimizer=optimizer, data=data, cfg=cfg, stage_dir=folder, loss_fn=sft_loss,
                    stop_at=stop_at)  # fmt: skip
+    return finish(cfg, result, model, tokenizer, processor, folder)
+
+
+def finish(cfg, result: dict, model, tokenizer, processor, folder: Path) -> dict:
+    """After a finished run (vl stages and vl-rl): export the model folder, score the held-out set (eval.json)."""
     if result["stopped"] != "done":
         return result
     result["model"] = str(export(model, tokenizer, processor, folder / "model", cfg.vl.chat_style))

@@ -21,13 +21,6 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=80 * 1024**2, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def base(tmp_path_factory):
     return make_base(tmp_path_factory.mktemp("agentic_base") / "base")
 

@@ -22,13 +22,6 @@ RAY = {"executor": "ray", "workers": 2, "executor_options": {"mem_per_cpu_gb": 0
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=80 * 1024**2, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def tok():
     from glmstack.tokenizer import Tokenizer
 
