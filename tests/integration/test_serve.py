@@ -208,15 +208,21 @@ def test_disconnect_frees_slot_and_queue_bound(ckpt):
     srv = RunningServer(ckpt, max_running=1, max_waiting=1)
     try:
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
-        stream = client.chat.completions.create(model="tiny", messages=HELLO[:1], max_tokens=900, temperature=1.0,
-                                                stream=True, extra_body={"ignore_eos": True})  # fmt: skip
-        next(iter(stream))
-        filler = threading.Thread(target=lambda: client.completions.create(model="tiny", prompt="a", max_tokens=900,
-                                                                           extra_body={"ignore_eos": True}))  # fmt: skip
-        filler.start()  # waits in the queue behind the running stream
-        deadline = time.monotonic() + 30
-        while not srv.sched.waiting and time.monotonic() < deadline:
-            time.sleep(0.02)
+        for _ in range(3):  # on a busy machine the 900-token stream may finish before the filler arrives: retry
+            stream = client.chat.completions.create(model="tiny", messages=HELLO[:1], max_tokens=900,
+                                                    temperature=1.0, stream=True, extra_body={"ignore_eos": True})  # fmt: skip
+            next(iter(stream))
+            filler = threading.Thread(target=lambda: client.completions.create(
+                model="tiny", prompt="a", max_tokens=900, extra_body={"ignore_eos": True}))  # fmt: skip
+            filler.start()  # waits in the queue behind the running stream
+            deadline = time.monotonic() + 30
+            while not srv.sched.waiting and srv.sched.running and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if srv.sched.waiting:
+                break
+            stream.close()
+            filler.join(timeout=60)
+        assert srv.sched.waiting, "the running stream finished before the second request was queued, 3 times"
         with pytest.raises(openai.RateLimitError, match="queue is full"):
             client.completions.create(model="tiny", prompt="a", max_tokens=2)
         stream.close()  # disconnect: the running job is cancelled, the queued one gets the slot
