@@ -25,7 +25,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rejection-sample": ("glmstack.posttrain.rejection:main", "sample, verify and filter responses into an SFT file"),
     "expert-iteration": ("glmstack.posttrain.expert_iteration:main", "experts -> rejection sampling -> one model"),
     "rl": ("glmstack.posttrain.rl.stage:main", "reasoning RL: GRPO/IcePop on rollouts from the engine, on the one loop"),
+    "rm": ("glmstack.posttrain.rm.stage:main", "train a Bradley-Terry reward model on preference pairs (an HF folder)"),
+    "distill": ("glmstack.posttrain.rl.distill:main", "on-policy cross-stage distillation from earlier stages' teachers"),
     "agentic-rl": ("glmstack.posttrain.agentic.stage:main", "agentic RL: multi-turn tool environments, async rollouts (local or Ray)"),
+    "vl-data": ("glmstack.multimodal.vqa:main", "write the synthetic visual QA set (PIL images + train/test chats)"),
+    "vl-train": ("glmstack.multimodal.stage:main", "a vision-language stage: adapter alignment or full SFT with images"),
+    "vl-rl": ("glmstack.multimodal.rl:main", "curriculum RL (GRPO) of a vision-language model with a verifiable reward"),
+    "vl-recipe": ("glmstack.multimodal.recipe:main", "the tiny multimodal recipe: align -> SFT -> RL, with a report"),
     "sft-eval": ("glmstack.posttrain.evaluate:main", "held-out format/thinking/tool-call/task scores of chat models"),
     "generate": ("glmstack.inference.cli:generate_main", "generate text from a checkpoint (MTP speculative decoding)"),
     "chat": ("glmstack.inference.cli:chat_main", "chat with a checkpoint in the terminal (GLM chat format)"),
@@ -33,6 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "convert": ("glmstack.model.convert:main", "re-shard a checkpoint and change its dtype"),
     "eval": ("glmstack.eval.cli:main", "score a checkpoint or an endpoint: ppl, HumanEval, FIM, BFCL, math"),
     "sandbox": ("glmstack.sandbox.cli:main", "run a code snippet in the sandbox"),
+    "ablate": ("glmstack.ablate.cli:main", "the GLM papers' design claims measured at small scale, with 95% intervals"),
     "bench": ("glmstack.bench_cli:main", "list or run the benchmarks in bench/ (a source checkout only: a wheel has no bench/)"),
 }
 

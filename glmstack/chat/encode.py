@@ -25,6 +25,12 @@ def encode(tokenizer, messages, tools=None, style="glm-4.5", enable_thinking=Tru
     """(ids, loss_mask) with `len(ids) == len(loss_mask)`; mask values are 0/1 ints."""
     segments = encode_segments(messages, tools, style, enable_thinking, clear_thinking, add_generation_prompt,
                                close_last_turn)  # fmt: skip
+    return tokenize_segments(tokenizer, segments)
+
+
+def tokenize_segments(tokenizer, segments: list[Segment]) -> tuple[list[int], list[int]]:
+    """(ids, loss_mask) of rendered segments: runs of equal flag encoded on their own (glmstack.multimodal expands
+    image placeholders in the segments first, then comes here)."""
     runs = _merge(segments)
     texts = [r.text for r in runs]
     pieces = tokenizer.encode_batch(texts) if hasattr(tokenizer, "encode_batch") else map(tokenizer.encode, texts)

@@ -8,6 +8,7 @@ reply through StreamParser, shows reasoning dimmed and apart, and tool calls par
     glmstack generate CKPT --prompt "def fib(n):" --max-new-tokens 64 --speculative mtp --draft 3
     glmstack generate CKPT --prompt "a" --prompt "b" --temperature 0.7 --top-p 0.9 --seed 0 --stats
     glmstack chat CKPT [--system "..."] [--tools tools.json] [--no-think]      # /reset, /exit
+    glmstack chat VL_CKPT --image shape.png --no-think     # a GLM-4.5V / 4.1V folder; /image FILE attaches another
     glmstack generate CKPT --quantize int4 --prompt "..."    # or fp8 (glmstack.inference.quant)
     echo "Use Python to reverse the word rocket." | glmstack chat CKPT --tools builtin --run-tools --temperature 0
 """
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from glmstack.errors import ConfigError
+from glmstack.errors import ConfigError, GlmstackError
 from glmstack.model.hf import DTYPES
 
 DIM, RESET = "\x1b[2m", "\x1b[0m"
@@ -159,7 +160,10 @@ def _chat_turn(engine, messages, tools, style, args, tty) -> dict | None:
     """Generate, stream and parse one assistant turn; None when the prompt no longer fits."""
     from glmstack.chat import StreamParser, accumulate, render
 
-    prompt = render(messages, tools, style=style, enable_thinking=not args.no_think, add_generation_prompt=True)
+    if hasattr(engine, "render_prompt"):  # a vision-language checkpoint: ids + pixels (glmstack.multimodal.serving)
+        prompt = engine.render_prompt(messages, tools, style, enable_thinking=not args.no_think)
+    else:
+        prompt = render(messages, tools, style=style, enable_thinking=not args.no_think, add_generation_prompt=True)
     parser, deltas, state, stats = StreamParser(tools, style), [], {}, {}
     try:
         for piece in engine.stream(prompt, stats=stats, **_gen_kwargs(args)):
@@ -206,6 +210,34 @@ def _tools(spec: str | None):
         raise ConfigError(f"--tools {spec}: not a readable JSON file of tool definitions ({e})") from None
 
 
+def _load_chat(args):
+    """A text Engine, or for a vision-language folder its VisionEngine; --image needs the latter, and every image
+    is checked (readable, not remote) before the conversation starts: one error line, never a traceback."""
+    from glmstack.multimodal.serving import VisionEngine, is_vl_checkpoint
+
+    if not is_vl_checkpoint(args.checkpoint):
+        if args.image:
+            raise ConfigError(f"--image: {args.checkpoint} is a text model; images need a vision-language "
+                              "checkpoint (glm4v_moe / glm4v)")  # fmt: skip
+        return _load(args)
+    if args.quantize or args.speculative != "none":
+        raise ConfigError(f"{args.checkpoint} is a vision-language checkpoint: --quantize and --speculative are "
+                          "for text models")  # fmt: skip
+    engine = VisionEngine.load(args.checkpoint, DTYPES.get(args.dtype), args.device)
+    for path in args.image:
+        _image_path(path, engine)
+    return engine
+
+
+def _image_path(path: str, engine) -> str:
+    from glmstack.multimodal.images import load_image
+
+    if not hasattr(engine, "render_prompt"):
+        raise ConfigError("/image: this is a text model; images need a vision-language checkpoint")
+    load_image(path, what=f"--image {path}")  # raises ImageError (one line) on a missing or unreadable file
+    return path
+
+
 def chat_main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="glmstack chat", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -223,9 +255,13 @@ def chat_main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--no-think", action="store_true", help="disable thinking (enable_thinking=False)")
     ap.add_argument("--stats", action="store_true", help="print speed/acceptance stats after each reply")
+    ap.add_argument("--image", action="append", default=[], metavar="FILE",
+                    help="an image for the first message (repeatable; a GLM-4.5V / 4.1V checkpoint); "
+                    "in the conversation, `/image FILE` attaches one to the next message")  # fmt: skip
     args = ap.parse_args(argv)
-    engine = _load(args)
+    engine = _load_chat(args)
     style, tty = _style(args, engine), sys.stdout.isatty()
+    images = list(args.image)
     tools = _tools(args.tools)
     system = [{"role": "system", "content": args.system}] if args.system else []
     messages = list(system)
@@ -240,8 +276,16 @@ def chat_main(argv: list[str] | None = None) -> int:
         if line.strip() == "/reset":
             messages = list(system)
             continue
+        if line.startswith("/image "):
+            try:
+                images.append(_image_path(line[len("/image ") :].strip(), engine))
+            except GlmstackError as e:  # a missing or unreadable image: say so and keep the conversation
+                print(f"glmstack chat: {e}", file=sys.stderr)
+            continue
         before = len(messages)
-        messages.append({"role": "user", "content": line})
+        parts = [{"type": "image", "image": path} for path in images]
+        messages.append({"role": "user", "content": [*parts, {"type": "text", "text": line}] if parts else line})
+        images = []
         for _ in range(MAX_TOOL_ROUNDS if args.run_tools else 1):
             reply = _chat_turn(engine, messages, tools, style, args, tty)
             if reply is None:  # the conversation outgrew the context: forget this exchange

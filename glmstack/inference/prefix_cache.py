@@ -14,9 +14,12 @@ How:
     reference-counted: a running request pins the blocks it was admitted with (`acquire` / `release`), and only
     unpinned leaves (no cached child) are evicted, least recently used first, when an insertion would exceed
     `budget_bytes`. A chain is touched deepest-first so that a parent is always more recent than its children.
-  - `fault_block=n` corrupts the n-th inserted block (keys and values replaced by Gaussian noise of `fault_scale`
-    times their std; a large scale mimics reading memory that was never written): the fault-injection
-    switch that shows the stress harness and the anomaly monitor catching a corrupted cache (tests/serve_stress.py).
+  - `fault_block=n` corrupts the n-th inserted block: the fault-injection switch that shows the stress harness and
+    the anomaly monitor catching a corrupted cache (tests/serve_stress.py, bench/monitor_table.py). fault_mode
+    "noise": keys and values replaced by Gaussian noise of `fault_scale` times their std (a large scale mimics
+    reading memory that was never written); "swap": the block holds another request's KV and hidden states (a
+    cached block of another chain, at the same depth when there is one), what Z.ai's races produced (a request
+    reading a recycled block that another request wrote).
 
     pc = PrefixCache(block_size=16, budget_bytes=256 * 2**20)
     blocks = pc.match(prompt_ids)             # longest cached chain over prompt_ids[:-1] (one token always computed)
@@ -48,6 +51,7 @@ class PrefixCache:
         budget_bytes: int = 256 * 2**20,
         fault_block: int | None = None,
         fault_scale: float = 1.0,
+        fault_mode: str = "noise",
     ):
         if block_size < 1 or budget_bytes < 0:
             raise ValueError(
@@ -55,6 +59,9 @@ class PrefixCache:
             )
         self.block_size, self.budget_bytes, self.fault_block = block_size, budget_bytes, fault_block
         self.fault_scale = fault_scale  # the noise's std in units of the block's own std (at least 1)
+        if fault_mode not in ("noise", "swap"):
+            raise ValueError(f"prefix cache: fault_mode must be 'noise' or 'swap', got {fault_mode!r}")
+        self.fault_mode = fault_mode
         self.blocks: OrderedDict[int, Block] = OrderedDict()  # key -> block, least recently used first
         self.bytes = 0
         self.stats = {"lookups": 0, "hit_tokens": 0, "lookup_tokens": 0, "inserted": 0, "evicted": 0, "skipped": 0}
@@ -130,20 +137,40 @@ class PrefixCache:
 
     def _add(self, b: Block) -> None:
         if self.fault_block is not None and self.stats["inserted"] == self.fault_block:
-            gen = torch.Generator(device="cpu").manual_seed(1234)
-            for k, v in b.kv.values():
-                for t in (k, v):
-                    t.copy_(
-                        torch.randn(t.shape, generator=gen).to(t)
-                        * t.float().std().clamp_min(1.0).item()
-                        * self.fault_scale
-                    )
-            self.corrupted = b
+            self._corrupt(b)
         self.blocks[b.key] = b
         self.bytes += b.nbytes
         self.stats["inserted"] += 1
         if b.parent is not None:
             b.parent.children += 1
+
+    def _corrupt(self, b: Block) -> None:
+        if self.fault_mode == "swap":
+            donor = self._other_request_block(b)
+            for i, (k, v) in b.kv.items():
+                k.copy_(donor.kv[i][0])
+                v.copy_(donor.kv[i][1])
+            if b.hidden is not None and donor.hidden is not None:
+                b.hidden.copy_(donor.hidden)
+        else:
+            gen = torch.Generator(device="cpu").manual_seed(1234)
+            for k, v in b.kv.values():
+                for t in (k, v):
+                    t.copy_(torch.randn(t.shape, generator=gen).to(t) * t.float().std().clamp_min(1.0).item()
+                            * self.fault_scale)  # fmt: skip
+        self.corrupted = b
+
+    def _other_request_block(self, b: Block) -> Block:
+        """A cached block off b's chain, the most recent one at b's depth if any (swap fault's donor)."""
+        chain, depth = set(), 0
+        a = b.parent
+        while a is not None:
+            chain.add(a.key)
+            a, depth = a.parent, depth + 1
+        others = [o for o in reversed(self.blocks.values()) if o.key not in chain]
+        if not others:
+            raise RuntimeError("prefix cache: fault_mode 'swap' needs another request's block in the cache")
+        return next((o for o in others if _depth(o) == depth), others[0])
 
     def _make_room(self, need: int) -> bool:
         """Evict unpinned leaves, least recently used first, until `need` more bytes fit; False if they cannot."""
@@ -175,6 +202,13 @@ class PrefixCache:
     def hit_rate(self) -> float:
         """Prompt tokens served from the cache / prompt tokens looked up."""
         return self.stats["hit_tokens"] / max(self.stats["lookup_tokens"], 1)
+
+
+def _depth(b: Block) -> int:
+    n = 0
+    while b.parent is not None:
+        b, n = b.parent, n + 1
+    return n
 
 
 # ---- the prefill of a batch of prompts over their cached prefixes (serve.scheduler; speculative admission) ----

@@ -264,6 +264,15 @@ class ModelConfig:
 def read_hf_config(source: str | Path) -> dict:
     """The dict of a `config.json` (or a folder holding one); not JSON, not a mapping or a missing required field
     -> ConfigError naming the file and the field."""
+    path, data = read_config_json(source)
+    absent = [k for k in REQUIRED_HF_FIELDS if k not in data and HF_ALIAS_OF.get(k) not in data]
+    if absent:
+        raise ConfigError(f"{path}: missing required field(s) {', '.join(absent)}")
+    return data
+
+
+def read_config_json(source: str | Path) -> tuple[Path, dict]:
+    """(path, dict) of a `config.json` or a folder holding one; missing, not JSON or not an object -> ConfigError."""
     path = Path(source)
     path = path / "config.json" if path.is_dir() else path
     try:
@@ -274,10 +283,7 @@ def read_hf_config(source: str | Path) -> dict:
         raise ConfigError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    absent = [k for k in REQUIRED_HF_FIELDS if k not in data and HF_ALIAS_OF.get(k) not in data]
-    if absent:
-        raise ConfigError(f"{path}: missing required field(s) {', '.join(absent)}")
-    return data
+    return path, data
 
 
 def _split_hf_dict(d: dict) -> tuple[dict, dict]:

@@ -18,7 +18,8 @@ The KL joins the model's loss through `add_indexer_losses` as coeff·(KL − KL.
 indexer's `last_loss` holds it for logging) and its gradient is scaled by whatever scales the loss in backward,
 like every other loss term (gradient accumulation's weights; Megatron's indexer-loss auto-scaler multiplies by the
 main loss's backward scale for the same reason). Selection is deterministic torch.topk (GLM-5 found a
-non-deterministic top-k collapsed RL); `stable_ties` also makes exact ties independent of shapes (select_topk).
+non-deterministic top-k collapsed RL); `stable_ties` (default) also makes exact ties independent of shapes
+(select_topk), so batched, padded and single-request decoding choose the same keys.
 
 IndexShare (IndexCache, arXiv 2603.12201; GLM-5.2): "full" layers run their indexer and publish top-k, "shared"
 layers reuse the last full layer's choice (`indexer_types` from the config, HF rule in `is_full_indexer_layer`).
@@ -63,19 +64,34 @@ def index_scores(q_BTIE: torch.Tensor, k_BSE: torch.Tensor, w_BTI: torch.Tensor,
     return torch.matmul(w_BTI.to(acc).unsqueeze(-2), scores_BTIS).squeeze(-2)
 
 
-def select_topk(scores_BTS: torch.Tensor, mask_BTS: torch.Tensor, k: int, stable: bool = False) -> torch.Tensor:
-    """Indices (B, T, min(k, S)) of the best allowed keys; masked keys score -inf.
+def select_topk(scores_BTS: torch.Tensor, mask_B1TS: torch.Tensor, k: int, stable: bool = True) -> torch.Tensor:
+    """Indices (B, T, min(k, S)) of the best allowed keys, best first; masked keys score -inf.
 
-    Both choices are deterministic run to run. stable=False is torch.topk, what transformers and GLM-5's training
-    engine use (so checkpoint parity is exact), but among EXACTLY equal scores (ReLU makes 0 common in tiny random
-    models) its pick depends on the row length, so prefill and token-by-token decode may choose different keys.
-    stable=True sorts stably (ties go to the earliest key) and is shape-independent.
+    Both orders are deterministic run to run. stable=True (default) breaks EXACT ties (ReLU makes 0 common in tiny
+    random models) in favour of the earliest key, so the choice does not depend on the key axis's length or offset:
+    a left-padded row of a batch, a continuous-batching cache and a full-sequence training forward pick the same keys
+    as the row decoded alone (batched == single-request generation). stable=False is plain torch.topk, what
+    transformers uses (exact checkpoint parity); its order among ties depends on the row length.
     """
-    scores_BTS = scores_BTS.masked_fill(~mask_BTS, float("-inf"))
+    scores_BTS = scores_BTS.masked_fill(~mask_B1TS, float("-inf"))
     k = min(k, scores_BTS.shape[-1])
-    if stable:
+    if not stable:
+        return scores_BTS.topk(k, dim=-1).indices
+    if scores_BTS.dtype == torch.float64:  # no room for the key index beside 64-bit scores: sort (O(S log S))
         return scores_BTS.sort(dim=-1, descending=True, stable=True).indices[..., :k]
-    return scores_BTS.topk(k, dim=-1).indices
+    return tie_ordered_keys(scores_BTS).topk(k, dim=-1).indices
+
+
+def tie_ordered_keys(scores_BTS: torch.Tensor) -> torch.Tensor:
+    """int64 keys ordered like (score, -key index): all distinct, so one topk gives the stable-sort order in O(S).
+
+    The fp32 score's bits become an order-preserving int32 (negative floats: flip the magnitude bits; -0.0 is folded
+    into +0.0 first), shifted up 32 bits; the low 32 bits rank earlier keys higher.
+    """
+    bits_BTS = (scores_BTS.float() + 0.0).view(torch.int32)  # + 0.0: -0.0 -> +0.0 (they tie as floats)
+    ordered_BTS = torch.where(bits_BTS < 0, bits_BTS ^ 0x7FFFFFFF, bits_BTS).long()
+    index_S = torch.arange(scores_BTS.shape[-1], device=scores_BTS.device)
+    return ordered_BTS * 2**32 + (2**32 - 1 - index_S)
 
 
 def sparse_mask(topk_BTK: torch.Tensor, mask_B1TS: torch.Tensor) -> torch.Tensor:
@@ -102,7 +118,9 @@ class Indexer(nn.Module):
         self.weights_proj.keep_fp32 = True  # HF keeps it fp32 (`_keep_in_fp32_modules`); GLM.cast respects this
         self.scale = self.head_dim**-0.5
         self.mode = "select"
-        self.stable_ties = False  # see select_topk: True makes tie order independent of the sequence length
+        # select_topk: ties go to the earliest key, independent of the row's length (batched == alone); False is
+        # torch.topk's order, as transformers (HF parity tests)
+        self.stable_ties = True
         self.loss_coeff = 1.0  # gradient weight of the KL (MCORE dsa_indexer_loss_coeff)
         self.pending_loss: torch.Tensor | None = None
         self.last_loss: torch.Tensor | None = None  # detached, for logging

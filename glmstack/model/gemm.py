@@ -1,8 +1,10 @@
-"""fp32 GEMMs on CPU through oneDNN: the model's linear layers, expert blocks and fused LM loss call these.
+"""fp32 GEMMs on CPU through oneDNN: the model's linear layers and fused LM loss call these.
 
-Why: torch sends fp32 CPU matmuls to MKL, which on AMD CPUs runs its AVX2 kernels even where the CPU has AVX-512
-(this box: Zen 5). oneDNN, also inside torch, runs AVX-512 kernels there: at the training shapes of `tiny-moe`
-it does ~240 GFLOP/s per core against MKL's ~105-110 (`python bench/gemm.py`). Same maths in fp32; only the
+Why: torch sends fp32 CPU matmuls to MKL, which on AMD CPUs runs its AVX2 kernels even where the CPU has AVX-512.
+oneDNN, also inside torch, runs AVX-512 kernels there: at the training shapes of `tiny-moe` it did ~240 GFLOP/s
+per core against MKL's ~105-110 on a Zen 5 (`python bench/gemm.py`); on a Zen 4, whose AVX-512 is double-pumped,
+the two are about even. oneDNN builds (and caches) a kernel per operand shape, ~0.8 ms a new shape: only
+fixed-shape GEMMs belong here, so the MoE's per-expert blocks, whose row counts change every step, use torch.mm. Same maths in fp32; only the
 summation order differs (results within ~1e-6 relative). On GPU, under autocast or compile, in other dtypes, for
 small blocks (where oneDNN's per-call cost loses), or with GLMSTACK_ONEDNN=0, everything is plain torch: that
 is the reference `tests/unit/test_gemm.py` compares with, forward and backward.

@@ -174,13 +174,15 @@ def load_hf(folder: str | os.PathLike, dtype: torch.dtype | None = None, device=
     return model
 
 
-def checkpoint_tensors(model: GLM, folder: str | os.PathLike, *, missing_mtp: str = "error", seed: int = 0):
+def checkpoint_tensors(model: GLM, folder: str | os.PathLike, *, missing_mtp: str = "error", seed: int = 0,
+                       keep=None):
     """The checkpoint in `folder` as a stream of (our state-dict name, full tensor in the model's dtype), for the
     (meta) `model` its config describes. Checked now (one CheckpointError naming every problem); the stream then
     reads one of our tensors at a time (a bank gathers its experts' slices), so a sharded model can keep its part
     of each (train/dist.py: materialize) and no process holds the whole checkpoint.
-    missing_mtp="init": a checkpoint without its MTP layer gets a freshly initialised one (`seed`), warned."""
-    files = checkpoint_files(Path(folder))
+    missing_mtp="init": a checkpoint without its MTP layer gets a freshly initialised one (`seed`), warned.
+    keep(hf_name) -> bool: read only those tensors (a reward model takes a causal LM's trunk, posttrain/rm)."""
+    files = {k: p for k, p in checkpoint_files(Path(folder)).items() if keep is None or keep(k)}
     fresh = None
     if missing_mtp == "init" and len(model.mtp) and mtp_missing(folder, model.cfg):
         _warn(f"{folder} has no MTP layer (e.g. written by transformers): training starts from a freshly "
@@ -214,9 +216,23 @@ def _read(targets, files: dict[str, Path]):
 
 def _check(model: GLM, files: dict[str, Path], allow_missing_mtp: bool = False) -> dict[str, tuple[str, tuple]]:
     """Match checkpoint names/shapes to the model from the headers only; raise one error listing every problem."""
-    entries, optional, packed = hf_entries(model), _optional_entries(model), _packed_entries(model)
-    shapes = _shapes(files)
-    state = model.state_dict()
+    entries = hf_entries(model)
+    plan, missing, unexpected, bad_shape = match_names(entries, _optional_entries(model), _packed_entries(model),
+                                                       model.state_dict(), _shapes(files))
+    hint = ""
+    mtp_prefixes = tuple(f"model.layers.{model.cfg.num_hidden_layers + d}." for d in range(len(model.mtp)))
+    if missing and mtp_prefixes and all(k.startswith(mtp_prefixes) for k in missing):
+        if allow_missing_mtp:
+            missing = []
+        hint = " (no MTP layer in the checkpoint, e.g. written by transformers: load with num_nextn_predict_layers=0)"
+    _raise_if(missing, unexpected, bad_shape, hint)
+    return plan
+
+
+def match_names(entries: dict, optional: dict, packed: dict, state: dict, shapes: dict):
+    """Checkpoint tensor names/shapes against a model's name map -> (plan: HF name -> (ours, index), missing,
+    unexpected, mis-shaped). entries: HF name -> (ours, index); optional: HF names that may appear but add no
+    tensor (-> the ours they copy); packed: alternative HF names of whole tensors."""
     plan, bad_shape, unexpected = {}, [], []
     for key, shape in shapes.items():
         if key in entries:
@@ -237,14 +253,7 @@ def _check(model: GLM, files: dict[str, Path], allow_missing_mtp: bool = False) 
     filled = {ours for ours, idx in plan.values() if idx == ()}
     present = set(shapes)  # a mis-shaped tensor is reported as such, not also as missing
     missing = [k for k, (ours, _) in entries.items() if k not in present and ours not in filled]
-    hint = ""
-    mtp_prefixes = tuple(f"model.layers.{model.cfg.num_hidden_layers + d}." for d in range(len(model.mtp)))
-    if missing and mtp_prefixes and all(k.startswith(mtp_prefixes) for k in missing):
-        if allow_missing_mtp:
-            missing = []
-        hint = " (no MTP layer in the checkpoint, e.g. written by transformers: load with num_nextn_predict_layers=0)"
-    _raise_if(missing, unexpected, bad_shape, hint)
-    return plan
+    return plan, missing, unexpected, bad_shape
 
 
 def _shapes(files: dict[str, Path]) -> dict[str, tuple]:
@@ -278,8 +287,13 @@ def save_hf(model: GLM, folder: str | os.PathLike, dtype: torch.dtype | None = N
     if getattr(model, "quant_scheme", None) == "int4":
         raise CheckpointError("save_hf: int4 weights have no checkpoint format here (fp8 has: the released one)")
     dtype = dtype or model.embed_tokens.weight.dtype
-    state = model.state_dict()
-    entries = hf_entries(model)
+    return write_checkpoint(folder, model.state_dict(), hf_entries(model), model.cfg.to_hf(), dtype, max_shard_bytes)
+
+
+def write_checkpoint(folder: Path, state: dict, entries: dict, hf_cfg: dict, dtype: torch.dtype,
+                     max_shard_bytes: int) -> Path:
+    """config.json + the `entries` (HF name -> (our state name, index)) of `state` as safetensors, sharded above
+    max_shard_bytes, written to a temp folder renamed into place."""
     shards = _plan_shards(entries, state, dtype, max_shard_bytes)
     tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -292,7 +306,6 @@ def save_hf(model: GLM, folder: str | os.PathLike, dtype: torch.dtype | None = N
         total = sum(_nbytes(state, *entries[k], dtype) for k in entries)
         index = {"metadata": {"total_size": total}, "weight_map": {k: n for n, ks in zip(names, shards) for k in ks}}
         (tmp / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
-    hf_cfg = model.cfg.to_hf()
     hf_cfg.pop("torch_dtype", None)
     hf_cfg["dtype"] = str(dtype).removeprefix("torch.")
     (tmp / "config.json").write_text(json.dumps(hf_cfg, indent=2) + "\n")
@@ -315,7 +328,7 @@ def _keep_as_is(t: torch.Tensor, ours: str) -> bool:
 
 def _keep_fp32(ours: str) -> bool:
     """Router weights, balancing biases and the DSA indexer's head weights are stored fp32 (as HF does)."""
-    router = ours.endswith(("gate.weight", "e_score_correction_bias")) and ".mlp.gate." in ours
+    router = ours.endswith(("gate.weight", "e_score_correction_bias")) and ".gate." in ours  # also mlp.visual.gate
     return router or ours.endswith("indexer.weights_proj.weight")
 
 

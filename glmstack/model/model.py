@@ -189,9 +189,11 @@ class GLM(nn.Module):
     # ---------------------------------------------------------------- forward
     def forward(self, input_ids, labels=None, position_ids=None, segment_ids=None, cache=None,
                 mtp_weight: float | None = None, aux_loss_weight: float | None = None,
-                prefix_len=None) -> GLMOutput:
+                prefix_len=None, inputs_embeds=None, rope=None) -> GLMOutput:
         """prefix_len (B,): GLM blank infilling's Part A length (bidirectional), Part B causal (glm_options.py);
-        with cfg.position_2d, position_ids is (B, 2, T) (text position, position inside the span)."""
+        with cfg.position_2d, position_ids is (B, 2, T) (text position, position inside the span).
+        inputs_embeds (B, T, D) replaces the token embeddings and rope = (cos, sin) (B, T, rotary_dim) the RoPE
+        angles: how the vision-language model (model/vision/) feeds image tokens and 3D RoPE; None = unchanged."""
         B, T = input_ids.shape
         if position_ids is None:
             offset = cache.seq_len if cache is not None else 0
@@ -203,8 +205,8 @@ class GLM(nn.Module):
         else:
             mask = segment_mask(segment_ids) if segment_ids is not None else None
         valid_BT = segment_ids != 0 if segment_ids is not None else None  # segment 0 = padding (data contract)
-        x_BTD = self.embed(input_ids)
-        cos, sin = self._rope(position_ids, x_BTD.dtype)
+        x_BTD = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
+        cos, sin = self._rope(position_ids, x_BTD.dtype) if rope is None else rope
         auxes, loads = [], []
         for layer in self.layers:
             x_BTD, aux, load_E = layer(x_BTD, cos, sin, mask, cache, valid_BT)

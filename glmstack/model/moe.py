@@ -9,7 +9,9 @@ Experts are 3-D banks `gate_up_proj (E, 2F, D)` (gate rows first) and `down_proj
 keeps in memory. The fast path (`experts_grouped`) sorts the T*K (token, expert) pairs by expert and runs two
 `torch._grouped_mm` calls on GPU (bf16, sm90+; `experts_grouped_mm`) or, elsewhere, one matmul per expert on
 contiguous row blocks with a hand-written backward (`experts_sorted`); `experts_loop` is the plain per-expert
-reference (`use_grouped_mm=False`). All three are checked equal in tests/unit/test_model_moe.py, forward and backward.
+reference (`use_grouped_mm=False`). The per-expert blocks call torch.mm (MKL on CPU), not the oneDNN GEMMs of
+model/gemm.py: a block's row count changes with the routing at every step, and oneDNN builds a new kernel for
+every new shape (~0.8 ms a call here), which cost a training step ~20% (docs/training.md, Throughput). All three are checked equal in tests/unit/test_model_moe.py, forward and backward.
 
 Also here: the sequence-wise balance loss (DeepSeek-V3 Eq. 17-20) and per-expert token counts for the trainer's
 bias update. Shape legend: B batch, T tokens, D hidden, E experts, K experts per token, F expert width,
@@ -22,7 +24,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from glmstack.model import gemm
 from glmstack.model.layers import MLP
 
 
@@ -125,9 +126,9 @@ class _SortedExperts(torch.autograd.Function):
         N, F2 = xs_ND.shape[0], w_gu_EFD.shape[1]
         h_NF2, actw_NF, ys_ND = x_TD.new_empty(N, F2), x_TD.new_empty(N, F2 // 2), x_TD.new_empty(xs_ND.shape)
         for e, (a, b) in _blocks(counts):
-            gemm.mm(xs_ND[a:b], w_gu_EFD[e].t(), out=h_NF2[a:b])
+            torch.mm(xs_ND[a:b], w_gu_EFD[e].t(), out=h_NF2[a:b])
             torch.mul(_swiglu(h_NF2[a:b]), wk_N1[a:b], out=actw_NF[a:b])
-            gemm.mm(actw_NF[a:b], w_d_EDF[e].t(), out=ys_ND[a:b])
+            torch.mm(actw_NF[a:b], w_d_EDF[e].t(), out=ys_ND[a:b])
         ctx.save_for_backward(xs_ND, h_NF2, actw_NF, wk_N1, w_gu_EFD, w_d_EDF, order_N, tok_N)
         ctx.counts, ctx.K, ctx.w_dtype = counts, K, w_TK.dtype
         return torch.zeros_like(x_TD).index_add_(0, tok_N, ys_ND)
@@ -140,8 +141,8 @@ class _SortedExperts(torch.autograd.Function):
         dwk_N = dy_TD.new_empty(len(tok_N), dtype=torch.float32)
         dw_gu, dw_d = torch.empty_like(w_gu_EFD), torch.empty_like(w_d_EDF)
         for e, (a, b) in _blocks(ctx.counts):
-            gemm.mm_tn(dys_ND[a:b], actw_NF[a:b], out=dw_d[e])
-            g_nF = gemm.mm(dys_ND[a:b], w_d_EDF[e])  # d/d(weighted activation)
+            torch.mm(dys_ND[a:b].t(), actw_NF[a:b], out=dw_d[e])
+            g_nF = dys_ND[a:b] @ w_d_EDF[e]  # d/d(weighted activation)
             gate, up = h_NF2[a:b].chunk(2, dim=-1)
             sig = torch.sigmoid(gate)
             silu = gate * sig
@@ -150,8 +151,8 @@ class _SortedExperts(torch.autograd.Function):
             g_nF.mul_(wk_N1[a:b])  # d/d activation
             torch.mul(g_nF, silu, out=dup)
             torch.mul(g_nF.mul_(up), silu.mul_(1 - sig).add_(sig), out=dgate)  # silu' = sig + silu (1 - sig)
-            gemm.mm_tn(dh_NF2[a:b], xs_ND[a:b], out=dw_gu[e])
-            gemm.mm(dh_NF2[a:b], w_gu_EFD[e], out=dxs_ND[a:b])
+            torch.mm(dh_NF2[a:b].t(), xs_ND[a:b], out=dw_gu[e])
+            torch.mm(dh_NF2[a:b], w_gu_EFD[e], out=dxs_ND[a:b])
         for e, n in enumerate(ctx.counts):
             if not n:  # an expert no token chose
                 dw_gu[e].zero_()

@@ -43,10 +43,12 @@ def classify(name: str, p: torch.Tensor, *, lm_head: str, router: str, embedding
         return "adamw"
     if name in embeddings or "embed_tokens" in name:  # word embedding (also an MTP layer's, if it has one)
         return "adamw"
-    if name.endswith(("lm_head.weight", "shared_head.head.weight")):
+    if name.endswith(("lm_head.weight", "shared_head.head.weight", "score.weight")):  # score: a reward model's head
         return lm_head
     if name.endswith(".gate.weight"):  # MoE router (E, D); dense MLPs use gate_proj, so no clash
         return router
+    if p.ndim > 3:  # a ViT's conv kernels: the patch embedding is an input layer (Muon's authors keep those on AdamW)
+        return "adamw"
     if p.ndim in (2, 3):  # hidden matrices and (E, out, in) expert banks
         return "muon"
     raise ValueError(f"no optimiser rule for {name} of shape {tuple(p.shape)}")

@@ -113,9 +113,12 @@ def orthogonalize_many(items: list[tuple[Tensor, dict]]) -> list[Tensor]:
             key = (rows, update.shape[-1], group["ns_steps"], group["ns_coefficients"], group["eps"], dtype)
             buckets.setdefault(key, []).append((src, _piece(out, spec, heads, off, rows)))
     for (rows, cols, steps, coefficients, eps, dtype), pairs in buckets.items():
-        stacked = torch.cat([src.reshape(-1, rows, cols).to(dtype) for src, _ in pairs])  # (N, rows, cols)
+        sizes = [src[..., 0, 0].numel() for src, _ in pairs]
+        stacked = pairs[0][0].new_empty((sum(sizes), rows, cols), dtype=dtype)  # (N, rows, cols)
+        for (src, _), part in zip(pairs, stacked.split(sizes)):
+            part.view(src.shape).copy_(src)  # the cast to the NS dtype and the stacking in one pass (== .to(dtype))
         ortho = zeropower_via_newtonschulz(stacked, steps, coefficients, eps, dtype)
-        for (src, dst), part in zip(pairs, ortho.split([src[..., 0, 0].numel() for src, _ in pairs])):
+        for (src, dst), part in zip(pairs, ortho.split(sizes)):
             dst.copy_(part.view(dst.shape))
     return outs
 

@@ -57,11 +57,13 @@ def sft_loss(model, batch: dict, values: dict):
 
 
 # ---------------------------------------------------------------------------------------------------- data
-def data_files(entries: list[str], out: Path, n: int, seed: int, split: str) -> list[Path]:
-    """Paths for the entries; synthetic sets are generated into `out` once (the files are the record)."""
+def data_files(entries: list[str], out: Path, n: int, seed: int, split: str, generate=None) -> list[Path]:
+    """Paths for the entries; synthetic sets are generated into `out` once (the files are the record).
+    `generate(name, n, seed, split) -> records`: synthetic.generate (SFT sets) unless given (rm's preference sets)."""
     from glmstack.posttrain.sft_data import write_jsonl
-    from glmstack.posttrain.synthetic import generate
+    from glmstack.posttrain.synthetic import generate as sft_sets
 
+    generate = generate or sft_sets
     paths = []
     for e in entries:
         if not e.startswith(SYNTHETIC):

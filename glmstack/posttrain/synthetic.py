@@ -6,6 +6,10 @@ Sets (GLM-4.5's three experts at toy scale, research/post-training-recipe.md §5
   tools       a calculator and a python tool: the assistant calls one, reads the result and answers. Python results
               are what glmstack.sandbox really printed when the set was generated.
   chat        multi-turn chat under a system prompt that names the assistant; questions from small fact tables
+  compare     the larger / smaller of two or three one-digit numbers ("Which is the largest of 3, 8 and 5?"); the
+              reasoning orders them, the content gives the answer as the arithmetic set does. A task a tiny model can partly
+              solve after SFT (copying one of the numbers scores 1/2 or 1/3), so reasoning RL has room to improve it
+              (glmstack.posttrain.rl.tasks' `compare` draws from the same generator and the same held-out split)
 Every item comes in two variants, thinking on and off (hybrid reasoning, GLM-4.5 §3.1): with thinking off the
 record sets `enable_thinking: false` and has no reasoning, so the template's switch decides.
 
@@ -26,7 +30,7 @@ from pathlib import Path
 
 from glmstack.posttrain.tools import CALCULATOR, PYTHON, TOOLS, calculate, run_python
 
-SETS = ("arithmetic", "tools", "chat")
+SETS = ("arithmetic", "tools", "chat", "compare")
 TEST_EVERY = 5  # one prompt in TEST_EVERY is held out
 
 NAMES = ["Ana", "Ben", "Cleo", "Dan", "Eva", "Finn", "Gus", "Hana", "Ivo", "Jade", "Kai", "Lena", "Milo", "Nora"]
@@ -85,6 +89,32 @@ def arithmetic_record(rng: random.Random, thinking: bool) -> dict:
     if thinking:
         reply["reasoning_content"] = reasoning
     return _record("arithmetic", [{"role": "user", "content": question}, reply], None, thinking, str(answer), None)
+
+
+# ---------------------------------------------------------------------------------------------- compare
+COMPARE_LEVELS = 4  # numbers to compare: 2 + level // 2 (2, 2, 3, 3); odd levels ask for the smaller one too
+
+
+def compare_item(rng: random.Random, level: int) -> tuple[str, str, int]:
+    """(question, worked reasoning, answer): the largest (or smallest) of distinct one-digit numbers; level 0 the
+    larger of two, 1 the larger or smaller of two, 2 the largest of three, 3+ the largest or smallest of three."""
+    level = max(0, min(level, COMPARE_LEVELS - 1))
+    nums = rng.sample(range(10), 2 + level // 2)
+    want = "smallest" if level % 2 and rng.random() < 0.5 else "largest"
+    answer = max(nums) if want == "largest" else min(nums)
+    if len(nums) == 2:
+        question = f"Which is {'larger' if want == 'largest' else 'smaller'}, {nums[0]} or {nums[1]}?"
+    else:
+        question = f"Which is the {want} of {', '.join(map(str, nums[:-1]))} and {nums[-1]}?"
+    return question, f"In order: {' < '.join(map(str, sorted(nums)))}.", answer
+
+
+def compare_record(rng: random.Random, thinking: bool) -> dict:
+    question, reasoning, answer = compare_item(rng, rng.randrange(COMPARE_LEVELS))
+    reply = {"role": "assistant", "content": f"The answer is {answer}."}
+    if thinking:
+        reply["reasoning_content"] = reasoning
+    return _record("compare", [{"role": "user", "content": question}, reply], None, thinking, str(answer), None)
 
 
 # ---------------------------------------------------------------------------------------------- tools
@@ -175,6 +205,8 @@ def generate(set_name: str, n: int, seed: int = 0, split: str = "train") -> list
             rec = arithmetic_record(rng, thinking)
         elif set_name == "tools":
             rec = tool_record(rng, thinking, _PY_OUTPUTS)
+        elif set_name == "compare":
+            rec = compare_record(rng, thinking)
         else:
             rec = chat_record(rng, thinking)
         if rec["meta"]["split"] == split:
@@ -189,7 +221,7 @@ _INT = re.compile(r"-?\d+")
 def verify(meta: dict, reply: dict, tool_calls: list[dict] | None = None) -> bool:
     """Whether the final assistant message `reply` (and, for tool items, the calls made) solves the item."""
     content = reply.get("content") or ""
-    if meta["set"] == "arithmetic":
+    if meta["set"] in ("arithmetic", "compare"):
         found = _INT.findall(content)
         return bool(found) and found[-1] == meta["answer"]
     if meta["set"] == "tools":

@@ -15,9 +15,11 @@ import dataclasses
 
 from glmstack.posttrain.sft import SFTConfig, SFTOptions
 
-SETS = ("arithmetic", "tools", "chat")
+SETS = ("arithmetic", "tools", "chat", "compare")
 STEPS = 300
-EXPERT_STEPS, MERGED_STEPS = 40, 40  # experts see one set each; the merged model sees all three sets' samples
+EXPERT_STEPS = 40  # experts see one set each
+EXPERT_SETS = ("arithmetic", "tools", "chat")  # the reasoning, tool-use and chat experts' sets
+MERGED_STEPS = len(EXPERT_SETS) * EXPERT_STEPS  # the merged model sees the experts' sets and their samples
 
 
 def sft() -> SFTConfig:
@@ -65,6 +67,7 @@ def sft_chat() -> SFTConfig:
 
 
 def sft_merged() -> SFTConfig:
-    cfg = expert("merged", (), MERGED_STEPS)  # data: the experts' rejection-sampled files (set by the driver)
-    cfg.optim.lr = 3e-4  # a few hundred sampled conversations: a gentler lr than the experts', not to overfit them
-    return cfg
+    """GLM-4.5's overall SFT: the experts' training sets plus their rejection-sampled outputs (the driver appends
+    those files, `--rs-weight` times each), for the experts' steps together at their lr, so every skill gets the
+    budget its expert had. (Sampled outputs alone, a few dozen conversations at this size, kept 67% of tools.)"""
+    return expert("merged", EXPERT_SETS, MERGED_STEPS)

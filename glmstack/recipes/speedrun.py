@@ -29,7 +29,7 @@ class Size:
     sft_steps: int  # SFT steps on the synthetic sets (hybrid thinking, tool calls)
     sft_batch_size: int  # SFT rows per step
     sft_seq_len: int  # SFT rows (a tool conversation with its tools block is ~440 tokens)
-    rl_steps: int  # reasoning-RL steps on procedural arithmetic (0 = no RL stage)
+    rl_steps: int  # reasoning-RL steps on the procedural compare task (0 = no RL stage)
     card_n: int  # held-out items per report-card metric and model
 
 
@@ -40,13 +40,13 @@ SIZES = (
          sft_steps=60, sft_batch_size=4, sft_seq_len=512, rl_steps=2, card_n=4),
     Size(minutes=5, hidden_size=96, num_hidden_layers=3, n_routed_experts=8, vocab_size=1024, corpus_mb=2,
          pretrain_steps=500, midtrain_steps=120, seq_len=128, mid_seq_len=256, batch_size=8,
-         sft_steps=100, sft_batch_size=8, sft_seq_len=512, rl_steps=10, card_n=16),
+         sft_steps=100, sft_batch_size=8, sft_seq_len=512, rl_steps=30, card_n=16),
     Size(minutes=15, hidden_size=128, num_hidden_layers=4, n_routed_experts=8, vocab_size=2048, corpus_mb=4,
          pretrain_steps=1000, midtrain_steps=300, seq_len=128, mid_seq_len=256, batch_size=8,
-         sft_steps=200, sft_batch_size=8, sft_seq_len=512, rl_steps=20, card_n=32),
+         sft_steps=200, sft_batch_size=8, sft_seq_len=512, rl_steps=40, card_n=32),
     Size(minutes=60, hidden_size=192, num_hidden_layers=5, n_routed_experts=16, vocab_size=4096, corpus_mb=12,
          pretrain_steps=1000, midtrain_steps=300, seq_len=256, mid_seq_len=512, batch_size=8,
-         sft_steps=200, sft_batch_size=8, sft_seq_len=512, rl_steps=20, card_n=64),
+         sft_steps=200, sft_batch_size=8, sft_seq_len=512, rl_steps=60, card_n=64),
 )  # pre/mid-training steps of rows 5-15 timed on a quiet machine; their SFT/RL/card parts are a plan from
 #   docs/sft.md / docs/rl.md timings, not yet run end to end (docs/speedrun.md says what was measured)
 

@@ -23,6 +23,7 @@ import secrets
 import time
 from importlib import resources
 
+import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import ValidationError
@@ -41,9 +42,21 @@ class Server:
 
     def __init__(self, engine, model_name: str, style: str, scheduler: Scheduler, time_limit_s: float = 600.0):
         self.tok, self.ctx = engine.tokenizer, engine.cfg.max_position_embeddings
+        self.model = engine.model  # read by prompt_logprobs (echo + logprobs)
+        self.processor = getattr(engine, "processor", None)  # a vision-language checkpoint's (multimodal/serving.py)
         self.model_name, self.style, self.sched, self.time_limit_s = model_name, style, scheduler, time_limit_s
         self.created = int(time.time())
         self.counts = {"requests": 0, "rejected_429": 0, "errors_4xx": 0}
+
+    @torch.no_grad()
+    def prompt_logprobs(self, ids: list[int]) -> list[float | None]:
+        """Raw log-prob of each prompt token given those before it (None for the first): echo + logprobs, the
+        scoring request of OpenAI's legacy completions and vLLM (an RL trainer's teacher log-probs). One plain
+        forward beside the scheduler's batch: the model's forward keeps no state, so the two do not interact."""
+        device = next(self.model.parameters()).device
+        x_T = torch.tensor(ids, device=device)
+        logp_TV = torch.log_softmax(self.model(x_T[None]).logits[0].float(), dim=-1)
+        return [None] + logp_TV[:-1].gather(-1, x_T[1:, None])[:, 0].tolist()
 
     # ---- request -> jobs -----------------------------------------------------------------------------------
     async def body(self, request: Request, model_cls):
@@ -64,6 +77,25 @@ class Server:
         req.unsupported()
         return req
 
+    def media(self, req):
+        """A chat request's images (OpenAI image_url data URLs): its messages get the GLM-4.5V placeholders, the
+        pixels come back; None when it has none. A text model, a remote URL or a bad image is a 400."""
+        from glmstack.multimodal.serving import has_media, request_media
+
+        if not has_media(req.messages):
+            return None
+        req.messages, media = request_media(req.messages, self.processor)
+        return media
+
+    def expand(self, text: str, media) -> str:
+        from glmstack.multimodal.images import ImageError
+        from glmstack.multimodal.serving import expand_prompt
+
+        try:
+            return expand_prompt(text, media, self.processor)
+        except ImageError as e:
+            raise ApiError(400, f"messages: {e}", "messages") from None
+
     def budget(self, prompt_len: int, asked: int | None, param: str, prompt_param: str) -> int:
         """New tokens for a prompt: `asked` (the field `param`), else the rest of the context."""
         room = self.ctx - prompt_len
@@ -74,7 +106,7 @@ class Server:
                            f"context is {self.ctx}, leaving {room}", param)  # fmt: skip
         return asked if asked is not None else room
 
-    def jobs(self, req, prompt_ids: list[int], max_new: int, top_logprobs: int, logprobs: bool):
+    def jobs(self, req, prompt_ids: list[int], max_new: int, top_logprobs: int, logprobs: bool, media=None):
         """n jobs (choice j samples with seed + j, as Engine.generate's row j) sharing one event queue."""
         if logprobs and self.sched.speculative:
             raise ApiError(400, "logprobs are not available with --speculative mtp (verify steps keep no per-token "
@@ -94,7 +126,8 @@ class Server:
                     pass
 
             jobs.append(Job(prompt_ids=prompt_ids, max_new_tokens=max_new, params=params, seed=seed + j, emit=emit,
-                            stop_ids=frozenset(stop_ids), top_logprobs=top_logprobs, deadline=deadline))  # fmt: skip
+                            stop_ids=frozenset(stop_ids), top_logprobs=top_logprobs, deadline=deadline,
+                            media=media))  # fmt: skip
         try:
             self.sched.submit(jobs)
         except QueueFull as e:
@@ -158,13 +191,14 @@ def create_app(engine, model_name: str, style: str, scheduler: Scheduler, time_l
     async def chat(request: Request):
         srv.counts["requests"] += 1
         req = await srv.body(request, ChatRequest)
+        media = srv.media(req)  # image / video parts -> placeholders + pixels (None without any)
         cp = chat_prompt(req, style)
-        prompt_ids = srv.tok.encode(cp.text)
+        prompt_ids = srv.tok.encode(cp.text if media is None else srv.expand(cp.text, media))
         asked = req.max_completion_tokens or req.max_tokens
         param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
         max_new = srv.budget(len(prompt_ids), asked, param, "messages")
         k = (req.top_logprobs or 0) if req.logprobs else 0
-        jobs, queue = srv.jobs(req, prompt_ids, max_new, k, req.logprobs)
+        jobs, queue = srv.jobs(req, prompt_ids, max_new, k, req.logprobs, media)
         outs = [ChoiceOutput(srv.tok, req.stops(), jobs[0].stop_ids) for _ in jobs]
         rid = "chatcmpl-" + secrets.token_hex(12)
         if req.stream:
@@ -179,13 +213,15 @@ def create_app(engine, model_name: str, style: str, scheduler: Scheduler, time_l
         prompts = _prompts(req.prompt, srv.tok)
         if len(prompts) != 1 and req.stream:
             raise ApiError(400, "prompt: streaming takes one prompt", "prompt")
-        if req.echo and req.logprobs is not None:
-            raise ApiError(400, "echo with logprobs (prompt log-probs) is not supported", "echo")
         runs = []
         for ids in prompts:
             max_new = srv.budget(len(ids), req.max_tokens, "max_tokens", "prompt")
+            scored = await asyncio.to_thread(srv.prompt_logprobs, ids) if req.echo and req.logprobs is not None else None
             jobs, queue = srv.jobs(req, ids, max_new, req.logprobs or 0, req.logprobs is not None)
-            runs.append((ids, jobs, queue, [ChoiceOutput(srv.tok, req.stops(), jobs[0].stop_ids) for _ in jobs]))
+            outs = [ChoiceOutput(srv.tok, req.stops(), jobs[0].stop_ids) for _ in jobs]
+            for out in outs:
+                out.prompt_logprobs = scored
+            runs.append((ids, jobs, queue, outs))
         rid = "cmpl-" + secrets.token_hex(12)
         if req.stream:
             ids, jobs, queue, outs = runs[0]
@@ -268,14 +304,27 @@ async def _whole_completion(srv, req, runs, rid) -> dict:
         all_outs += outs
         head = srv.tok.decode(ids) if req.echo else ""
         for j, out in enumerate(outs):
+            logprobs = out.completion_logprobs(out.tokens, len(head)) if req.logprobs is not None else None
+            if req.echo and logprobs is not None:  # the prompt's tokens first, as OpenAI's legacy API and vLLM
+                logprobs = _echo_logprobs(out, ids, logprobs)
             choice = {"index": p * req.n + j, "text": head + out.text, "finish_reason": out.finish,
-                      "logprobs": out.completion_logprobs(out.tokens, len(head)) if req.logprobs is not None else None}  # fmt: skip
+                      "logprobs": logprobs}  # fmt: skip
             if req.return_token_ids:
                 choice |= {"prompt_token_ids": ids, "token_ids": out.ids}
             choices.append(choice | _spec(jobs[j]))
     usage = _usage(n_prompt, all_outs, [j for _, jobs, _, _ in runs for j in jobs])
     return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": srv.model_name,
             "choices": choices, "usage": usage}  # fmt: skip
+
+
+def _echo_logprobs(out: ChoiceOutput, ids: list[int], generated: dict) -> dict:
+    """Column-oriented logprobs of the prompt tokens (the first has none) followed by the generated ones'."""
+    pieces = [out.piece(i) for i in ids]
+    offsets = [sum(len(p) for p in pieces[:k]) for k in range(len(pieces))]
+    lps = [None if lp is None else max(lp, -9999.0) for lp in out.prompt_logprobs]
+    return {"tokens": pieces + generated["tokens"], "token_logprobs": lps + generated["token_logprobs"],
+            "top_logprobs": [None] * len(ids) + generated["top_logprobs"],
+            "text_offset": offsets + generated["text_offset"]}  # fmt: skip
 
 
 def _prompts(prompt, tok) -> list[list[int]]:

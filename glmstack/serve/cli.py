@@ -20,14 +20,26 @@ from pathlib import Path
 def build(args):
     """(app, scheduler) for the parsed arguments; the scheduler is started by the app's lifespan."""
     from glmstack.inference.cli import _load, _style
+    from glmstack.multimodal.serving import VisionEngine, VisionScheduler, is_vl_checkpoint
     from glmstack.serve.app import create_app
     from glmstack.serve.scheduler import Scheduler
 
-    engine = _load(args)  # loads, and quantizes with --quantize (glmstack.inference.quant.quantize_)
-    speculative = None if args.speculative == "none" else args.speculative
-    sched = Scheduler(
-        engine, args.max_running, args.max_waiting, speculative, args.draft, _prefix_cache(args), _monitor(args)
-    )
+    if is_vl_checkpoint(args.checkpoint):  # GLM-4.5V / 4.1V: images in, one request at a time (multimodal/serving.py)
+        from glmstack.errors import ConfigError
+        from glmstack.model.hf import DTYPES
+
+        if args.quantize or args.speculative != "none":
+            raise ConfigError(f"{args.checkpoint} is a vision-language checkpoint: --quantize and --speculative "
+                              "are for text models")  # fmt: skip
+
+        engine = VisionEngine.load(args.checkpoint, DTYPES.get(args.dtype), args.device)
+        sched = VisionScheduler(engine, args.max_waiting)
+    else:
+        engine = _load(args)  # loads, and quantizes with --quantize (glmstack.inference.quant.quantize_)
+        speculative = None if args.speculative == "none" else args.speculative
+        sched = Scheduler(
+            engine, args.max_running, args.max_waiting, speculative, args.draft, _prefix_cache(args), _monitor(args)
+        )
     name = args.served_model_name or Path(args.checkpoint).name
     return create_app(engine, name, _style(args, engine), sched, args.time_limit), sched
 
@@ -44,6 +56,7 @@ def _prefix_cache(args):
         int(mb * 2**20),
         getattr(args, "fault_block", None),
         getattr(args, "fault_scale", 1.0),
+        getattr(args, "fault_mode", "noise"),
     )
 
 
@@ -120,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--fault-scale", type=float, default=1.0, help="testing only: the corruption's noise, x the block's std"
     )
+    ap.add_argument("--fault-mode", choices=["noise", "swap"], default="noise",
+                    help="testing only: noise, or the block holds another request's KV (swap)")  # fmt: skip
     ap.add_argument(
         "--monitor",
         choices=["flag", "abort", "off"],

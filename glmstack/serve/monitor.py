@@ -39,11 +39,13 @@ class AcceptanceMonitor:
         self.cfg, self.k = cfg, draft_k
         self.steps = self.emitted = 0
         self.anomaly: str | None = None
+        self.history: list[int] = []  # tokens emitted per verify step (bench/monitor_table.py studies them)
 
     def step(self, n_emitted: int) -> str | None:
         """Record one verify step; -> the anomaly when this step raised one (at most once per request)."""
         self.steps += 1
         self.emitted += n_emitted
+        self.history.append(n_emitted)
         if self.anomaly is not None or self.cfg.action == "off" or self.emitted <= self.cfg.min_tokens:
             return None
         if self.length < self.cfg.min_acceptance_length:

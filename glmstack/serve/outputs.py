@@ -26,6 +26,7 @@ class ChoiceOutput:
         self._done_ids, self._done_text = 0, ""  # ids[:_done_ids] decode to _done_text, ending on a whole character
         self.finish: str | None = None
         self.error: str = ""
+        self.prompt_logprobs: list[float | None] | None = None  # echo + logprobs: the prompt tokens' (app.py)
 
     def add(self, token: Token) -> str:
         self.ids.append(token.id)

@@ -82,6 +82,7 @@ class Job:
     prefix: list = field(default_factory=list)  # the prefix-cache blocks this job was admitted with (pinned)
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
     monitor: AcceptanceMonitor | None = None  # speculative path: its acceptance statistics
+    media: object = None  # a vision-language request's pixels (glmstack.multimodal: VisionScheduler reads them)
 
 
 class Scheduler:
@@ -92,6 +93,7 @@ class Scheduler:
         self.ctx = engine.cfg.max_position_embeddings
         self.max_running, self.max_waiting = max_running, max_waiting
         self.speculative, self.draft_k = speculative, draft_k
+        self.serial = speculative is not None  # one job at a time through _run_one (MTP; VisionScheduler)
         self.prefix_cache = prefix_cache  # None: every prompt is prefilled in full
         self.monitor = monitor or MonitorConfig()  # speculative path: acceptance-statistics rules
         self.waiting: deque[Job] = deque()
@@ -141,13 +143,13 @@ class Scheduler:
                     self._wake.wait()
                 if self._stop:
                     break
-                room = (1 if self.speculative else self.max_running) - len(batch.jobs)
+                room = (1 if self.serial else self.max_running) - len(batch.jobs)
                 new = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
             self.running = batch.jobs + new
             t0 = time.monotonic()
             try:
-                if self.speculative:
-                    self._run_speculative(new[0])
+                if self.serial:
+                    self._run_one(new[0])
                 else:
                     batch.step(new)
             except Exception as e:  # noqa: BLE001 — a failing step must not kill the server: end its jobs
@@ -159,6 +161,9 @@ class Scheduler:
             self.running = list(batch.jobs)
         for job in batch.jobs + list(self.waiting):
             job.emit(Finished("abort", "server shutting down"))
+
+    def _run_one(self, job: Job) -> None:
+        self._run_speculative(job)
 
     def _run_speculative(self, job: Job) -> None:
         p = job.params

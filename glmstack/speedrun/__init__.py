@@ -10,7 +10,7 @@ Stages, each announced by a banner and showing its own progress bar:
     pretrain   a tiny GLM-4.5-architecture MoE with an MTP layer: Muon, loss-free expert balancing
     midtrain   twice the context with RoPE base 1e4 -> 1e6, best-fit packing, the cosine continued
     sft        GLM's chat format: hybrid thinking + XML tool calls on the synthetic sets (glmstack sft)
-    rl         reasoning RL (GRPO + IcePop) on procedural arithmetic (glmstack rl); skipped, with a message,
+    rl         reasoning RL (GRPO + IcePop) on the procedural compare task (glmstack rl rl_speedrun); skipped, with a message,
                where glmstack.posttrain.rl has no stage
     evaluate   loss by token position, code samples, MTP speculative decoding statistics; <out>/model/ = the
                final chat model (weights, tokenizer, chat template) for `glmstack serve` / `glmstack chat`
@@ -114,7 +114,7 @@ STAGES = [  # (name, banner text, fn(run) -> dict kept in <out>/<name>/DONE.json
     ("pretrain", "GLM-4.5 MoE + MTP, Muon, loss-free balancing", stage_train("pretrain")),
     ("midtrain", "2x context, RoPE base 1e4 -> 1e6, best-fit packing", stage_train("midtrain")),
     ("sft", "chat format: hybrid thinking + tool calls on the synthetic sets", stage_sft),
-    ("rl", "reasoning RL: GRPO + IcePop on procedural arithmetic", stage_rl),
+    ("rl", "reasoning RL: GRPO + IcePop on the procedural compare task", stage_rl),
     ("evaluate", "samples, loss by position, MTP speculative decoding; the final model", stage_evaluate),
     ("card", "report card: every stage's model on the same held-out items", stage_card),
     ("report", "report.md + plots", stage_report),

@@ -1,5 +1,5 @@
 """The speedrun's post-training stages: SFT in GLM's chat format (hybrid thinking, tool calls) on the synthetic
-sets, then reasoning RL on procedural arithmetic (GLM-4.5 §3.1-3.2). Both go through the stages' own entry points
+sets, then reasoning RL on a procedural task (GLM-4.5 §3.1-3.2; recipes/rl_speedrun.py). Both go through the stages' own entry points
 (glmstack.posttrain.sft.run_sft, glmstack.posttrain.rl.stage.run_rl), so they resume from their `latest` checkpoint
 after Ctrl-C and export an HF model folder with tokenizer and chat template (<out>/sft/model, <out>/rl/model).
 """

@@ -21,7 +21,8 @@ BIAS_NAME = "e_score_correction_bias"
 
 def bias_buffers(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
     """(name, buffer) of every MoE layer's balancing bias, in module order (= the rows of out.expert_load)."""
-    return [(n, b) for n, b in model.named_buffers() if n.endswith(BIAS_NAME)]
+    # a CogVLM visual expert's MoE copy (model/vision/visual_expert.py) keeps the bias it was copied with
+    return [(n, b) for n, b in model.named_buffers() if n.endswith(BIAS_NAME) and ".visual." not in n]
 
 
 def global_load(load_LE: torch.Tensor) -> torch.Tensor:

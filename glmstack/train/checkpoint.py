@@ -104,6 +104,10 @@ def save_model(model: torch.nn.Module, folder: Path) -> None:
         GLM = None
     if GLM is not None and isinstance(inner, GLM):
         save_hf(dist.plain_copy(inner, state), folder)
+    elif _is_vl(inner):  # a vision-language model (single device): its glm4v_moe / glm4v folder
+        from glmstack.model.vision import save_vl_hf
+
+        save_vl_hf(inner, folder)
     else:
         from safetensors.torch import save_file
 
@@ -122,10 +126,23 @@ def load_model(model: torch.nn.Module, folder: Path) -> None:
         GLM = None
     if GLM is not None and isinstance(inner, GLM):
         dist.load_full_tensors(model, checkpoint_tensors(GLM(inner.cfg), folder))  # shapes from a meta twin
+    elif _is_vl(inner):
+        from glmstack.model.vision import GLMV
+        from glmstack.model.vision.hf import checkpoint_state
+
+        dist.load_full_tensors(model, checkpoint_state(GLMV(inner.cfg), folder))
     else:
         from safetensors.torch import load_file
 
         dist.load_full_state_dict(model, load_file(str(folder / "model.safetensors")))
+
+
+def _is_vl(model: torch.nn.Module) -> bool:
+    try:
+        from glmstack.model.vision import GLMV
+    except ImportError:
+        return False
+    return isinstance(model, GLMV)
 
 
 def save(

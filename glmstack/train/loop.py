@@ -40,6 +40,8 @@ from glmstack.train import balance, checkpoint, dist
 from glmstack.train.config import TrainConfig, resume_conflicts
 from glmstack.train.metrics import Metrics, format_line, plot
 
+# batch keys a vision-language model (glmstack.model.vision GLMV) takes besides the text model's, as transformers names them
+VISION_INPUTS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
 LossFn = Callable[[torch.nn.Module, dict, dict], tuple[torch.Tensor, dict]]
 
 
@@ -65,6 +67,7 @@ def pretrain_loss(model, batch: dict, values: dict) -> tuple[torch.Tensor, dict]
         mtp_weight=values["mtp_weight"],
         aux_loss_weight=values["aux_loss_weight"],
         **({"prefix_len": batch["prefix_len"]} if "prefix_len" in batch else {}),  # GLM blank infilling's Part A
+        **{k: batch[k] for k in VISION_INPUTS if k in batch},  # a vision-language model's pixels (multimodal/)
     )
     metrics = {"lm_loss": out.lm_loss.detach()}
     if getattr(out, "mtp_loss", None):

@@ -1,6 +1,6 @@
-"""The data build on a local Ray cluster (datatrove's RayPipelineExecutor): the same bytes as in-process, the sharded
-dedup's in-memory decisions with 1, 2 and 4 tasks, and a failing task fails the build at once with its log path
-instead of leaving the driver waiting on markers."""
+"""The data build on a local Ray cluster (datatrove's RayPipelineExecutor): the same bytes as in-process; the sharded
+dedup's, SemDeDup's and decontamination's in-memory decisions with 1, 2 and 4 tasks; a failing task fails the build at
+once with its log path instead of leaving the driver waiting on markers."""
 
 import functools
 import hashlib
@@ -98,7 +98,7 @@ def test_sharded_semdedup_on_ray_gives_the_in_memory_decisions(cluster, tmp_path
     for u, a in enumerate(starts):
         save_rows(tmp_path / f"emb_{u:05d}", hashed_embed(texts[a : a + 40], cfg.n_features))
         np.save(tmp_path / f"sem_idx_{u:05d}.npy", np.arange(a, min(a + 40, len(texts))))
-    for workers in (4,):  # 1 and 2 workers: the process executor (test_dedup_shards.py) and the whole-build test
+    for workers in (1, 2, 4):
         work = tmp_path / f"w{workers}"
         work.mkdir()
         for p in tmp_path.glob("*_0*.np*"):
@@ -114,6 +114,27 @@ def test_sharded_semdedup_on_ray_gives_the_in_memory_decisions(cluster, tmp_path
         )
         assert run_sharded_semdedup(plan, run, len(texts), sample_docs=10**6)["drop"].tolist() == ref
     assert len(ref) > 20
+
+
+def test_decontamination_on_ray_gives_the_in_memory_decisions(cluster, tmp_path):
+    from tests.integration.test_decontam_shards import (
+        UNIT_DOCS,
+        contaminated_docs,
+        in_memory_decisions,
+        run_filter_stage,
+        stage_decisions,
+        write_raw_units,
+    )
+
+    docs = contaminated_docs()
+    ref_kept, contaminated = in_memory_decisions(docs)
+    n_units = -(-len(docs) // UNIT_DOCS)
+    for workers in (1, 2, 4):
+        ctx = write_raw_units(tmp_path / f"w{workers}", docs)
+        options = {"logging_dir": ctx.work / "logs", "options": RAY["executor_options"]}
+        run_filter_stage(ctx, n_units, executor="ray", workers=workers, **options)
+        kept, n_decontam = stage_decisions(ctx, n_units)
+        assert kept == ref_kept and n_decontam >= 10 and not contaminated & set(kept)
 
 
 def test_a_failing_ray_task_fails_the_build_with_its_log(cluster, tok, local_build, tmp_path):

@@ -73,3 +73,33 @@ def test_curriculum_plateau_and_temperature_rules():
     # the highest temperature within 1% (absolute) of the best held-out score
     assert pick_temperature({0.8: 0.50, 1.0: 0.495, 1.2: 0.48}) == 1.0
     assert pick_temperature({0.8: 0.40, 1.0: 0.50, 1.2: 0.30}) == 1.0
+
+
+def test_compare_task_is_the_sft_sets_generator_and_split(tok):
+    """The RL compare task draws from the SFT set's generator; its held-out problems never occur in SFT training."""
+    from glmstack.posttrain.synthetic import generate
+
+    task = make_task("compare", tokenizer=tok)
+    sft_train = {r["messages"][0]["content"] for r in generate("compare", 600)}
+    for level in range(4):
+        held = task.problems(split="test", n=20, seed=0, level=level)
+        assert not {p.meta["question"] for p in held} & sft_train
+        right = [sample(f"The answer is {p.meta['answer']}.", p.meta) for p in held]
+        wrong = [sample(f"The answer is {int(p.meta['answer']) + 10}.", p.meta) for p in held]
+        assert rewards.get("arithmetic")(right) == [1.0] * 20 and rewards.get("arithmetic")(wrong) == [0.0] * 20
+    assert held[0].meta["question"].startswith("Which is the") and held[0].meta["question"].count(",") == 1
+
+
+def test_reasoning_gym_task_and_reward(tok):
+    """A reasoning-gym dataset as an RL task: disjoint held-out split, the dataset's own scorer as the reward, the
+    curriculum level reaching the generator."""
+    task = make_task("reasoning_gym:basic_arithmetic", tokenizer=tok)
+    train = task.problems(split="train", n=40, seed=0)
+    test = task.problems(split="test", n=10, seed=0)
+    assert not {p.meta["question"] for p in train} & {p.meta["question"] for p in test}
+    assert [p.prompt_ids for p in task.problems(split="test", n=3, seed=0)] == [p.prompt_ids for p in test[:3]]
+    score = rewards.get("reasoning_gym")
+    assert score([sample(f"The answer is {p.meta['answer']}.", p.meta) for p in test]) == [1.0] * 10
+    assert max(score([sample("The answer is 123456789.", p.meta) for p in test])) < 0.5  # its partial credit
+    terms = lambda ps: max(p.meta["entry"]["metadata"]["num_terms"] for p in ps)  # noqa: E731
+    assert terms(train) == 2 and terms(task.problems(split="train", n=40, seed=0, level=1)) == 3

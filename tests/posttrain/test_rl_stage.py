@@ -99,20 +99,68 @@ def test_bf16_rollouts_show_in_the_mismatch_figure(tmp_path):
     )  # bf16 weights: the trainer's fp32 π_old differs from what the engine sampled with
 
 
-def test_resume_equals_uninterrupted(tmp_path):
-    whole = small_cfg(tmp_path / "a")
+@pytest.mark.parametrize("ppo", [{}, {"ppo_epochs": 2, "minibatches": 2}])
+def test_resume_equals_uninterrupted(tmp_path, ppo):
+    """Stopped after step 1 (with PPO-style updates: in the middle of a rollout batch) and resumed == one run."""
+    steps = 2 if not ppo else 3
+    whole = small_cfg(tmp_path / "a", **ppo)
+    whole.steps = steps
     run_rl(whole)
-    part = small_cfg(tmp_path / "b")
+    part = small_cfg(tmp_path / "b", **ppo)
+    part.steps = steps
     assert run_rl(part, stop_at=1)["stopped"] == "stop_at"
-    result = run_rl(small_cfg(tmp_path / "b"))
-    assert result["step"] == 2
-    wa = load_file(tmp_path / "a/tiny/rl/step_0000002/model.safetensors")
-    wb = load_file(tmp_path / "b/tiny/rl/step_0000002/model.safetensors")
+    result = run_rl(part)
+    assert result["step"] == steps
+    wa = load_file(tmp_path / f"a/tiny/rl/step_{steps:07d}/model.safetensors")
+    wb = load_file(tmp_path / f"b/tiny/rl/step_{steps:07d}/model.safetensors")
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
     rows = [[json.loads(x) for x in (tmp_path / p / "tiny/rl/metrics.jsonl").read_text().splitlines()] for p in "ab"]
-    assert [r["reward"] for r in rows[0]] == [r["reward"] for r in rows[1]]
+    assert [r.get("reward") for r in rows[0]] == [r.get("reward") for r in rows[1]]
+    assert [r["loss"] for r in rows[0]] == [r["loss"] for r in rows[1]]
     summary = json.loads((tmp_path / "a/tiny/rl/rl_summary.json").read_text())
-    assert summary["steps"] == 2 and (tmp_path / "a/tiny/rl/plots/rl_mismatch.png").exists()
+    assert summary["steps"] == steps and (tmp_path / "a/tiny/rl/plots/rl_mismatch.png").exists()
+    from glmstack.posttrain.rl.dashboard import compare
+
+    table = compare({"run": [str(tmp_path / p / "tiny/rl") for p in "ab"]}, str(tmp_path / "cmp.png"))
+    assert "| run (2) | " in table and (tmp_path / "cmp_heldout.png").exists()
+
+
+def test_ppo_epochs_and_minibatches(tmp_path):
+    """2 epochs × 2 minibatches: 4 optimizer steps per rollout batch, each epoch visits every sample once, old_logp is
+    the trainer at the rollout weights (== the fp32 engine's log-probs), and after an update the ratio moves off 1
+    (the clipped surrogate becomes active) while the first update is the on-policy step."""
+    cfg = small_cfg(tmp_path, ppo_epochs=2, minibatches=2, mismatch="none")
+    model = tiny_model()
+    data = rollouts(model, cfg)
+    batches = data.make_step()
+    assert len(batches) == 2 * 2 * cfg.grad_accum and data.step == 4
+    per_epoch = len(batches) // 2
+    for epoch in range(2):
+        part = batches[epoch * per_epoch : (epoch + 1) * per_epoch]
+        keys = sorted(tuple(b["input_ids"][i].tolist()) for b in part for i in range(len(b["input_ids"])))
+        assert len(keys) == cfg.rl.samples_per_step
+        if epoch:
+            assert keys == first_keys
+        first_keys = keys
+    for b in batches:
+        m = b["mask"] > 0
+        torch.testing.assert_close(b["old_logp"][m], b["rollout_logp"][m], atol=1e-5, rtol=0)
+    loss_fn = rl_loss(cfg.rl)
+    opt = torch.optim.SGD(model.parameters(), lr=5.0)
+    clip = []
+    for k in range(0, len(batches), cfg.grad_accum):
+        opt.zero_grad()
+        step_clip = 0.0
+        for b in batches[k : k + cfg.grad_accum]:
+            loss, stats = loss_fn(model, b, {})
+            (loss / cfg.grad_accum).backward()
+            step_clip += stats["clip_frac"] / cfg.grad_accum
+        if k == 0:
+            torch.testing.assert_close(loss, -b["advantages"].mean(), atol=1e-5, rtol=0)
+        clip.append(step_clip)
+        opt.step()
+    assert clip[0] == 0.0 and max(clip[1:]) > 0
+    assert "reward" in batches[0]["stats"] and "reward" not in batches[cfg.grad_accum]["stats"]
 
 
 def test_cli_bad_input_is_one_line(tmp_path, capsys):

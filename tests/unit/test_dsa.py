@@ -49,6 +49,22 @@ def test_select_topk_is_causal_and_deterministic():
     assert not (sel & ~mask[:, None]).any()
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_select_topk_ties_go_to_the_earliest_key_in_any_layout(seed):
+    """Default tie order == a stable descending sort (-0.0 ties +0.0), and left padding only shifts the choice:
+    what makes a padded / re-batched row pick the keys it picks alone (issue 24)."""
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.randint(-2, 3, (2, 5, 30), generator=g).float() * 0.5  # many exact ties
+    scores[..., ::3] = -scores[..., ::3]  # zeros of both signs
+    mask = torch.rand(2, 5, 30, generator=g) < 0.9
+    ref = scores.masked_fill(~mask, float("-inf")).sort(dim=-1, descending=True, stable=True).indices[..., :8]
+    assert torch.equal(dsa.select_topk(scores, mask, 8), ref)
+    pad = torch.zeros(2, 5, 7)
+    padded = dsa.select_topk(torch.cat([pad, scores], -1), torch.cat([pad.bool(), mask], -1), 8)
+    assert torch.equal(padded - 7, ref)
+    assert torch.equal(dsa.select_topk(scores.double(), mask, 8), ref)  # fp64 path: a stable sort
+
+
 def test_select_mode_gives_indexer_no_gradient():
     m = make()
     ix, main, _ = grads(m, torch.randn(2, 8, Cfg.hidden_size))

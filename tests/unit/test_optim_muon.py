@@ -32,6 +32,17 @@ def test_matches_torch_muon_bit_for_bit(adjust, nesterov):
         assert torch.equal(a, b)
 
 
+def test_stacked_same_shape_matrices_match_torch_muon_bit_for_bit():
+    # several matrices of one shape (and their transposes) run Newton–Schulz as one stacked batch
+    g = torch.Generator().manual_seed(4)
+    shapes = [(16, 32)] * 3 + [(32, 16)] * 2 + [(24, 64)]
+    params = [torch.randn(s, generator=g) for s in shapes]
+    grads_seq = [[torch.randn(s, generator=g) for s in shapes] for _ in range(3)]
+    kw = {"lr": 0.02, "weight_decay": 0.1, "momentum": 0.95, "nesterov": True, "adjust_lr_fn": "match_rms_adamw"}
+    for a, b in zip(_run(Muon, params, grads_seq, **kw), _run(torch.optim.Muon, params, grads_seq, **kw)):
+        assert torch.equal(a, b)
+
+
 def test_newton_schulz_near_polar_factor():
     # Keller Jordan / torch docstring: NS gives U S' Vᵀ with S' in about (0.5, 1.5); arch-math.md §5.1 measured
     # 0.68–1.14 on a Gaussian (1024, 256). Check singular values and direction against the SVD polar factor.

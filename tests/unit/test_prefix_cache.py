@@ -81,6 +81,20 @@ def test_fault_block_corrupts_exactly_one_block():
     assert (k[0] == 0).all() and (k[2] == 2).all() and not (k[1] == 1).all() and pc.corrupted is not None
 
 
+def test_swap_fault_gives_a_block_another_requests_kv():
+    """fault_mode "swap" (Z.ai's race: a request reads a block another request wrote): block 5 (the second of the
+    second prompt) holds a copy of the first prompt's block at the same depth, 1; the rest is untouched."""
+    pc = PrefixCache(block_size=BS, budget_bytes=10_000, fault_block=5, fault_mode="swap")
+    _insert(pc, [1] * 16)  # blocks 0..3 tagged 0..3
+    pc.insert([2] * 16, [], lambda j: _kv(10 + j))  # blocks 4..7 tagged 10..13; block 5 gets block 1's KV
+    k = [b.kv[0][0][0, 0, 0].item() for b in pc.match([2] * 17)]
+    assert k == [10.0, 1.0, 12.0, 13.0] and pc.corrupted is pc.match([2] * 17)[1]
+    with pytest.raises(RuntimeError, match="another request"):
+        _insert(PrefixCache(block_size=BS, budget_bytes=10_000, fault_block=1, fault_mode="swap"), [1] * 8)
+    with pytest.raises(ValueError, match="fault_mode"):
+        PrefixCache(fault_mode="zero")
+
+
 def _served_equals_generate(preset: str, n: int = 12) -> tuple[int, dict]:
     cfg = ModelConfig.preset(preset, max_position_embeddings=256)
     engine = Engine(GLM(cfg).init_weights(seed=0).eval())
@@ -109,7 +123,7 @@ def _served_equals_generate(preset: str, n: int = 12) -> tuple[int, dict]:
     return sched.stats["prefill_computed"], sched.stats
 
 
-@pytest.mark.parametrize("preset", ["tiny", "tiny-glm47-flash"])
+@pytest.mark.parametrize("preset", ["tiny", "tiny-glm47-flash", "tiny-glm5"])
 def test_scheduler_with_prefix_cache_equals_no_cache_generate(preset):
     computed, stats = _served_equals_generate(preset)
     assert computed < stats["prompt_tokens"]  # the cache did serve part of the prompts

@@ -100,32 +100,52 @@ def _seed_mean(series: list[list[float]]) -> list[float]:
     return [sum(s[i] for s in series) / len(series) for i in range(n)]
 
 
-def compare(groups: dict[str, list[str]], plot_path: str | None = None) -> str:
+def heldout_curve(folder: Path, key: str = "heldout_acc", upto: int | None = None) -> list[tuple[int, float]]:
+    """(updates done, held-out accuracy): the evaluations during the run (taken before that step's update, so the
+    step-1 row scores the start model) and, for a finished run, the final weights' score from rl_summary.json;
+    `upto` keeps the points at most that many updates in (an unfinished run compared at a common step)."""
+    points = [(r["step"] - 1, r[key]) for r in read_metrics(folder / "metrics.jsonl") if key in r]
+    summary = folder / "rl_summary.json"
+    if summary.exists():
+        summ = json.loads(summary.read_text())
+        end = summ["heldout_end" if key == "heldout_acc" else "heldout_sampled_end"]
+        points = [p for p in points if p[0] < summ["steps"]] + [(summ["steps"], end)]
+    return [p for p in points if upto is None or p[0] <= upto]
+
+
+def compare(groups: dict[str, list[str]], plot_path: str | None = None, upto: int | None = None) -> str:
     """Settings × seeds -> a markdown table (mean ± std over seeds, std with Bessel's correction) and, with
-    `plot_path`, each setting's seed-mean reward and grad-norm curves (<stem>_reward.png, <stem>_grad_norm.png)."""
-    cols = ("held-out start", "held-out end", "held-out end (sampled)", "reward (last 5)", "grad norm (mean)",
-            "grad norm (max)", "mean abs dlogp", "masked frac", "min/seed")  # fmt: skip
+    `plot_path`, each setting's seed-mean reward, grad-norm and held-out accuracy curves (<stem>_reward.png,
+    <stem>_grad_norm.png, <stem>_heldout.png). `upto`: only the first `upto` steps (held-out "end" = the evaluation
+    after `upto` updates), so runs still going can be compared at a step they have all reached."""
+    cols = ("held-out start", "held-out end", "held-out end (sampled)", "held-out min", "reward (last 5)",
+            "grad norm (mean)", "grad norm (max)", "mean abs dlogp", "masked frac", "min/seed")  # fmt: skip
     lines = ["| setting (seeds) | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     curves = []
     for name, folders in groups.items():
         per = {c: [] for c in cols}
-        rewards, norms = [], []
+        rewards, norms, heldout = [], [], []
         for f in folders:
-            rows = derived(read_metrics(Path(f) / "metrics.jsonl"))
-            summ = json.loads((Path(f) / "rl_summary.json").read_text())
-            per["held-out start"].append(summ["heldout_start"])
-            per["held-out end"].append(summ["heldout_end"])
-            per["held-out end (sampled)"].append(summ.get("heldout_sampled_end"))
-            per["reward (last 5)"].append(sum(r["reward"] for r in rows[-5:]) / len(rows[-5:]))
+            rows = [r for r in derived(read_metrics(Path(f) / "metrics.jsonl")) if upto is None or r["step"] <= upto]
+            curve, sampled = heldout_curve(Path(f), upto=upto), heldout_curve(Path(f), "heldout_acc_sampled", upto)
+            per["held-out start"].append(curve[0][1])
+            per["held-out end"].append(curve[-1][1])
+            per["held-out end (sampled)"].append(sampled[-1][1] if sampled else None)
+            per["held-out min"].append(min(a for _, a in curve))
+            with_reward = [r for r in rows if "reward" in r]  # PPO-style updates: one row per rollout batch has it
+            per["reward (last 5)"].append(sum(r["reward"] for r in with_reward[-5:]) / len(with_reward[-5:]))
             per["grad norm (mean)"].append(sum(r["grad_norm"] for r in rows) / len(rows))
             per["grad norm (max)"].append(max(r["grad_norm"] for r in rows))
-            per["mean abs dlogp"].append(summ["means"]["mean_abs_logp_diff"])
-            per["masked frac"].append(summ["means"]["mismatch_masked_frac"])
+            for col, key in (("mean abs dlogp", "mean_abs_logp_diff"), ("masked frac", "mismatch_masked_frac")):
+                per[col].append(sum(r.get(key, 0.0) for r in rows) / len(rows))
             per["min/seed"].append(sum(r.get("time/step_s", 0.0) for r in rows) / 60)
-            rewards.append([r["reward"] for r in rows])
+            rewards.append([r["reward"] for r in with_reward])
             norms.append([r["grad_norm"] for r in rows])
+            heldout.append(curve)
         lines.append(f"| {name} ({len(folders)}) | " + " | ".join(_mean_std(per[c]) for c in cols) + " |")
-        curves.append((name, _seed_mean(rewards), _seed_mean(norms)))
+        steps = [s for s, _ in heldout[0]][: min(map(len, heldout))]
+        curves.append((name, _seed_mean(rewards), _seed_mean(norms), (steps, _seed_mean([[a for _, a in h]
+                                                                                       for h in heldout]))))  # fmt: skip
     if plot_path:
         from glmstack.report import draw_curves
 
@@ -133,13 +153,18 @@ def compare(groups: dict[str, list[str]], plot_path: str | None = None) -> str:
         for i, what in ((1, "reward"), (2, "grad_norm")):
             draw_curves(path.with_name(f"{path.stem}_{what}{path.suffix}"), f"{what} (mean over seeds)", "step", "",
                         [(c[0], list(range(1, len(c[i]) + 1)), c[i], "-") for c in curves])  # fmt: skip
+        draw_curves(path.with_name(f"{path.stem}_heldout{path.suffix}"), "held-out accuracy, greedy (mean over seeds)",
+                    "step", "", [(c[0], c[3][0], c[3][1], ".-") for c in curves])  # fmt: skip
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "--compare":
-        groups = {a.split("=")[0]: a.split("=")[1].split(",") for a in sys.argv[3:]}
-        print(compare(groups, sys.argv[2]))
+    if sys.argv[1] == "--compare":  # --compare OUT.png [--upto N] name=folder,folder ...
+        args, upto = sys.argv[3:], None
+        if args and args[0] == "--upto":
+            upto, args = int(args[1]), args[2:]
+        groups = {a.split("=")[0]: a.split("=")[1].split(",") for a in args}
+        print(compare(groups, sys.argv[2], upto))
     else:
         for p in plot_dashboard(sys.argv[1]):
             print(p)

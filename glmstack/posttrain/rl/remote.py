@@ -9,7 +9,7 @@ Servers report raw log-probs (before temperature / top-k / top-p; vLLM's default
 distribution's only at temperature 1 without top-k / top-p; other settings are refused rather than silently
 compared against the wrong distribution. The server keeps its own weights: there is no weight push over the
 OpenAI API, so a server run is exactly on-policy for its first step (what the parity test checks) and uses the
-server's fixed policy after that.
+server's fixed policy after that. `score` asks a server for the log-probs of given tokens (a distillation teacher).
 """
 
 from __future__ import annotations
@@ -49,3 +49,16 @@ class ServerEngine:
             text = [self.tokenizer.decode([t for t in ids if t not in eos]) for ids in tokens]
         return GenerationResult(tokens=tokens, text=text, finish_reason=[r[2] for r in rows],
                                 logprobs=[r[1] for r in rows] if logprobs else None, seeds=list(seeds))  # fmt: skip
+
+    def score(self, sequences: list[list[int]]) -> list[list[float]]:
+        """Raw log π(tokens[t] | tokens[:t]) for t >= 1 of each sequence: one echo + logprobs request each (the
+        prompt log-probs of OpenAI's legacy API and vLLM), for a distillation teacher (distill.py)."""
+
+        def one(ids):
+            r = self.client.completions.create(model=self.model, prompt=list(ids), max_tokens=1, temperature=0.0,
+                                               echo=True, logprobs=0)  # fmt: skip
+            return list(r.choices[0].logprobs.token_logprobs[1 : len(ids)])
+
+        with ThreadPoolExecutor(self.concurrency) as pool:
+            return list(pool.map(one, sequences))
+

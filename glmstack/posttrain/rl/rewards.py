@@ -10,7 +10,11 @@ batch is scored in one parallel call instead of one program after another. The o
               (GLM-4.5 §3.3: a malformed tool call gets 0), else 0
   overlong    DAPO's soft overlong punishment: 0 up to max_new_tokens − overlong_cache, then a linear ramp to −1 at
               max_new_tokens (arXiv 2503.14476), added to the task reward
+  tool_call   1 if the first tool call names meta["tool"] and its arguments validate against the tool's schema
+  chat_fact   1 if the reply contains meta["answer"] (the SFT chat set's verifier)
+  reasoning_gym  the reasoning-gym dataset's own scorer (0..1) on the reply's answer ("The answer is X." -> X)
   toy         1 if the first response token's id ≡ meta["answer"] (mod 4) (the token task of tasks.py)
+  rm:<folder> a reward model's score; judge:<url>[|model] a generative judge's 0-10 grade / 10 (judges.py)
 
 The stage's reward is Σ weight · reward over `rl.rewards` ([[name, weight], ...]; default: the task's own reward).
 
@@ -50,9 +54,20 @@ def register(name: str):
     return add
 
 
+# reward families "family:argument": a reward model folder, a judge endpoint (judges.py), built once per name
+FAMILIES = {"rm": "glmstack.posttrain.rl.judges:reward_model", "judge": "glmstack.posttrain.rl.judges:judge"}
+
+
 def get(name: str) -> RewardFn:
+    family, _, arg = name.partition(":")
+    if name not in REWARDS and arg and family in FAMILIES:
+        import importlib
+
+        module, fn = FAMILIES[family].split(":")
+        REWARDS[name] = getattr(importlib.import_module(module), fn)(arg)
     if name not in REWARDS:
-        raise ValueError(f"unknown reward {name!r} (registered: {', '.join(sorted(REWARDS))})")
+        raise ValueError(f"unknown reward {name!r} (registered: {', '.join(sorted(REWARDS))}; "
+                         f"families: {', '.join(f + ':ARG' for f in FAMILIES)})")  # fmt: skip
     return REWARDS[name]
 
 
@@ -60,8 +75,10 @@ def total(samples: list[Sample], weights: list[tuple[str, float]]) -> tuple[list
     """Σ weight · reward per sample, and each reward's mean (for the dashboard)."""
     out, means = [0.0] * len(samples), {}
     for name, w in weights:
-        values = get(name)(samples)
+        fn = get(name)
+        values = fn(samples)
         means[f"reward/{name}"] = sum(values) / max(len(values), 1)
+        means |= getattr(fn, "stats", {})  # e.g. a judge's unparsed-reply fraction
         out = [o + w * v for o, v in zip(out, values)]
     return out, means
 
@@ -134,6 +151,43 @@ def overlong(samples: list[Sample]) -> list[float]:
         n, cache = len(s.tokens), min(OVERLONG_CACHE, s.max_new_tokens)
         free = s.max_new_tokens - cache
         out.append(0.0 if n <= free else -1.0 if s.finish == "length" else (free - n) / cache)
+    return out
+
+
+@register("tool_call")
+def tool_call(samples: list[Sample]) -> list[float]:
+    from glmstack.chat import parse
+    from glmstack.posttrain.tools import TOOLS, validate_call
+
+    out = []
+    for s in samples:
+        calls = parse(s.text, TOOLS, style=s.style, in_reasoning=False).get("tool_calls") or []
+        first = calls[0]["function"] if calls else {}
+        out.append(float(first.get("name") == s.meta["tool"] and validate_call(calls[0], TOOLS) is None))
+    return out
+
+
+@register("chat_fact")
+def chat_fact(samples: list[Sample]) -> list[float]:
+    from glmstack.posttrain.synthetic import verify
+
+    return [float(verify({"set": "chat", "answer": s.meta["answer"]}, _message(s))) for s in samples]
+
+
+_ANSWER_IS = re.compile(r"answer is:?\s*(.+?)\.?\s*$", re.DOTALL | re.IGNORECASE)
+
+
+@register("reasoning_gym")
+def reasoning_gym(samples: list[Sample]) -> list[float]:
+    from reasoning_gym import get_score_answer_fn
+
+    out = []
+    for s in samples:
+        content = (_message(s).get("content") or "").strip()
+        m = _ANSWER_IS.search(content)
+        entry = s.meta["entry"]
+        score = get_score_answer_fn(entry["metadata"]["source_dataset"])
+        out.append(float(score(answer=m.group(1) if m else content, entry=entry)))
     return out
 
 

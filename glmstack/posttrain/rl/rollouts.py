@@ -12,10 +12,14 @@ and then hands out that batch's micro-batches: `input_ids (B, L)` prompt + respo
 the next token; `mask (B, L)` 1 where the target is a response token; `rollout_logp (B, L)`; `advantages (B,)`;
 `temperature`, `stats` (the dashboard's rollout figures). Every micro-batch of a step is padded to the same length
 so the loop's per-micro-batch weights (by input tokens) are equal and a sample-mean reduction stays exact.
+With PPO-style updates (`rl.ppo_epochs` × `rl.minibatches` optimizer steps per rollout batch) the batch also carries
+`old_logp (B, L)`: the trainer's log-probs at the rollout weights, computed once before the first update; each epoch
+visits the samples in a fresh order (a pure function of seed, step and epoch) cut into `minibatches` steps.
 
 Everything is a pure function of (seed, step): the prompts, the per-row sampling seeds and the held-out set, so the
-state (`state_dict`) is the step counter, the temperature and the reward history, and a resumed run generates
-exactly what the uninterrupted one did (tests/posttrain/test_rl_stage.py).
+state (`state_dict`) is the step counter, the temperature, the reward history and the micro-batches of the current
+rollout batch not yet trained on (PPO-style updates), and a resumed run generates exactly what the uninterrupted one
+did (tests/posttrain/test_rl_stage.py).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import zlib
 import torch
 
 from glmstack.posttrain.rl import rewards as reward_lib
-from glmstack.posttrain.rl.losses import group_advantages
+from glmstack.posttrain.rl.losses import group_advantages, token_logprobs
 from glmstack.train import dist
 
 
@@ -93,11 +97,17 @@ class Rollouts:
         return self.queue.pop(0)
 
     def state_dict(self) -> dict:
-        return {"step": self.step, "temperature": self.temperature, "history": list(self.history)}
+        return {"step": self.step, "temperature": self.temperature, "history": list(self.history),
+                "queue": list(self.queue)}  # fmt: skip
 
     def load_state_dict(self, state: dict) -> None:
         self.step, self.temperature = int(state["step"]), float(state["temperature"])
-        self.history, self.queue = list(state["history"]), []
+        self.history, self.queue = list(state["history"]), list(state.get("queue", []))
+
+    @property
+    def updates(self) -> int:
+        """Optimizer steps per rollout batch."""
+        return self.opts.ppo_epochs * self.opts.minibatches
 
     # ------------------------------------------------------------------ the rollout engine
     def sync(self, perturb: bool = True) -> float:
@@ -153,7 +163,7 @@ class Rollouts:
         o = self.opts
         _, level, group, hard_k = map(int, stage_at(o.curriculum, self.step))
         n_prompts = o.samples_per_step // group
-        evaluate = bool(o.eval_every and self.step % o.eval_every == 0)
+        evaluate = bool(o.eval_every and -self.step % o.eval_every < self.updates)  # a multiple in this batch's steps
         stats = {"time/sync_s": self.sync(perturb=not evaluate), "level": float(level), "group_size": float(group)}
         t0 = time.perf_counter()
         if evaluate:
@@ -196,11 +206,11 @@ class Rollouts:
             "time/rollout_s": t_roll, "time/reward_s": t_rew, "rollout_tok_per_s": new_tok / max(t_roll, 1e-9),
             "temperature": self.temperature}  # fmt: skip
         self.history.append(stats["reward"])
-        self.step += 1
-        return self.micro(kept, group, stats)
+        self.step += self.updates
+        return self.updates_of(self.batch(kept, group, stats), stats)
 
-    def micro(self, groups: list, group: int, stats: dict) -> list[dict]:
-        """The step's samples, advantages per group, cut into `micro_batches` equal micro-batches."""
+    def batch(self, groups: list, group: int, stats: dict) -> dict:
+        """The rollout batch as tensors: the samples padded to one length, advantages per group."""
         flat = [s for g in groups for s in g]
         rew = torch.tensor([r for _, r, _ in flat])
         adv = group_advantages(rew, group, std_normalize=self.opts.std_normalize)
@@ -215,11 +225,48 @@ class Rollouts:
             lo, hi = len(prompt) - 1, len(seq) - 1
             mask[i, lo:hi] = 1.0
             rlp[i, lo:hi] = torch.tensor(lps, dtype=torch.float32)
-        stats = stats | {"input_tokens": float(n * L), "trained_tokens": float(mask.sum())}
-        per = n // self.micro_batches
-        return [{"input_ids": ids[k : k + per], "targets": tgt[k : k + per], "mask": mask[k : k + per],
-                 "rollout_logp": rlp[k : k + per], "advantages": adv[k : k + per], "temperature": self.temperature,
-                 "stats": stats} for k in range(0, per * self.micro_batches, per)]  # fmt: skip
+        out = {"input_ids": ids, "targets": tgt, "mask": mask, "rollout_logp": rlp, "advantages": adv}
+        if self.updates > 1:
+            out["old_logp"] = self.old_logprobs(ids, tgt)
+        return out
+
+    @torch.no_grad()
+    def old_logprobs(self, ids, tgt, chunk: int = 64):
+        """log π_θold of the targets from the TRAINER at the rollout weights (before any update of this batch),
+        under the rollout's sampling transform (losses.token_logprobs); `(B, L)`, on the CPU like the batch."""
+        device = next(dist.unwrap(self.policy).parameters()).device
+        parts = []
+        for k in range(0, len(ids), chunk):
+            logits = self.policy(ids[k : k + chunk].to(device)).logits.float()
+            lp = token_logprobs(logits, tgt[k : k + chunk].to(device), self.temperature, self.opts.top_p,
+                                self.opts.top_k)  # fmt: skip
+            parts.append(lp.cpu())
+        return torch.cat(parts)
+
+    def updates_of(self, batch: dict, stats: dict) -> list[dict]:
+        """The micro-batches of every optimizer step of this rollout batch: `ppo_epochs` passes, each over
+        `minibatches` steps of `micro_batches` equal micro-batches. One step, one pass: the rows in rollout order;
+        else each pass in its own order (seeded by (seed, step, epoch)). The rollout figures go with the first step
+        only, so a rollout batch counts once in the dashboard."""
+        n, L = batch["input_ids"].shape
+        per_step, first = n // self.opts.minibatches, self.step - self.updates
+        per = per_step // self.micro_batches
+        out = []
+        for epoch in range(self.opts.ppo_epochs):
+            order = torch.arange(n)
+            if self.updates > 1:
+                g = torch.Generator().manual_seed(stable_seed(self.seed, "epoch", first, epoch))
+                order = torch.randperm(n, generator=g)
+            for m in range(self.opts.minibatches):
+                rows = order[m * per_step : (m + 1) * per_step]
+                step_stats = stats if not out else {"temperature": self.temperature}
+                step_stats = step_stats | {"input_tokens": float(len(rows) * L),
+                                           "trained_tokens": float(batch["mask"][rows].sum()), "ppo_epoch": epoch}
+                for k in range(0, per * self.micro_batches, per):
+                    idx = rows[k : k + per]
+                    out.append({key: value[idx] for key, value in batch.items()}
+                               | {"temperature": self.temperature, "stats": step_stats})  # fmt: skip
+        return out
 
     # ------------------------------------------------------------------ held-out evaluation
     def evaluate(self, temperature: float = 0.0, n: int | None = None) -> float:

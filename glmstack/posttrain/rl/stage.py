@@ -31,6 +31,7 @@ from glmstack.config import ConfigError
 from glmstack.posttrain.rl.losses import (
     cispo_loss,
     dis_loss,
+    distill_advantages,
     entropy,
     gspo_loss,
     policy_loss,
@@ -39,13 +40,19 @@ from glmstack.posttrain.rl.losses import (
 )
 from glmstack.train import dist
 from glmstack.train.config import TrainConfig
+from glmstack.train.loop import VISION_INPUTS
 
 
 @dataclass(kw_only=True)
 class RLOptions:
-    task: str = "arithmetic"  # tasks.TASKS: arithmetic | code | toy
+    task: str = "arithmetic"  # tasks.TASKS: arithmetic | compare | code | toy, or reasoning_gym:<dataset>
     rewards: list[list] = field(default_factory=list)  # [[name, weight], ...] (rewards.REWARDS); [] = the task's
-    samples_per_step: int = 64  # rollouts per optimizer step (prompts × group size); split into grad_accum parts
+    samples_per_step: int = 64  # rollouts per rollout batch (prompts × group size); split into grad_accum parts
+    # PPO-style updates: each rollout batch is cut into `minibatches` parts, one optimizer step each, and passed over
+    # `ppo_epochs` times; then old_logp = the trainer's log-probs at the rollout weights, computed once before the
+    # first update (1 and 1 = GLM-5's on-policy default: one optimizer step per rollout batch, old_logp = logp.detach())
+    ppo_epochs: int = 1
+    minibatches: int = 1
     # [[from_step, level, group_size(, hard_k)]]: hard_k > 0 trains only problems whose first hard_k samples all
     # fail and some later one succeeds (GLM-4.5's stage 2: pass@8 = 0, pass@512 > 0; rollouts.informative)
     curriculum: list[list[int]] = field(default_factory=lambda: [[0, 0, 8]])
@@ -91,13 +98,21 @@ def rl_loss(opts: RLOptions):
     """loss_fn(model, batch, values) for the loop: the policy loss of one rollout micro-batch + dashboard figures."""
 
     def loss_fn(model, batch: dict, values: dict):
-        logits_BTV = model(batch["input_ids"]).logits.float()
+        vision = {k: batch[k] for k in VISION_INPUTS if k in batch}  # a vision-language policy's pixels
+        logits_BTV = model(batch["input_ids"], **vision).logits.float()
         temp = batch["temperature"]
         logp_BT = token_logprobs(logits_BTV, batch["targets"], temp, opts.top_p, opts.top_k)
         valid = (batch["mask"] > 0) & torch.isfinite(logp_BT)  # a token outside the trainer's nucleus: dropped
         logp_BT = torch.where(valid, logp_BT, torch.zeros_like(logp_BT))
+        if "old_logp" in batch:  # PPO-style updates: π_old = the trainer at the rollout weights (rollouts.py)
+            valid = valid & torch.isfinite(batch["old_logp"])
+            logp_BT = torch.where(valid, logp_BT, torch.zeros_like(logp_BT))
+            old = torch.where(valid, batch["old_logp"], torch.zeros_like(logp_BT))
+        else:  # one optimizer step per rollout batch: π_old is the trainer at these very weights
+            old = logp_BT.detach()
         mask, rollout, adv = valid.float(), batch["rollout_logp"], batch["advantages"]
-        old = logp_BT.detach()  # one optimizer step per rollout batch: π_old is the trainer at these weights
+        if "teacher_logp" in batch:  # on-policy distillation (distill.py): GLM-5 Eq. 2's per-token advantage
+            adv = distill_advantages(batch["teacher_logp"], logp_BT) * mask
         if opts.loss == "grpo":
             loss, stats = policy_loss(logp_BT, old, adv, mask, rollout_logp=rollout, eps_low=opts.eps_low,
                                       eps_high=opts.eps_high, reduction=opts.reduction, mismatch=opts.mismatch,
@@ -128,8 +143,10 @@ def check(cfg: RLConfig) -> None:
     if not isinstance(cfg, RLConfig):
         raise ConfigError(f"the rl stage needs an RLConfig (got {type(cfg).__name__})")
     o = cfg.rl
-    if o.task not in TASKS:
-        raise ConfigError(f"rl.task: unknown task {o.task!r} (expected one of {', '.join(TASKS)})")
+    if o.task not in TASKS and not o.task.startswith("reasoning_gym:"):
+        raise ConfigError(f"rl.task: unknown task {o.task!r} (expected one of {', '.join(TASKS)}, reasoning_gym:<name>)")
+    if o.ppo_epochs < 1 or o.minibatches < 1:
+        raise ConfigError("rl.ppo_epochs and rl.minibatches must be >= 1")
     if o.temperature <= 0:
         raise ConfigError("rl.temperature must be > 0 (RL samples; the trainer divides its logits by it)")
     if not o.curriculum or any(len(r) not in (3, 4) for r in o.curriculum):
@@ -137,7 +154,7 @@ def check(cfg: RLConfig) -> None:
     for _, _, group, hard_k in (stage_at(o.curriculum, r[0]) for r in o.curriculum):
         if hard_k >= group:
             raise ConfigError(f"rl.curriculum: hard_k={hard_k} must be below the group size {group}")
-        problem = check_divisible(o.samples_per_step, int(group), cfg.grad_accum)
+        problem = check_divisible(o.samples_per_step, int(group), cfg.grad_accum * o.minibatches)
         if problem:
             raise ConfigError(problem)
     if cfg.schedule.batch_warmup_start_tokens:
@@ -167,7 +184,7 @@ def build(cfg: RLConfig, model, tokenizer):
         raise ConfigError(f"rl: {e}") from None
 
 
-def run_rl(cfg: RLConfig, stop_at: int | None = None) -> dict:
+def run_rl(cfg: RLConfig, stop_at: int | None = None, build_data=build) -> dict:
     """Model and optimiser as every stage builds them, rollouts as the data, the RL loss; then the held-out score
     of the final weights (rl_summary.json), the dashboard plots and (with a tokenizer) an HF model folder."""
     from glmstack.train.loop import train
@@ -176,7 +193,7 @@ def run_rl(cfg: RLConfig, stop_at: int | None = None) -> dict:
     check(cfg)
     model, optimizer = model_and_optimizer(cfg)
     tokenizer = load_tokenizer(cfg)
-    data = build(cfg, model, tokenizer)
+    data = build_data(cfg, model, tokenizer)  # Rollouts; distill.py passes its teachers' stream
     folder = stage_dir(cfg)
     result = train(model=model, optimizer=optimizer, data=data, cfg=cfg, stage_dir=folder, loss_fn=rl_loss(cfg.rl),
                    stop_at=stop_at)  # fmt: skip
@@ -185,6 +202,8 @@ def run_rl(cfg: RLConfig, stop_at: int | None = None) -> dict:
 
         data.sync(perturb=False)
         result["heldout_acc"] = data.evaluate()
+        if hasattr(data, "evaluate_all"):  # one held-out score per task (distillation: per teacher)
+            result["heldout"] = data.evaluate_all()
         result["heldout_acc_sampled"] = data.evaluate(data.temperature)
         (folder / "rl_summary.json").write_text(json.dumps(summary(folder, result), indent=2) + "\n")
         if cfg.log.plots:

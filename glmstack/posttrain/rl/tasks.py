@@ -8,7 +8,16 @@ Tasks (`TASKS`, by name; `make_task(name, tokenizer, style)`):
   arithmetic  chat prompts in GLM's format ("What is 7 + 5?"); level 0: sums of one-digit numbers, level 1: sums up
               to 2 digits and differences, level 2+: glmstack.posttrain.synthetic's full arithmetic set (sums,
               differences, products, word problems). Reward `arithmetic` (the SFT set's verifier on the parsed reply).
+  compare     "Which is the largest of 3, 8 and 5?": the larger / smaller of two (levels 0-1) or three (level 2+)
+              one-digit numbers, from the SFT set's own generator (glmstack.posttrain.synthetic.compare_item) and held-out
+              split; a tiny SFT model partly solves it (copying one number scores 1/2 or 1/3). Reward `arithmetic`.
+  reasoning_gym:<name>
+              a dataset of the `reasoning-gym` package (PyPI; e.g. reasoning_gym:basic_arithmetic, :number_sorting,
+              :leg_counting): one problem per draw from the dataset's own generator, seeded by our rng; `level` is the
+              dataset's curriculum global level where it has one. Reward `reasoning_gym` (the dataset's scorer).
   code        "Write a Python function f(x) that ..." with hidden unit tests run in glmstack.sandbox (reward `code`).
+  tools       the SFT tools set's first turn with the calculator and python tools offered (reward `tool_call`)
+  chat        the SFT chat set's first turn under a naming system prompt (reward `chat_fact`)
   toy         token-id prompts, no tokenizer: the first response token is right when its id ≡ prompt[0] + level
               (mod 4) (reward `toy`; a random policy scores 1/4); tiny enough for unit tests and gradient checks.
 
@@ -74,11 +83,14 @@ class ChatTask(Task):
             raise ValueError(f"task {self.name} needs a tokenizer (init_from a folder with tokenizer.json)")
         self.tokenizer, self.style, self.thinking = tokenizer, style, thinking
 
+    tools: list[dict] | None = None  # the tools the prompt offers
+
     def encode(self, meta: dict) -> list[int]:
         from glmstack.chat import render
 
-        text = render([{"role": "user", "content": meta["question"]}], None, style=self.style,
-                      enable_thinking=self.thinking, add_generation_prompt=True)  # fmt: skip
+        messages = meta.get("messages") or [{"role": "user", "content": meta["question"]}]
+        text = render(messages, self.tools, style=self.style, enable_thinking=self.thinking,
+                      add_generation_prompt=True)  # fmt: skip
         return self.tokenizer.encode(text)
 
 
@@ -98,6 +110,47 @@ class Arithmetic(ChatTask):
 
             q, _, ans = arithmetic_item(rng)
         return q, {"question": q, "answer": str(ans)}
+
+
+class Compare(ChatTask):
+    name = "compare"
+    rewards = ("arithmetic",)  # the last integer of the reply is the answer, as for arithmetic
+
+    def item(self, rng: random.Random, level: int) -> tuple[str, dict]:
+        from glmstack.posttrain.synthetic import compare_item
+
+        q, _, ans = compare_item(rng, level)
+        return q, {"question": q, "answer": str(ans)}
+
+
+class ReasoningGym(ChatTask):
+    """A reasoning-gym dataset as a task: `reasoning_gym:<dataset>` (the package's 100+ procedural generators)."""
+
+    rewards = ("reasoning_gym",)
+    PREFIX = "reasoning_gym:"
+
+    def __init__(self, dataset: str, tokenizer, style: str = "glm-4.5", thinking: bool = False):
+        from reasoning_gym import factory
+
+        if dataset not in factory.DATASETS:
+            raise ValueError(f"reasoning-gym has no dataset {dataset!r} (e.g. basic_arithmetic, number_sorting)")
+        super().__init__(tokenizer, style, thinking)
+        self.dataset, self.name = dataset, self.PREFIX + dataset
+
+    def item(self, rng: random.Random, level: int) -> tuple[str, dict]:
+        from reasoning_gym import factory
+
+        config = {}
+        if factory.has_curriculum(self.dataset):
+            curriculum = factory.create_curriculum(self.dataset)
+            for _ in range(level):  # past its top level the curriculum stays there
+                try:
+                    curriculum.increment_global_level()
+                except Exception:  # noqa: BLE001 - the package raises different errors at the top level
+                    break
+            config = vars(curriculum.generate_configuration({"seed": 0, "size": 1}))
+        entry = factory.create_dataset(self.dataset, **(config | {"seed": rng.randrange(1 << 30), "size": 1}))[0]
+        return entry["question"], {"question": entry["question"], "answer": entry["answer"], "entry": entry}
 
 
 # (name, description, reference body, hidden tests): functions of one integer argument
@@ -136,10 +189,49 @@ class Toy(Task):
         return list(meta["ids"])
 
 
-TASKS = {"arithmetic": Arithmetic, "code": Code, "toy": Toy}
+class ToolUse(ChatTask):
+    """The SFT tools set's first turn (glmstack.posttrain.synthetic.tool_item): the calculator and python tools
+    are offered; right = a call of the expected tool whose arguments validate (reward `tool_call`)."""
+
+    name = "tools"
+    rewards = ("tool_call",)
+
+    @property
+    def tools(self):
+        from glmstack.posttrain.tools import TOOLS
+
+        return TOOLS
+
+    def item(self, rng: random.Random, level: int) -> tuple[str, dict]:
+        from glmstack.posttrain.synthetic import tool_item
+
+        q, tool, args, _ = tool_item(rng)
+        return q, {"question": q, "tool": tool, "arguments": args}
+
+
+class ChatFacts(ChatTask):
+    """The SFT chat set's first turn (synthetic.chat_exchange) under a system prompt that names the assistant:
+    right = the expected word (capital, opposite, own name) in the reply (reward `chat_fact`)."""
+
+    name = "chat"
+    rewards = ("chat_fact",)
+
+    def item(self, rng: random.Random, level: int) -> tuple[str, dict]:
+        from glmstack.posttrain.synthetic import ASSISTANT_NAMES, chat_exchange
+
+        name = rng.choice(ASSISTANT_NAMES)
+        q, _, _, must = chat_exchange(rng, name)
+        system = f"You are {name}, a helpful assistant. Answer in one sentence."
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": f"Hello! {q}"}]
+        return f"{system} | {q}", {"question": q, "messages": messages, "answer": must}
+
+
+TASKS = {"arithmetic": Arithmetic, "compare": Compare, "code": Code, "toy": Toy, "tools": ToolUse, "chat": ChatFacts}
 
 
 def make_task(name: str, tokenizer=None, style: str = "glm-4.5", thinking: bool = False) -> Task:
+    if name.startswith(ReasoningGym.PREFIX):
+        return ReasoningGym(name[len(ReasoningGym.PREFIX) :], tokenizer, style, thinking)
     if name not in TASKS:
         raise ValueError(f"unknown RL task {name!r} (expected one of {', '.join(TASKS)})")
     cls = TASKS[name]

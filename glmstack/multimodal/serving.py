@@ -1,0 +1,182 @@
+"""Vision-language checkpoints behind `glmstack chat --image` and `glmstack serve`: loading, a streaming decoder
+with raw log-probs, the server's serial scheduler, and image content parts from OpenAI requests.
+
+What:
+  `is_vl_checkpoint(folder)`      config.json says glm4v_moe / glm4v
+  `VisionEngine.load(folder)`     tokenizer + GLMV (glmstack.model.vision.load_vl_hf) + image processor, with the
+                                  attributes the server reads from a text Engine (tokenizer, cfg, model, device)
+  `decode(engine, ids, media, params, seed, stop_ids, max_new_tokens)`  one sequence, token by token: (id, raw
+                                  log-prob, log-softmax row); the prefill runs the full multimodal forward, then each
+                                  token sits at next_position + step in all three RoPE rows (GLMV.generate's rule)
+  `VisionScheduler`               the server's Scheduler running one request at a time through `decode` (the
+                                  continuous-batching KV cache of serve/scheduler.py holds 1D positions; 3D RoPE
+                                  positions after an image do not follow the cache length, so VL requests do not
+                                  join that batch: one at a time, like --speculative mtp)
+  `request_media(messages, proc)` OpenAI `image_url` parts (data URLs only) -> placeholder text + pixels, or an
+                                  ApiError 400 naming the part (remote URL, bad base64, not an image, a text model)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from glmstack.inference.sampling import RowStreams, SamplingParams, sample
+from glmstack.multimodal.images import ImageError, load_image, load_video
+from glmstack.serve.scheduler import Finished, Job, Scheduler, Token, _abort_message, _late
+
+
+def is_vl_checkpoint(folder) -> bool:
+    from glmstack.model.vision.config import VL_MODEL_TYPES
+
+    path = Path(folder) / "config.json"
+    try:
+        return json.loads(path.read_text()).get("model_type") in VL_MODEL_TYPES
+    except (OSError, ValueError):
+        return False
+
+
+class VisionEngine:
+    """What the chat CLI and the server need of a vision-language checkpoint."""
+
+    fast = False  # the scheduler's batch runner (never stepped for VL jobs) then wraps the plain model
+
+    def __init__(self, model, tokenizer, processor, device):
+        self.model, self.tokenizer, self.processor, self.device = model, tokenizer, processor, torch.device(device)
+        self.cfg = model.cfg.text_config  # max_position_embeddings, like a text Engine's cfg
+
+    @classmethod
+    def load(cls, folder, dtype=None, device="cpu") -> VisionEngine:
+        from glmstack.model.vision import load_vl_hf
+        from glmstack.multimodal.processor import VisionProcessor
+        from glmstack.tokenizer import Tokenizer
+
+        tokenizer, processor = Tokenizer.load(folder), VisionProcessor.load(folder)  # small files first
+        return cls(load_vl_hf(folder, dtype=dtype, device=device).eval(), tokenizer, processor, device)
+
+    def render_prompt(self, messages, tools, style: str, enable_thinking: bool = True):
+        """The conversation with the generation prompt -> Encoded (ids + pixels): what `stream` takes."""
+        from glmstack.multimodal.encode import encode_multimodal
+
+        return encode_multimodal(self.tokenizer, self.processor, messages, tools, style=style,
+                                 enable_thinking=enable_thinking, add_generation_prompt=True)  # fmt: skip
+
+    def stream(self, prompt, max_new_tokens: int = 256, stats: dict | None = None, temperature: float = 0.0,
+               top_p: float = 1.0, top_k: int = 0, seed: int | None = None, speculative=None, **_unused):  # fmt: skip
+        """Engine.stream's shape for an Encoded prompt: a Delta per token (the stop token's text not shown)."""
+        from glmstack.inference.engine import Delta
+
+        if speculative:
+            raise ValueError("speculative decoding is for text models (a vision-language checkpoint decodes plainly)")
+        params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
+        ids, shown, stop = [], "", set(self.tokenizer.eos_ids)
+        seed = seed if seed is not None else int(torch.randint(0, 2**31, ()).item())
+        for tok, _, _ in decode(self, prompt.ids, prompt.media, params, seed, stop, max_new_tokens):
+            if tok in stop:
+                break
+            ids.append(tok)
+            full = self.tokenizer.decode(ids)
+            if not full.endswith("\ufffd"):  # byte-level BPE: wait for the rest of a UTF-8 character
+                yield Delta(ids=[tok], text=full[len(shown) :])
+                shown = full
+        if stats is not None:
+            stats["new_tokens"] = len(ids)
+
+
+@torch.inference_mode()
+def decode(engine: VisionEngine, ids: list[int], media, params: SamplingParams, seed: int, stop_ids,
+           max_new_tokens: int):  # fmt: skip
+    """Yield (token id, raw log-prob, log-softmax row (V,)) until a stop id (yielded) or the budget."""
+    from glmstack.model.attention import SimpleKVCache
+    from glmstack.model.vision import rope_index, token_types
+
+    model, dev = engine.model, engine.device
+    ids_1T = torch.tensor(ids, device=dev).view(1, -1)
+    inputs = {k: v.to(dev) for k, v in media.model_inputs().items()} if media is not None else {}
+    _, next_pos = rope_index(ids_1T, model.cfg, inputs.get("image_grid_thw"), inputs.get("video_grid_thw"),
+                             types_BT=token_types(ids_1T, model.cfg), flat_images=model.cfg.visual_expert)  # fmt: skip
+    cache = SimpleKVCache()
+    logits = model(ids_1T, cache=cache, **inputs).logits[:, -1].float()
+    streams = RowStreams([seed], 1, dev) if not params.greedy else None
+    for step in range(max_new_tokens):
+        keys = streams.keys(step)[:, 0] if streams is not None else None
+        token = sample(logits, params, keys)  # (1,)
+        logp_V = torch.log_softmax(logits[0], dim=-1)
+        tok = int(token)
+        yield tok, float(logp_V[tok]), logp_V
+        if tok in stop_ids:
+            return
+        pos = (next_pos.to(dev) + step).view(1, 1)
+        logits = model(token.view(1, 1), position_ids=pos, cache=cache).logits[:, -1].float()
+
+
+class VisionScheduler(Scheduler):
+    """Serves a VisionEngine one request at a time (see the module docstring); jobs carry their pixels in
+    `job.media`."""
+
+    def __init__(self, engine: VisionEngine, max_waiting: int = 256):
+        super().__init__(engine, max_running=1, max_waiting=max_waiting)
+        self.serial = True
+
+    def _run_one(self, job: Job) -> None:
+        self.stats["prompt_tokens"] += len(job.prompt_ids)
+        self.stats["prefill_computed"] += len(job.prompt_ids)
+        last = None
+        steps = decode(self.engine, job.prompt_ids, job.media, job.params, job.seed, job.stop_ids,
+                       job.max_new_tokens)  # fmt: skip
+        for tok, logp, logp_V in steps:
+            if job.cancelled or _late(job):
+                steps.close()
+                return self._finish(job, Finished("abort", _abort_message(job)))
+            top = torch.topk(logp_V, job.top_logprobs) if job.top_logprobs else None
+            alts = list(zip(top.indices.tolist(), top.values.tolist())) if top is not None else []
+            self._token(job, Token(tok, logp, alts))
+            self.stats["steps"] += 1
+            last = tok
+        self._finish(job, Finished("stop" if last in job.stop_ids else "length"))
+
+
+def has_media(messages) -> bool:
+    from glmstack.multimodal.encode import media_kind
+
+    return any(isinstance(m, dict) and isinstance(m.get("content"), list) and any(media_kind(p) for p in m["content"])
+               for m in messages)  # fmt: skip
+
+
+def request_media(messages, processor):
+    """(messages with placeholder text parts, Media) for a chat request; ApiError 400 on any bad image part."""
+    from glmstack.multimodal.encode import split_media
+    from glmstack.serve.protocol import ApiError
+
+    if processor is None:
+        raise ApiError(400, "messages: this model has no vision encoder; image and video parts need a "
+                       "vision-language checkpoint (glm4v_moe / glm4v)", "messages")  # fmt: skip
+    try:
+        plain, images, videos = split_media(messages)
+        images = [load_image(_url(src), what=f"image {k}") for k, src in enumerate(images)]
+        videos = [load_video([_url(f) for f in v or []], what=f"video {k}") for k, v in enumerate(videos)]
+        return plain, processor(images, videos)
+    except ImageError as e:
+        raise ApiError(400, f"messages: {e}", "messages") from None
+
+
+def _url(src):
+    """An OpenAI image_url part carries a URL string; a local path is not accepted from a remote client."""
+    if isinstance(src, str) and not src.startswith("data:"):
+        if src.startswith(("http://", "https://")):
+            raise ImageError(f"remote URLs are not fetched ({src[:60]!r}); send the image as a data URL "
+                             "(data:image/png;base64,...)")  # fmt: skip
+        raise ImageError(f"an image must be a data URL (data:image/png;base64,...), got {src[:40]!r}")
+    if not isinstance(src, str):
+        raise ImageError(f"an image must be a data URL string, got {type(src).__name__}")
+    return src
+
+
+def expand_prompt(text: str, media, processor) -> str:
+    """The rendered prompt with each image / video placeholder expanded to its visual tokens."""
+    from glmstack.chat.render import Segment
+    from glmstack.multimodal.encode import expand
+
+    return expand([Segment(text)], media, processor)[0].text
