@@ -18,6 +18,7 @@ from tests.posttrain.base import make_base
 
 ray = pytest.importorskip("ray")
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
+KEYS = ("input_ids", "targets", "mask", "rollout_logp", "advantages")
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +47,9 @@ def test_first_step_async_tau0_equals_sync(cluster, tmp_path, base):
             data.runner.close()
         loss_fn = rl_loss(cfg.agentic)
         losses.append(sum(float(loss_fn(model, b, {})[0].detach()) for b in batches) / len(batches))
-        inputs.append(torch.cat([b["input_ids"] for b in batches]))
-    assert torch.equal(inputs[0], inputs[1])
+        inputs.append({k: torch.cat([b[k] for b in batches]) for k in KEYS})
+    for k in KEYS:  # every token, mask, rollout log-prob and advantage: the loss is a function of these and the weights
+        assert torch.equal(inputs[0][k], inputs[1][k]), k
     assert losses[0] == losses[1]
 
 
