@@ -7,6 +7,7 @@ python tool runs in glmstack.sandbox; the expected output of a reference program
 
 from __future__ import annotations
 
+import abc
 import random
 
 from glmstack.posttrain.agentic.env import EnvCrash, ToolEnv, register
@@ -47,8 +48,9 @@ class _SftToolEnv(ToolEnv):
                 return f"Error: {e}"
         return run_python(str(args.get("code", "")))
 
+    @abc.abstractmethod
     def answer_text(self) -> str:
-        raise NotImplementedError
+        """The text the final answer must contain: the true result of the task's call."""
 
     def success(self) -> bool:
         content = (self.final or {}).get("content") or ""
