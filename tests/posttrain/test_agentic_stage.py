@@ -105,3 +105,21 @@ def test_cli_bad_environment_is_one_line(capsys, base_dir):
                  'agentic.envs=[["nope", 1.0]]'])  # fmt: skip
     err = capsys.readouterr().err.strip()
     assert code == 2 and "unknown environment 'nope'" in err and len(err.splitlines()) == 1
+
+
+def test_environment_by_import_path(capsys, base_dir):
+    """Your own Env subclass by "module:Class": tasks carry the path (Ray actors import it by it); a bad path is the
+    CLI's one-line error."""
+    from glmstack.cli import main
+    from glmstack.posttrain.agentic.stage import sampler
+
+    path = "tests.posttrain.agentic_coin:CoinEnv"
+    opts = tiny().agentic
+    opts.envs = [[path, 1.0]]
+    spec = sampler(opts, seed=0)(3)
+    assert spec["env"] == path and env_class(path).__name__ == "CoinEnv"
+    for bad in ("tests.posttrain.agentic_coin:Nope", "glmstack.posttrain.agentic.env:EnvOptions"):
+        code = main(["agentic-rl", "agentic_tiny", "--set", f"init_from={base_dir}", "--set",
+                     f'agentic.envs=[["{bad}", 1.0]]'])  # fmt: skip
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and bad in err and len(err.splitlines()) == 1

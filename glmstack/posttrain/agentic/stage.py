@@ -96,7 +96,7 @@ def sampler(opts: AgenticOptions, seed: int, split: str = "train"):
     def sample(task_id: int) -> dict:
         rng = random.Random(stable_seed(seed, split, task_id))
         name = rng.choices(names, weights)[0]
-        return env_class(name).sample(rng, split, opts.level)
+        return env_class(name).sample(rng, split, opts.level) | {"env": name}  # by path for imported ones
 
     return sample
 
