@@ -2,7 +2,8 @@
 optimizer step (its batch with non-zero advantages, loss, gradients, updated weights) equals the synchronous
 in-process run's bit for bit; under a deliberately slow trainer no trained sample is more
 than tau versions old (and the rule did drop some); a rollout worker killed mid-run is restarted and the run
-finishes with every task id accounted for exactly once (none lost, none trained twice)."""
+finishes with every task id accounted for exactly once (none lost, none trained twice); rollout actors generating on
+our server (remote rollouts) give the in-process run's steps."""
 
 from __future__ import annotations
 
@@ -103,3 +104,17 @@ def test_slow_trainer_and_a_killed_worker(cluster, tmp_path, base):
     assert len(runner.trained_ids) == len(set(runner.trained_ids)) == steps * cfg.agentic.groups_per_step
     assert all(runner.ledger[i] == "trained" for i in runner.trained_ids)
     assert runner.trajectories == len(runner.trained_ids) * cfg.agentic.group_size  # no env crashes: no padding
+
+
+def test_ray_workers_generating_on_a_server(cluster, tmp_path, base):
+    """Remote rollouts: Ray rollout actors that generate on `glmstack serve` (the trainer pushing its weights to the
+    server) give the in-process run's two steps."""
+    from tests.posttrain.test_agentic_server import assert_same_rollouts, two_steps
+    from tests.serve_fixture import RunningServer
+
+    server = RunningServer(str(base))
+    try:
+        remote = two_steps(tmp_path / "remote", base, server.url, runner="ray")
+    finally:
+        server.stop()
+    assert_same_rollouts(two_steps(tmp_path / "local", base), remote)

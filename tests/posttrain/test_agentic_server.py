@@ -22,9 +22,10 @@ from tests.serve_fixture import RunningServer
 COIN = "tests.posttrain.agentic_coin:CoinEnv"  # mixed rewards: the first update changes the weights
 
 
-def two_steps(folder, base_dir, server: str = "") -> list[dict]:
+def two_steps(folder, base_dir, server: str = "", runner: str = "local") -> list[dict]:
+    """The micro-batches the loss saw in two steps of the real loop (synchronous: a push before each step)."""
     cfg = tiny()
-    cfg.out_dir, cfg.init_from, cfg.steps = str(folder), str(base_dir), 2
+    cfg.out_dir, cfg.init_from, cfg.steps, cfg.runner = str(folder), str(base_dir), 2, runner
     o = cfg.agentic
     o.envs, o.asynchronous, o.rollout_server, o.server_model = [[COIN, 1.0]], False, server, "tiny"
     model, optimizer = model_and_optimizer(cfg)
@@ -41,6 +42,14 @@ def two_steps(folder, base_dir, server: str = "") -> list[dict]:
     return batches
 
 
+def assert_same_rollouts(local: list[dict], remote: list[dict]) -> None:
+    assert len(local) == len(remote) == 4  # 2 steps x grad_accum 2
+    for a, b in zip(local, remote):
+        assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["mask"], b["mask"])
+        assert torch.equal(a["advantages"], b["advantages"])
+        torch.testing.assert_close(a["rollout_logp"], b["rollout_logp"], atol=1e-5, rtol=1e-5)
+
+
 def test_server_rollouts_with_weight_pushes_equal_in_process(tmp_path, base_dir):
     server = RunningServer(str(base_dir), prefix_cache_mb=16)
     try:
@@ -54,11 +63,7 @@ def test_server_rollouts_with_weight_pushes_equal_in_process(tmp_path, base_dir)
         after = httpx.get(server.url + "/get_weight_version").json()["weight_version"]
     finally:
         server.stop()
-    assert len(local) == len(remote) == 4  # 2 steps x grad_accum 2
-    for a, b in zip(local, remote):
-        assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["mask"], b["mask"])
-        assert torch.equal(a["advantages"], b["advantages"])
-        torch.testing.assert_close(a["rollout_logp"], b["rollout_logp"], atol=1e-5, rtol=1e-5)
+    assert_same_rollouts(local, remote)
     assert version == after == 1  # pushed before step 0 (version 0) and step 1 (version 1)
     assert bad_path.status_code == 400 and "no such file" in bad_path.json()["error"]["message"]
     assert wrong.status_code == 400 and "does not match the served model" in wrong.json()["error"]["message"]
