@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from glmstack.posttrain.agentic.stage import build
-from glmstack.posttrain.rl.stage import rl_loss
 from glmstack.recipes.agentic_tiny import agentic as tiny
-from glmstack.train.loop import train
 from glmstack.train.stage import model_and_optimizer
 from tests.posttrain.base import make_base
+from tests.posttrain.test_agentic_server import assert_same_rollouts, train_recording, two_steps
+from tests.serve_fixture import RunningServer
 
 ray = pytest.importorskip("ray")
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
@@ -46,20 +46,11 @@ def first_update(folder, base, runner: str, asynchronous: bool) -> dict:
     batch the loss saw, the accumulated gradient of every parameter, the logged row and the updated weights."""
     cfg, model, optimizer, data = data_for(folder, base, runner, envs=[[COIN, 1.0]], tau=0, sync_every=1,
                                            asynchronous=asynchronous, workers=2, inflight=2)  # fmt: skip
-    cfg.steps, batches, grads = 1, [], {}
+    cfg.steps, grads = 1, {}
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     for name, p in model.named_parameters():  # the gradient after the last micro-batch, before clipping
         p.register_post_accumulate_grad_hook(lambda p, name=name: grads.__setitem__(name, p.grad.clone()))
-    loss_fn = rl_loss(cfg.agentic)
-
-    def recording(model, batch, values):
-        batches.append(batch)
-        return loss_fn(model, batch, values)
-
-    try:
-        train(model=model, optimizer=optimizer, data=data, cfg=cfg, stage_dir=folder / "agentic", loss_fn=recording)
-    finally:
-        data.runner.close()
+    batches = train_recording(cfg, model, optimizer, data, folder / "agentic")
     row = json.loads((folder / "agentic" / "metrics.jsonl").read_text().splitlines()[0])
     return {"batch": {k: torch.cat([b[k] for b in batches]) for k in KEYS}, "grads": grads, "row": row,
             "initial": initial, "weights": {k: v.clone() for k, v in model.state_dict().items()}}  # fmt: skip
@@ -109,9 +100,6 @@ def test_slow_trainer_and_a_killed_worker(cluster, tmp_path, base):
 def test_ray_workers_generating_on_a_server(cluster, tmp_path, base):
     """Remote rollouts: Ray rollout actors that generate on `glmstack serve` (the trainer pushing its weights to the
     server) give the in-process run's two steps."""
-    from tests.posttrain.test_agentic_server import assert_same_rollouts, two_steps
-    from tests.serve_fixture import RunningServer
-
     server = RunningServer(str(base))
     try:
         remote = two_steps(tmp_path / "remote", base, server.url, runner="ray")

@@ -29,14 +29,19 @@ def two_steps(folder, base_dir, server: str = "", runner: str = "local") -> list
     o = cfg.agentic
     o.envs, o.asynchronous, o.rollout_server, o.server_model = [[COIN, 1.0]], False, server, "tiny"
     model, optimizer = model_and_optimizer(cfg)
-    data, loss_fn, batches = build(cfg, model, optimizer, str(base_dir)), rl_loss(o), []
+    return train_recording(cfg, model, optimizer, build(cfg, model, optimizer, str(base_dir)), folder / "agentic")
+
+
+def train_recording(cfg, model, optimizer, data, stage_dir) -> list[dict]:
+    """The real loop (cfg.steps steps) with the stage's loss; -> every micro-batch the loss was given."""
+    loss_fn, batches = rl_loss(cfg.agentic), []
 
     def recording(model, batch, values):
         batches.append(batch)
         return loss_fn(model, batch, values)
 
     try:
-        train(model=model, optimizer=optimizer, data=data, cfg=cfg, stage_dir=folder / "agentic", loss_fn=recording)
+        train(model=model, optimizer=optimizer, data=data, cfg=cfg, stage_dir=stage_dir, loss_fn=recording)
     finally:
         data.runner.close()
     return batches
