@@ -38,7 +38,7 @@ def align() -> VLTrainConfig:
 
 def sft() -> VLTrainConfig:
     """Everything trains on the visual QA chats, from the aligned model."""
-    return _base("sft", steps=3000, lr=1.5e-3, train="all", init_from=f"{RUN}/align/model")
+    return _base("sft", steps=2500, lr=1.5e-3, train="all", init_from=f"{RUN}/align/model")
 
 
 def rl():
