@@ -18,9 +18,13 @@ from glmstack.recipes import agentic_speedrun
 
 def agentic() -> AgenticConfig:
     cfg = agentic_speedrun.agentic()
-    cfg.run, cfg.steps, cfg.grad_accum = "tools", 25, 4
+    cfg.run, cfg.steps, cfg.grad_accum = "tools", 15, 4
     o = cfg.agentic
     o.envs, o.level, o.groups_per_step = [["python", 1.0]], 1, 4  # 32 trajectories per step
     o.heldout_n, o.heldout_seed, o.eval_every = 128, 0, 0
-    cfg.optim.lr = 1e-3
+    # Muon's step has a fixed size, and with the state reset after every push (K = 1) it is the orthogonalised
+    # gradient of one 32-trajectory batch: measured, lr 1e-3 with the reset drops held-out success 0.35 -> 0.16 in
+    # 15 steps. Keeping the momentum across pushes averages the batches, as the reasoning RL recipe does.
+    o.reset_optimizer = False
+    cfg.optim.lr = 5e-4
     return cfg
