@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 
 from glmstack.inference.sampling import RowStreams, SamplingParams, sample
-from glmstack.multimodal.images import ImageError, load_image, load_video
+from glmstack.multimodal.images import ImageError, load_image
+from glmstack.multimodal.video import load_clip
 from glmstack.serve.scheduler import Finished, Job, Scheduler, Token, _abort_message, _late
 
 
@@ -156,22 +157,29 @@ def request_media(messages, processor):
     try:
         plain, images, videos = split_media(messages)
         images = [load_image(_url(src), what=f"image {k}") for k, src in enumerate(images)]
-        videos = [load_video([_url(f) for f in v or []], what=f"video {k}") for k, v in enumerate(videos)]
+        videos = [load_clip(_video_url(v), what=f"video {k}") for k, v in enumerate(videos)]
         return plain, processor(images, videos)
     except ImageError as e:
         raise ApiError(400, f"messages: {e}", "messages") from None
 
 
-def _url(src):
+def _url(src, kind: str = "an image", example: str = "data:image/png;base64,..."):
     """An OpenAI image_url part carries a URL string; a local path is not accepted from a remote client."""
     if isinstance(src, str) and not src.startswith("data:"):
         if src.startswith(("http://", "https://")):
-            raise ImageError(f"remote URLs are not fetched ({src[:60]!r}); send the image as a data URL "
-                             "(data:image/png;base64,...)")  # fmt: skip
-        raise ImageError(f"an image must be a data URL (data:image/png;base64,...), got {src[:40]!r}")
+            raise ImageError(f"remote URLs are not fetched ({src[:60]!r}); send {kind} as a data URL ({example})")
+        raise ImageError(f"{kind} must be a data URL ({example}), got {src[:40]!r}")
     if not isinstance(src, str):
-        raise ImageError(f"an image must be a data URL string, got {type(src).__name__}")
+        raise ImageError(f"{kind} must be a data URL string, got {type(src).__name__}")
     return src
+
+
+def _video_url(src):
+    """A video from a client: one data URL (vLLM's data:video/jpeg;base64,<frame>,<frame>,... or an animated
+    GIF / WebP / PNG) or a list of image data URLs (its frames); never a server path or a remote URL."""
+    if isinstance(src, (list, tuple)):
+        return [_url(f, "a video frame") for f in src]
+    return _url(src, "a video", "data:video/jpeg;base64,<frame>,<frame>,... or data:image/gif;base64,...")
 
 
 def expand_prompt(text: str, media, processor) -> str:
