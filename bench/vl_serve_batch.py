@@ -26,14 +26,14 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from vl_forward import SIZES, config  # noqa: E402
+from vl_forward import SIZES, config
 
-from glmstack.inference.sampling import SamplingParams  # noqa: E402
-from glmstack.model.vision import GLMV, token_ids  # noqa: E402
-from glmstack.multimodal.processor import VisionProcessor  # noqa: E402
-from glmstack.multimodal.serving import VisionEngine, VisionScheduler  # noqa: E402
-from glmstack.serve.scheduler import Finished, Job  # noqa: E402
-from glmstack.tokenizer import Tokenizer  # noqa: E402
+from glmstack.inference.sampling import SamplingParams
+from glmstack.model.vision import GLMV, token_ids
+from glmstack.multimodal.processor import VisionProcessor
+from glmstack.multimodal.serving import VisionEngine, VisionScheduler
+from glmstack.serve.scheduler import Finished, Job
+from glmstack.tokenizer import Tokenizer
 
 
 def engine() -> VisionEngine:
@@ -55,7 +55,7 @@ def jobs(eng: VisionEngine, n: int, tokens: int, done: threading.Semaphore) -> l
         img = Image.new("RGB", SIZES[i % len(SIZES)], (40 * i % 256, 120, 200))
         msgs = [{"role": "user", "content": [{"type": "image", "image": img}, {"type": "text", "text": "What?"}]}]
         enc = eng.render_prompt(msgs, None, "glm-4.5", enable_thinking=False)
-        emit = lambda ev: done.release() if isinstance(ev, Finished) else None  # noqa: E731
+        emit = lambda ev: done.release() if isinstance(ev, Finished) else None
         out.append(Job(prompt_ids=enc.ids, max_new_tokens=tokens, params=SamplingParams(temperature=0.0), seed=i,
                        emit=emit, media=enc.media))  # fmt: skip
     return out
