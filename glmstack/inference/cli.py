@@ -238,6 +238,8 @@ def _media_part(kind: str, path: str, engine) -> dict:
 
     if not hasattr(engine, "render_prompt"):
         raise ConfigError(f"/{kind}: this is a text model; images and videos need a vision-language checkpoint")
+    if not path:
+        raise ConfigError(f"/{kind}: give a path")
     if kind == "video":
         return {"type": "video", "video": load_clip(path, what=f"--video {path}")}
     load_image(path, what=f"--image {path}")

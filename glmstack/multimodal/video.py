@@ -66,8 +66,8 @@ def load_clip(source, *, what: str = "video", fps: float = VIDEO_FPS) -> Clip:
 def _from_path(path: Path, what: str, fps: float) -> Clip:
     if path.is_dir():
         files = sorted((p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")), key=_natural)
-        if not files:
-            raise ImageError(f"{what}: {path}: the folder holds no frames")
+        if not files or len(files) > MAX_FRAMES:
+            raise ImageError(f"{what}: {path}: the folder holds {len(files)} files (expected 1 to {MAX_FRAMES} frames)")
         return _frames_clip([load_image(f, what=f"{what} frame {f}") for f in files], f"{what} {path}", fps)
     if not path.is_file():
         raise ImageError(f"{what}: {path}: no such file or folder")

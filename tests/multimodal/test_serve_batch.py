@@ -37,7 +37,24 @@ def alone(engine: VisionEngine, messages, temperature: float, seed: int, budget:
 
 @pytest.mark.parametrize("max_running", [5, 2])  # all at once; two at a time (rows leave, others join)
 def test_vl_rows_in_the_continuous_batch_equal_generate_alone(vl_folder, max_running):
-    engine = VisionEngine.load(vl_folder)
+    check_batch_equals_alone(VisionEngine.load(vl_folder), max_running)
+
+
+@pytest.mark.parametrize(("preset", "visual_expert"), [("tiny-glm4.1v", False), ("tiny-glm4.5v", True)])
+def test_dense_decoder_and_visual_expert_rows_equal_generate_alone(tok, preset, visual_expert):
+    """GLM-4.1V's dense decoder (interleaved M-RoPE) and CogVLM's visual expert (flat image positions), random."""
+    from glmstack.model.vision import GLMV, VLConfig, token_ids
+    from glmstack.multimodal.processor import VisionProcessor
+
+    cfg = VLConfig.preset(preset, **token_ids(tok), text_config={"vocab_size": tok.vocab_size},
+                          visual_expert=visual_expert)  # fmt: skip
+    vc = cfg.vision_config
+    proc = VisionProcessor(min_pixels=16 * 16, max_pixels=32 * 32, patch_size=vc.patch_size,
+                           merge_size=vc.spatial_merge_size)  # fmt: skip
+    check_batch_equals_alone(VisionEngine(GLMV(cfg).init_weights(seed=0).eval(), tok, proc, "cpu"), 3)
+
+
+def check_batch_equals_alone(engine: VisionEngine, max_running: int) -> None:
     sched = VisionScheduler(engine, max_running=max_running)
     outs, done = {}, threading.Semaphore(0)
     jobs = []

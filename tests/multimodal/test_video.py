@@ -128,7 +128,7 @@ def test_gif_timestamps_follow_frame_durations():
      (lambda p: _write(p / "clip.mp4", b"\x00\x00\x00\x18ftypmp42"), "not a readable video"),
      (lambda p: _write(p / "still.png", _png(frames(1)[0])), "a still image"),
      (lambda p: p / "missing", "no such file or folder"),
-     (lambda p: (p / "empty").mkdir() or p / "empty", "holds no frames"),
+     (lambda p: (p / "empty").mkdir() or p / "empty", "holds 0 files"),
      (lambda p: _write(p / "f" / "notes.txt", b"hello").parent, "notes.txt: not a readable image"),
      (lambda p: [frames(1)[0], frames(1, (28, 28))[0]], "frames differ in size"),
      (lambda p: "data:video/jpeg;base64," + ",".join(["AAAA"] * (MAX_FRAMES + 1)), "frames \\(at most 64\\)"),
