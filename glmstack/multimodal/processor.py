@@ -1,8 +1,9 @@
 """Pixels for the vision encoder: transformers' GLM-4.1V/4.5V image processor, plus short videos from frames.
 
 What: `VisionProcessor` turns images into `pixel_values (N_patches, C·T·P·P)` + `image_grid_thw (n_images, 3)` and
-videos (lists of frames) into `pixel_values_videos` + `video_grid_thw`, and says how many `<|image|>` tokens each
-one becomes in the prompt (`grid_t·grid_h·grid_w / merge_size²`: the adapter merges 2x2 patches into one token).
+videos (Clips from glmstack.multimodal.video, or lists of frames) into `pixel_values_videos` + `video_grid_thw` (and
+each temporal patch's timestamp), and says how many `<|image|>` tokens each one becomes in the prompt
+(`grid_t·grid_h·grid_w / merge_size²`: the adapter merges 2x2 patches into one token).
 
 Why reuse: the resizing rule (`smart_resize`: both sides multiples of patch·merge = 28, the pixel count kept within
 [min_pixels, max_pixels], any aspect ratio up to 200:1) and the patch layout must be exactly what the released
