@@ -105,7 +105,7 @@ def _animated(data: bytes, what: str) -> Clip:
     except (UnidentifiedImageError, OSError, SyntaxError, Image.DecompressionBombError):
         raise ImageError(f"{what}: not a readable video: {VIDEO_DECODERS_MISSING}") from None
     _checked(img, what)
-    n = int(getattr(img, "n_frames", 1))
+    n = _decoded(what, lambda: int(getattr(img, "n_frames", 1)))  # GIF: counts the frames by seeking through them
     if n < 2:
         raise ImageError(f"{what}: a still image (1 frame), not a video; give it as an image")
     if n > MAX_SOURCE_FRAMES or n * img.width * img.height > MAX_SOURCE_PIXELS:
@@ -131,10 +131,11 @@ def sample_frames(n: int, fps: float, seconds: float) -> tuple[list[int], list[f
 
 
 def _decoded(what: str, read):
-    """read() with Pillow's errors on a truncated or corrupt file as one ImageError line."""
+    """read() with Pillow's errors on a truncated or corrupt file as one ImageError line (its plugins raise many
+    kinds on damaged input: OSError, SyntaxError, IndexError, struct.error, ...)."""
     try:
         return read()
-    except (OSError, SyntaxError, ValueError, EOFError) as e:
+    except Exception as e:  # noqa: BLE001 — see the docstring
         raise ImageError(f"{what}: not a readable animated image ({type(e).__name__}: {str(e)[:80]})") from None
 
 

@@ -8,6 +8,8 @@ import io
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from glmstack.chat.encode import encode_segments
@@ -149,3 +151,30 @@ def _write(path, data: bytes):
 
 def _png(img) -> bytes:
     return base64.b64decode(to_data_url(img).split(",", 1)[1])
+
+
+GIF = gif_bytes(frames(4, (28, 28)), 500)
+URLS = st.one_of(
+    st.text(max_size=40),
+    st.builds(lambda mime, s: f"data:{mime};base64,{s}", st.sampled_from(["video/jpeg", "video/mp4", "image/gif",
+              "image/png", "text/plain", "video/jpeg;x"]), st.text("AZaz09+/=,", max_size=40)),
+    # a real GIF cut or with bytes changed: Pillow's decoder sees a damaged file
+    st.builds(lambda cut, at, byte: GIF[:cut] if at is None else GIF[:at] + bytes([byte]) + GIF[at + 1 :],
+              st.integers(0, len(GIF)), st.one_of(st.none(), st.integers(0, len(GIF) - 1)), st.integers(0, 255)),
+)  # fmt: skip
+
+
+@given(source=URLS)
+@settings(max_examples=80, deadline=None)
+def test_any_video_url_is_a_clip_or_a_400(proc, source):
+    from glmstack.multimodal.serving import request_media
+    from glmstack.serve.protocol import ApiError
+
+    url = source if isinstance(source, str) else "data:image/gif;base64," + base64.b64encode(source).decode()
+    msgs = [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": url}}]}]
+    try:
+        _, media = request_media(msgs, proc)
+    except ApiError as e:
+        assert e.status == 400 and "\n" not in e.message
+        return
+    assert media.video_grid_thw.shape == (1, 3)
