@@ -119,12 +119,14 @@ def test_server_rejects_bad_videos_with_400(server, url, message):
         ask(client, url, kind="video_url")
 
 
-def test_chat_cli_with_video(vl_folder, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("how", ["--video", "/video"])
+def test_chat_cli_with_video(vl_folder, tmp_path, monkeypatch, capsys, how):
     for i, f in enumerate(clip("red")):
         f.save(tmp_path / f"{i}.png")
-    monkeypatch.setattr(sys, "stdin", io.StringIO(QUESTION + "\n"))
-    code = glmstack(["chat", str(vl_folder), "--video", str(tmp_path), "--temperature", "0", "--max-new-tokens", "16",
-                     "--no-think"])  # fmt: skip
+    lines = (f"/video {tmp_path}\n" if how == "/video" else "") + QUESTION + "\n"
+    monkeypatch.setattr(sys, "stdin", io.StringIO(lines))
+    flag = ["--video", str(tmp_path)] if how == "--video" else []
+    code = glmstack(["chat", str(vl_folder), *flag, "--temperature", "0", "--max-new-tokens", "16", "--no-think"])
     out = capsys.readouterr().out
     msgs = [{"role": "user", "content": [{"type": "video", "video": tmp_path}, {"type": "text", "text": QUESTION}]}]
     assert code == 0 and out.strip() == greedy(vl_folder, msgs).strip()
