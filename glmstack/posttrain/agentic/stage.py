@@ -62,6 +62,9 @@ class AgenticOptions:
     heldout_seed: int = -1  # the held-out tasks' draw; -1: the run's seed (>= 0: the same tasks for every seed)
     eval_every: int = 10  # steps; 0 = start and end only
     eval_fault_p: float = 0.5  # the "with injected failures" column
+    # remote rollouts: generate on an OpenAI-compatible server (`glmstack serve`) that reads the trainer's disk
+    rollout_server: str = ""  # its URL; "" = the workers' own engines
+    server_model: str = "glmstack"  # the `model` field sent to it (`--served-model-name`)
 
     @property
     def temperature(self) -> float:
@@ -111,7 +114,8 @@ def sampler(opts: AgenticOptions, seed: int, split: str = "train"):
     def sample(task_id: int) -> dict:
         rng = random.Random(stable_seed(seed, split, task_id))
         name = rng.choices(names, weights)[0]
-        return env_class(name).sample(rng, split, level_at(opts, task_id) if split == "train" else opts.level)
+        level = level_at(opts, task_id) if split == "train" else opts.level
+        return env_class(name).sample(rng, split, level) | {"env": name}  # by path for imported ones
 
     return sample
 
@@ -180,6 +184,9 @@ def check(cfg: AgenticConfig) -> None:
         raise ConfigError("agentic: groups_per_step × group_size must split into grad_accum micro-batches")
     if o.episode.temperature <= 0:
         raise ConfigError("agentic.episode.temperature must be > 0 (RL samples)")
+    if o.rollout_server and (o.episode.temperature != 1.0 or o.episode.top_p < 1.0 or o.episode.top_k):
+        raise ConfigError("agentic.rollout_server reports raw log-probs: use agentic.episode.temperature=1, top_p=1, "
+                          "top_k=0")  # fmt: skip
     if min(o.workers, o.group_size, o.groups_per_step, o.sync_every, o.inflight) < 1:
         raise ConfigError("agentic: workers, group_size, groups_per_step, sync_every and inflight must be >= 1")
 
@@ -189,9 +196,11 @@ def make_pool(cfg: AgenticConfig, model, tokenizer_dir: str):
 
     o = cfg.agentic
     args = (copy.deepcopy(dist.unwrap(model)).cpu(), tokenizer_dir, o.episode, o.env, cfg.seed, o.workers, o.group_size)
+    server = (o.rollout_server, o.server_model) if o.rollout_server else None
     if cfg.runner == "ray":
-        return RayPool(*args, address=cfg.ray.address, num_cpus=cfg.ray.num_cpus, threads=cfg.ray.worker_threads)
-    return LocalPool(*args)
+        return RayPool(*args, address=cfg.ray.address, num_cpus=cfg.ray.num_cpus, threads=cfg.ray.worker_threads,
+                       server=server)  # fmt: skip
+    return LocalPool(*args, server=server)
 
 
 def build(cfg: AgenticConfig, model, optimizer, tokenizer_dir: str):
