@@ -81,27 +81,26 @@ def expert_iteration(
             print(f"   kept {report['kept']} of {report['samples']}: dropped {report['dropped']}", flush=True)
         files.append(str(path))
     base = load_config(recipe, "sft_merged", overrides)
-    merged = {}
+    out = Path(stage_dir(base)).parent
+    # every model on the same n_eval held-out prompts of each expert's set, greedy; the table is rewritten after
+    # each merged seed, so a long run shows the finished seeds
+    scores = {s: {"expert": held_out_score(models[name], base.sft.chat_style, s, n_eval), "merged": {}, "kept": {}}
+              for name, s in sets.items()}  # fmt: skip
     for seed in seeds if seeds is not None else [base.seed]:
         # the first seed's model is <run>/expert_merged; others <run>/expert_merged_seed<S> (same data files)
         stage = base.stage if seed == base.seed else f"{base.stage}_seed{seed}"
         mix = json.dumps(base.sft.data + files * rs_weight)
         cfg = load_config(recipe, "sft_merged", overrides + [f"seed={seed}", f"stage={stage}", f"sft.data={mix}"])
-        merged[seed] = Path(stage_dir(cfg)) / "model"
-        if not (merged[seed] / "config.json").exists():
+        model = Path(stage_dir(cfg)) / "model"
+        if not (model / "config.json").exists():
             print(f"== merged model, seed {seed}: SFT on {cfg.sft.data}", flush=True)
             run_sft(cfg)
-    scores: dict[str, dict] = {}
-    for name, set_name in sets.items():  # every model on the same n_eval held-out prompts of the set, greedy
-        expert = held_out_score(models[name], base.sft.chat_style, set_name, n_eval)
-        by_seed = {
-            seed: held_out_score(folder, base.sft.chat_style, set_name, n_eval) for seed, folder in merged.items()
-        }
-        kept = {seed: (v / expert if expert else None) for seed, v in by_seed.items()}
-        scores[set_name] = {"expert": expert, "merged": by_seed, "kept": kept}
-    out = Path(stage_dir(base)).parent
-    (out / "expert_iteration.json").write_text(json.dumps(scores, indent=2) + "\n")
-    (out / "expert_iteration.md").write_text(table(scores) + "\n")
+        for s, v in scores.items():
+            v["merged"][seed] = held_out_score(model, base.sft.chat_style, s, n_eval)
+            v["kept"][seed] = v["merged"][seed] / v["expert"] if v["expert"] else None
+        (out / "expert_iteration.json").write_text(json.dumps(scores, indent=2) + "\n")
+        (out / "expert_iteration.md").write_text(table(scores) + "\n")
+        print(table(scores), flush=True)
     return scores
 
 
@@ -148,12 +147,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"glmstack expert-iteration: --seeds {args.seeds!r}: expected integers like 0,1,2", file=sys.stderr)
         return 2
     try:
-        scores = expert_iteration(args.recipe, args.overrides, args.n_sample, args.n_eval, rs_weight=args.rs_weight,
-                                  seeds=seeds)  # fmt: skip
+        expert_iteration(args.recipe, args.overrides, args.n_sample, args.n_eval, rs_weight=args.rs_weight,
+                         seeds=seeds)  # fmt: skip
     except ConfigError as e:
         print(f"glmstack expert-iteration: {e}", file=sys.stderr, flush=True)
         return 2
-    print(table(scores))
     return 0
 
 
