@@ -61,6 +61,12 @@ def main() -> None:
 
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # the actors at the driver's priority: Ray's default lowers theirs (nice 19 under a nice-10 driver), which on a
+    # shared machine starves them behind everyone else's work and measures the neighbours, not the runner
+    os.environ.setdefault("RAY_worker_niceness", "0")
+    print(
+        f"local Ray cluster, num_cpus={args.num_cpus}; load average {os.getloadavg()[0]:.1f} at the start", flush=True
+    )
     ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
     rates: dict[str, list[float]] = {"sync": [], "async": []}
     with tempfile.TemporaryDirectory() as tmp:

@@ -5,7 +5,7 @@ are imported only when their command runs, so `glmstack --help` stays instant. B
 config field, a checkpoint or tokenizer file) ends as one line on stderr and exit code 2, never a traceback.
 
     glmstack --help
-    glmstack speedrun --minutes 15
+    glmstack speedrun --minutes 20
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The speedrun's stage configs: `glmstack pretrain speedrun` / `glmstack midtrain speedrun`, and what the
 `glmstack speedrun` job (glmstack/speedrun/) trains with. A budget in minutes picks a row of `SIZES`.
 
-    cfg = pretrain(minutes=15, out="runs/speedrun", seed=0, vocab_size=2048)
+    cfg = pretrain(minutes=20, out="runs/speedrun", seed=0, vocab_size=2048)
 """
 
 from __future__ import annotations
@@ -38,17 +38,17 @@ SIZES = (
     Size(minutes=0, hidden_size=64, num_hidden_layers=2, n_routed_experts=4, vocab_size=512, corpus_mb=0.5,
          pretrain_steps=30, midtrain_steps=10, seq_len=64, mid_seq_len=128, batch_size=8,
          sft_steps=60, sft_batch_size=4, sft_seq_len=512, rl_steps=2, card_n=4),
-    Size(minutes=5, hidden_size=96, num_hidden_layers=3, n_routed_experts=8, vocab_size=1024, corpus_mb=2,
-         pretrain_steps=500, midtrain_steps=120, seq_len=128, mid_seq_len=256, batch_size=8,
-         sft_steps=100, sft_batch_size=8, sft_seq_len=512, rl_steps=30, card_n=16),
-    Size(minutes=15, hidden_size=128, num_hidden_layers=4, n_routed_experts=8, vocab_size=2048, corpus_mb=4,
-         pretrain_steps=1000, midtrain_steps=300, seq_len=128, mid_seq_len=256, batch_size=8,
-         sft_steps=200, sft_batch_size=8, sft_seq_len=512, rl_steps=40, card_n=32),
-    Size(minutes=60, hidden_size=192, num_hidden_layers=5, n_routed_experts=16, vocab_size=4096, corpus_mb=12,
-         pretrain_steps=1000, midtrain_steps=300, seq_len=256, mid_seq_len=512, batch_size=8,
-         sft_steps=200, sft_batch_size=8, sft_seq_len=512, rl_steps=60, card_n=64),
-)  # pre/mid-training steps of rows 5-15 timed on a quiet machine; their SFT/RL/card parts are a plan from
-#   docs/sft.md / docs/rl.md timings, not yet run end to end (docs/speedrun.md says what was measured)
+    Size(minutes=5, hidden_size=96, num_hidden_layers=3, n_routed_experts=8, vocab_size=2048, corpus_mb=3,
+         pretrain_steps=800, midtrain_steps=200, seq_len=128, mid_seq_len=256, batch_size=8,
+         sft_steps=130, sft_batch_size=8, sft_seq_len=512, rl_steps=40, card_n=16),
+    Size(minutes=20, hidden_size=128, num_hidden_layers=4, n_routed_experts=8, vocab_size=2048, corpus_mb=6,
+         pretrain_steps=2000, midtrain_steps=500, seq_len=128, mid_seq_len=256, batch_size=8,
+         sft_steps=300, sft_batch_size=8, sft_seq_len=512, rl_steps=60, card_n=32),
+    Size(minutes=60, hidden_size=192, num_hidden_layers=5, n_routed_experts=16, vocab_size=2048, corpus_mb=12,
+         pretrain_steps=2000, midtrain_steps=600, seq_len=256, mid_seq_len=512, batch_size=8,
+         sft_steps=400, sft_batch_size=8, sft_seq_len=512, rl_steps=80, card_n=64),
+)  # each row sized from per-step CPU times on one thread of this 2-core machine to finish in ~85% of its budget;
+#   every row is one vocabulary (2,048) so the card's perplexities compare; docs/speedrun.md has the measured runs
 
 
 def size_for(minutes: float) -> Size:
@@ -72,7 +72,7 @@ def _val_every(steps: int, log_every: int, n: int) -> int:
     return log_every * max(1, round(steps / n / log_every))
 
 
-def pretrain(minutes: float = 15, out: str = "runs/speedrun", seed: int = 0, vocab_size: int | None = None):
+def pretrain(minutes: float = 20, out: str = "runs/speedrun", seed: int = 0, vocab_size: int | None = None):
     """Pre-training: Muon, warm-up + cosine spanning both stages, MTP weight 0.3, balancing bias rate 1e-3."""
     from glmstack.train.config import TrainConfig
 
@@ -93,7 +93,7 @@ def pretrain(minutes: float = 15, out: str = "runs/speedrun", seed: int = 0, voc
     return cfg
 
 
-def midtrain(minutes: float = 15, out: str = "runs/speedrun", seed: int = 0, vocab_size: int | None = None):
+def midtrain(minutes: float = 20, out: str = "runs/speedrun", seed: int = 0, vocab_size: int | None = None):
     """Mid-training: twice the context with RoPE base 1e4 -> 1e6, best-fit packing, repo-level code with FIM,
     the same cosine continued to 10% (step_offset), MTP weight 0.1, balancing rate 0 (GLM-4.5 §2.4)."""
     size, out = size_for(minutes), Path(out)
@@ -111,7 +111,7 @@ def midtrain(minutes: float = 15, out: str = "runs/speedrun", seed: int = 0, voc
     return cfg
 
 
-def sft(minutes: float = 15, out: str = "runs/speedrun", seed: int = 0):
+def sft(minutes: float = 20, out: str = "runs/speedrun", seed: int = 0):
     """SFT after mid-training (docs/sft.md's speedrun proposal): hybrid thinking + tool calls on every synthetic set,
     from mid-training's newest checkpoint with the speedrun's tokenizer; the context grows to `sft_seq_len`."""
     from glmstack.recipes.sft_speedrun import SETS
@@ -132,7 +132,7 @@ def sft(minutes: float = 15, out: str = "runs/speedrun", seed: int = 0):
     return cfg
 
 
-def rl(minutes: float = 15, out: str = "runs/speedrun", seed: int = 0):
+def rl(minutes: float = 20, out: str = "runs/speedrun", seed: int = 0):
     """Reasoning RL on the SFT model (glmstack/recipes/rl_speedrun.py at the row's step count), or None while
     glmstack.posttrain.rl has no stage (the speedrun then skips RL and says so)."""
     try:

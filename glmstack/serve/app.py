@@ -33,7 +33,7 @@ from glmstack.inference.sampling import SamplingParams
 from glmstack.serve.metrics import prometheus_text
 from glmstack.serve.outputs import ChoiceOutput
 from glmstack.serve.prompt import chat_prompt
-from glmstack.serve.protocol import ApiError, ChatRequest, CompletionRequest, validation_message
+from glmstack.serve.protocol import ApiError, ChatRequest, CompletionRequest, WeightsRequest, validation_message
 from glmstack.serve.scheduler import Finished, Job, QueueFull, Scheduler, Token
 
 
@@ -59,7 +59,7 @@ class Server:
         return [None] + logp_TV[:-1].gather(-1, x_T[1:, None])[:, 0].tolist()
 
     # ---- request -> jobs -----------------------------------------------------------------------------------
-    async def body(self, request: Request, model_cls):
+    async def body(self, request: Request, model_cls, named: bool = True):
         raw = await request.body()
         try:
             data = json.loads(raw)
@@ -72,6 +72,8 @@ class Server:
         except ValidationError as e:
             message, param = validation_message(e.errors())
             raise ApiError(422, message, param) from None
+        if not named:  # not an OpenAI request (no model field)
+            return req
         if req.model != self.model_name:
             raise ApiError(404, f"model {req.model!r} does not exist; this server serves {self.model_name!r}", "model")
         req.unsupported()
@@ -186,6 +188,23 @@ def create_app(engine, model_name: str, style: str, scheduler: Scheduler, time_l
     @app.get("/")
     async def page():
         return HTMLResponse(resources.files("glmstack.serve").joinpath("chat_page.html").read_text())
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights(request: Request):
+        req = await srv.body(request, WeightsRequest, named=False)
+        version = req.weight_version
+        if version is None:
+            version = srv.sched.weight_version + 1 if isinstance(srv.sched.weight_version, int) else 1
+        try:
+            state = await asyncio.to_thread(read_weights, req.model_path)
+            await asyncio.to_thread(srv.sched.update_weights, state, version)
+        except (OSError, ValueError) as e:
+            raise ApiError(400, f"model_path: {e}", "model_path") from None
+        return {"success": True, "message": f"loaded {req.model_path}", "weight_version": version}
+
+    @app.get("/get_weight_version")
+    async def weight_version():
+        return {"weight_version": srv.sched.weight_version}
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
@@ -434,3 +453,19 @@ async def stream_completion(srv, req, prompt_ids, jobs, queue, outs, rid):
     if req.stream_options and req.stream_options.include_usage:
         yield _sse({**head, "choices": [], "usage": _usage(len(prompt_ids), outs, jobs)})
     yield "data: [DONE]\n\n"
+
+
+def read_weights(path: str) -> dict:
+    """A state dict from an HF folder (read as `glmstack.model.load_hf` does) or a .safetensors file."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    from glmstack.model.hf import load_hf
+
+    p = Path(path)
+    if p.is_dir():
+        return load_hf(p).state_dict()
+    if not p.is_file():
+        raise FileNotFoundError(f"no such file or folder: {path}")
+    return load_file(p)

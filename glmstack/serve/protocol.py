@@ -136,3 +136,10 @@ def validation_message(errors: list[dict]) -> tuple[str, str | None]:
     if err.get("type") == "extra_forbidden":
         return f"unknown field {field!r}", field
     return f"{field or 'body'}: {err.get('msg', 'invalid value')}", field or None
+
+
+class WeightsRequest(_Strict):
+    """POST /update_weights_from_disk (SGLang's route and field names): an RL trainer's weight push."""
+
+    model_path: str  # an HF folder (`glmstack` checkpoints' export) or a .safetensors file of the model's state dict
+    weight_version: str | int | None = None  # reported by GET /get_weight_version; None: the previous one + 1

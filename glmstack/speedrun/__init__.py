@@ -1,6 +1,6 @@
 """`glmstack speedrun`: the whole GLM-4.5 recipe at tiny scale on a laptop CPU, ending in a report.
 
-    glmstack speedrun [--out runs/speedrun] [--minutes 15] [--seed 0]
+    glmstack speedrun [--out runs/speedrun] [--minutes 20] [--seed 0]
 
 Stages, each announced by a banner and showing its own progress bar:
 
@@ -126,7 +126,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.split("\n")[3:]))
     p.add_argument("--out", default="runs/speedrun", help="run folder (re-running into it continues)")
-    p.add_argument("--minutes", type=float, default=15, help="time budget; picks the model size and steps")
+    p.add_argument("--minutes", type=float, default=20, help="time budget; picks the model size and steps")
     p.add_argument("--seed", type=int, default=0, help="one seed gives the same figures")
     return p.parse_args(argv)
 

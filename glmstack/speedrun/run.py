@@ -1,7 +1,7 @@
 """The speedrun's state and stage runner: a run folder, its seed and size row, and stages that each leave a
 `DONE.json` marker (written atomically, last), so an interrupted run continues from the first unfinished stage.
 
-    results = run_stages(Run(out=Path("runs/speedrun"), seed=0, minutes=15, size=size_for(15)), STAGES)
+    results = run_stages(Run(out=Path("runs/speedrun"), seed=0, minutes=20, size=size_for(20)), STAGES)
 """
 
 from __future__ import annotations

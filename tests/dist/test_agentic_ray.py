@@ -1,24 +1,29 @@
-"""The asynchronous agentic runner on a real local Ray cluster (issue 18): with tau = 0 and K = 1 the first step's
-batch and loss equal the synchronous in-process run's; under a deliberately slow trainer no trained sample is more
+"""The asynchronous agentic runner on a real local Ray cluster (issue 18): with tau = 0 and K = 1 the first
+optimizer step (its batch with non-zero advantages, loss, gradients, updated weights) equals the synchronous
+in-process run's bit for bit; under a deliberately slow trainer no trained sample is more
 than tau versions old (and the rule did drop some); a rollout worker killed mid-run is restarted and the run
-finishes with every task id accounted for exactly once (none lost, none trained twice)."""
+finishes with every task id accounted for exactly once (none lost, none trained twice); rollout actors generating on
+our server (remote rollouts) give the in-process run's steps."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
 import torch
 
 from glmstack.posttrain.agentic.stage import build
-from glmstack.posttrain.rl.stage import rl_loss
 from glmstack.recipes.agentic_tiny import agentic as tiny
 from glmstack.train.stage import model_and_optimizer
 from tests.posttrain.base import make_base
+from tests.posttrain.test_agentic_server import assert_same_rollouts, train_recording, two_steps
+from tests.serve_fixture import RunningServer
 
 ray = pytest.importorskip("ray")
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 KEYS = ("input_ids", "targets", "mask", "rollout_logp", "advantages")
+COIN = "tests.posttrain.agentic_coin:CoinEnv"  # mixed rewards from the episode seeds (a random model solves nothing)
 
 
 @pytest.fixture(scope="module")
@@ -33,30 +38,46 @@ def data_for(tmp_path, base, runner="ray", **agentic):
     for k, v in agentic.items():
         setattr(cfg.agentic, k, v)
     model, optimizer = model_and_optimizer(cfg)
-    return cfg, model, build(cfg, model, optimizer, str(base))
+    return cfg, model, optimizer, build(cfg, model, optimizer, str(base))
+
+
+def first_update(folder, base, runner: str, asynchronous: bool) -> dict:
+    """One optimizer step of the real loop on the coin environment (mixed rewards from the episode seeds): the
+    batch the loss saw, the accumulated gradient of every parameter, the logged row and the updated weights."""
+    cfg, model, optimizer, data = data_for(folder, base, runner, envs=[[COIN, 1.0]], tau=0, sync_every=1,
+                                           asynchronous=asynchronous, workers=2, inflight=2)  # fmt: skip
+    cfg.steps, grads = 1, {}
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    for name, p in model.named_parameters():  # the gradient after the last micro-batch, before clipping
+        p.register_post_accumulate_grad_hook(lambda p, name=name: grads.__setitem__(name, p.grad.clone()))
+    batches = train_recording(cfg, model, optimizer, data, folder / "agentic")
+    row = json.loads((folder / "agentic" / "metrics.jsonl").read_text().splitlines()[0])
+    return {"batch": {k: torch.cat([b[k] for b in batches]) for k in KEYS}, "grads": grads, "row": row,
+            "initial": initial, "weights": {k: v.clone() for k, v in model.state_dict().items()}}  # fmt: skip
 
 
 def test_first_step_async_tau0_equals_sync(cluster, tmp_path, base):
-    losses, inputs = [], []
-    for runner, asynchronous in (("local", False), ("ray", True)):
-        cfg, model, data = data_for(tmp_path, base, runner, tau=0, sync_every=1, asynchronous=asynchronous,
-                                    workers=2, inflight=2)  # fmt: skip
-        try:
-            batches = data.make_step()
-        finally:
-            data.runner.close()
-        loss_fn = rl_loss(cfg.agentic)
-        losses.append(sum(float(loss_fn(model, b, {})[0].detach()) for b in batches) / len(batches))
-        inputs.append({k: torch.cat([b[k] for b in batches]) for k in KEYS})
-    for k in KEYS:  # every token, mask, rollout log-prob and advantage: the loss is a function of these and the weights
-        assert torch.equal(inputs[0][k], inputs[1][k]), k
-    assert losses[0] == losses[1]
+    """runner=local synchronous vs runner=ray asynchronous with tau = 0, K = 1, same seeds: the same first batch
+    (non-zero advantages), loss, gradients and updated weights, bit for bit."""
+    sync = first_update(tmp_path / "sync", base, "local", asynchronous=False)
+    asyn = first_update(tmp_path / "async", base, "ray", asynchronous=True)
+    assert sync["batch"]["advantages"].abs().sum() > 0, "the coin rewards should differ within a group"
+    for k in KEYS:  # every token, mask, rollout log-prob and advantage
+        assert torch.equal(sync["batch"][k], asyn["batch"][k]), k
+    assert sync["row"]["loss"] != 0 and sync["row"]["loss"] == asyn["row"]["loss"]
+    assert sync["row"]["grad_norm"] > 0 and sync["row"]["grad_norm"] == asyn["row"]["grad_norm"]
+    assert sync["grads"].keys() == asyn["grads"].keys() and len(sync["grads"]) > 0
+    for name, g in sync["grads"].items():
+        assert torch.equal(g, asyn["grads"][name]), name
+    assert any(not torch.equal(w, sync["initial"][name]) for name, w in sync["weights"].items())
+    for name, w in sync["weights"].items():
+        assert torch.equal(w, asyn["weights"][name]), name
 
 
 def test_slow_trainer_and_a_killed_worker(cluster, tmp_path, base):
     """A slow trainer (workers run ahead on old weights) and worker 0 killed after the first step: no trained sample
     is more than tau versions old, the rule dropped some, and every task id is accounted for exactly once."""
-    cfg, _, data = data_for(tmp_path, base, tau=1, sync_every=1, workers=2, inflight=3)
+    cfg, _, _, data = data_for(tmp_path, base, tau=1, sync_every=1, workers=2, inflight=3)
     runner, steps, ages = data.runner, 5, []
     try:
         for step in range(steps):
@@ -74,3 +95,14 @@ def test_slow_trainer_and_a_killed_worker(cluster, tmp_path, base):
     assert len(runner.trained_ids) == len(set(runner.trained_ids)) == steps * cfg.agentic.groups_per_step
     assert all(runner.ledger[i] == "trained" for i in runner.trained_ids)
     assert runner.trajectories == len(runner.trained_ids) * cfg.agentic.group_size  # no env crashes: no padding
+
+
+def test_ray_workers_generating_on_a_server(cluster, tmp_path, base):
+    """Remote rollouts: Ray rollout actors that generate on `glmstack serve` (the trainer pushing its weights to the
+    server) give the in-process run's two steps."""
+    server = RunningServer(str(base))
+    try:
+        remote = two_steps(tmp_path / "remote", base, server.url, runner="ray")
+    finally:
+        server.stop()
+    assert_same_rollouts(two_steps(tmp_path / "local", base), remote)

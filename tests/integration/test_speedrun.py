@@ -176,7 +176,7 @@ def test_stage_runner_skips_done_and_stops(tmp_path, monkeypatch):
 
 
 def test_size_table_is_monotone():
-    assert size_for(0.5) == SIZES[0] and size_for(15).minutes == 15
+    assert size_for(0.5) == SIZES[0] and size_for(20).minutes == 20 and size_for(19).minutes == 5
     steps = [s.pretrain_steps for s in SIZES]
     assert steps == sorted(steps)
 

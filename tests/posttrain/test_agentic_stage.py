@@ -105,3 +105,39 @@ def test_cli_bad_environment_is_one_line(capsys, base_dir):
                  'agentic.envs=[["nope", 1.0]]'])  # fmt: skip
     err = capsys.readouterr().err.strip()
     assert code == 2 and "unknown environment 'nope'" in err and len(err.splitlines()) == 1
+
+
+def test_environment_by_import_path(capsys, base_dir):
+    """Your own Env subclass by "module:Class": tasks carry the path (Ray actors import it by it); a bad path is the
+    CLI's one-line error."""
+    from glmstack.cli import main
+    from glmstack.posttrain.agentic.stage import sampler
+
+    path = "tests.posttrain.agentic_coin:CoinEnv"
+    opts = tiny().agentic
+    opts.envs = [[path, 1.0]]
+    spec = sampler(opts, seed=0)(3)
+    assert spec["env"] == path and env_class(path).__name__ == "CoinEnv"
+    for bad in ("tests.posttrain.agentic_coin:Nope", "glmstack.posttrain.agentic.env:EnvOptions"):
+        code = main(["agentic-rl", "agentic_tiny", "--set", f"init_from={base_dir}", "--set",
+                     f'agentic.envs=[["{bad}", 1.0]]'])  # fmt: skip
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and bad in err and len(err.splitlines()) == 1
+
+
+def test_spread_table_and_band_test(tmp_path, capsys):
+    """spread.py: per-window seed statistics, and which setting's mean lies inside the other's seed band."""
+    from glmstack.posttrain.agentic.spread import main as spread
+
+    curves = {"a0": [0.0, 0.25, 0.5, 0.5], "a1": [0.5, 0.25, 0.5, 1.0],  # a's mean: 0.25 0.25 0.5 0.75
+              "b0": [0.25, 0.0, 1.0, 0.75], "b1": [0.25, 0.5, 1.0, 0.75]}  # fmt: skip
+    for run, ys in curves.items():
+        (tmp_path / run).mkdir()
+        rows = [json.dumps({"step": i + 1, "reward": y}) for i, y in enumerate(ys)]
+        (tmp_path / run / "metrics.jsonl").write_text("\n".join(rows) + "\n")
+    a, b = (",".join(str(tmp_path / f"{s}{k}") for k in range(2)) for s in "ab")
+    assert spread([f"a={a}", f"b={b}", "--window", "2", "--plot", str(tmp_path / "p.png")]) == 0
+    out = capsys.readouterr().out
+    assert "| a | 2 | 0.250 ± 0.177 [0.125, 0.375] |" in out  # steps 1-2: seed means 0.125 and 0.375
+    assert "a's mean is inside b's seeds' [min, max]: 75%; b's inside a's: 75% (4 steps)" in out  # not at step 3
+    assert (tmp_path / "p.png").exists()

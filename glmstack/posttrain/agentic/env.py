@@ -23,6 +23,7 @@ What `ToolEnv` adds, from GLM-4.5 §3.3 / GLM-5 §3.3 (research/rl-recipe.md §1
 from __future__ import annotations
 
 import abc
+import importlib
 import json
 import random
 import zlib
@@ -207,11 +208,26 @@ def register(cls: type[Env]) -> type[Env]:
 
 
 def env_class(name: str) -> type[Env]:
+    """A built-in environment by name, or your own `Env` subclass by import path ("package.module:Class"; Ray
+    actors import it by the same path)."""
+    if ":" in name:
+        return _imported(name)
     from glmstack.posttrain.agentic import envs  # noqa: F401 (registers the environments)
 
     if name not in ENVS:
         raise ValueError(f"unknown environment {name!r} (expected one of {', '.join(sorted(ENVS))})")
     return ENVS[name]
+
+
+def _imported(path: str) -> type[Env]:
+    module, _, attr = path.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"environment {path!r} cannot be imported ({e})") from None
+    if not (isinstance(cls, type) and issubclass(cls, Env)):
+        raise ValueError(f"environment {path!r} is not an Env subclass")  # noqa: TRY004 (check() reports ValueError)
+    return cls
 
 
 def make_env(name: str, opts: EnvOptions | None = None, seed: int = 0) -> Env:

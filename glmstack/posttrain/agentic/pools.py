@@ -15,21 +15,47 @@ actor in its place with the latest weights and re-submits each of its lost tasks
 from __future__ import annotations
 
 import copy
+import tempfile
 from collections import deque
 
 from glmstack.posttrain.agentic.worker import RolloutWorker
 
 
+class ServerWeights:
+    """The weight push to a rollout server (`agentic.rollout_server`): once per version, from the trainer's process,
+    through a file in a private folder (the server must read this disk, as SGLang's update_weights_from_disk)."""
+
+    def __init__(self, server: tuple[str, str] | None):
+        from glmstack.posttrain.rl.remote import ServerEngine
+
+        self.engine = ServerEngine(*server) if server else None
+        self.folder = tempfile.TemporaryDirectory(prefix="glmstack-weights-") if server else None
+
+    def push(self, state: dict, version: int) -> dict | None:
+        """What the workers get: the state itself, or None when the server took it."""
+        if self.engine is None:
+            return state
+        self.engine.push_weights(state, version, self.folder.name)
+        return None
+
+    def close(self) -> None:
+        if self.folder is not None:
+            self.folder.cleanup()
+
+
 class LocalPool:
-    def __init__(self, model, tokenizer_dir: str, opts, env_opts, seed: int, workers: int, group_size: int):
+    def __init__(self, model, tokenizer_dir: str, opts, env_opts, seed: int, workers: int, group_size: int,
+                 server: tuple[str, str] | None = None):  # fmt: skip
         self.args = (tokenizer_dir, opts, env_opts, seed)
-        self.model, self.group_size = model, group_size
+        self.model, self.group_size, self.server = model, group_size, server
+        self.publish = ServerWeights(server)
         self.workers = [self._make() for _ in range(workers)]
         self.queue: deque = deque()
         self.restarts = self.resubmitted = 0  # in-process workers do not die
 
     def _make(self) -> RolloutWorker:
-        return RolloutWorker(copy.deepcopy(self.model), *self.args)
+        model = None if self.server else copy.deepcopy(self.model)
+        return RolloutWorker(model, *self.args, server=self.server)
 
     def submit(self, w: int, task_id: int, spec: dict) -> None:
         self.queue.append((w, task_id, spec))
@@ -39,6 +65,7 @@ class LocalPool:
         return [(task_id, self.workers[w].rollout(task_id, spec, self.group_size))]
 
     def set_weights(self, state: dict, version: int) -> None:
+        state = self.publish.push(state, version)
         for w in self.workers:
             w.set_weights(state, version)
 
@@ -47,6 +74,7 @@ class LocalPool:
 
     def close(self) -> None:
         self.queue.clear()
+        self.publish.close()
 
 
 def ray_worker_class():
@@ -74,7 +102,8 @@ def ray_worker_class():
 
 class RayPool:
     def __init__(self, model, tokenizer_dir: str, opts, env_opts, seed: int, workers: int, group_size: int,
-                 address: str = "", num_cpus: int = 0, threads: int = 1):  # fmt: skip
+                 address: str = "", num_cpus: int = 0, threads: int = 1,
+                 server: tuple[str, str] | None = None):  # fmt: skip
         import ray
 
         if not ray.is_initialized():
@@ -82,8 +111,9 @@ class RayPool:
             ray.init(**kw, include_dashboard=False, log_to_driver=False, configure_logging=False)
         self.ray = ray
         self.cls = ray_worker_class()
-        self.model_ref = ray.put(copy.deepcopy(model).cpu())
-        self.args = (tokenizer_dir, opts, env_opts, seed, threads)
+        self.model_ref = ray.put(None if server else copy.deepcopy(model).cpu())
+        self.args = (tokenizer_dir, opts, env_opts, seed, threads, server)
+        self.publish = ServerWeights(server)
         self.group_size = group_size
         self.actors = [self._make() for _ in range(workers)]
         self.refs: dict = {}  # ObjectRef -> (worker, task_id, spec, actor)
@@ -122,6 +152,7 @@ class RayPool:
             self.actors[w].set_weights.remote(*self.weights)
 
     def set_weights(self, state: dict, version: int) -> None:
+        state = self.publish.push(state, version)
         self.weights = (self.ray.put(state), version)
         for a in self.actors:
             a.set_weights.remote(*self.weights)
@@ -140,3 +171,4 @@ class RayPool:
         for a in self.actors:
             self.ray.kill(a, no_restart=True)
         self.refs.clear()
+        self.publish.close()

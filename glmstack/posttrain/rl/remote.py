@@ -9,12 +9,16 @@ Servers report raw log-probs (before temperature / top-k / top-p; vLLM's default
 distribution's only at temperature 1 without top-k / top-p; other settings are refused rather than silently
 compared against the wrong distribution. The server keeps its own weights: there is no weight push over the
 OpenAI API, so a server run is exactly on-policy for its first step (what the parity test checks) and uses the
-server's fixed policy after that. `score` asks a server for the log-probs of given tokens (a distillation teacher).
+server's fixed policy after that, unless the trainer pushes its weights with `push_weights` (our server's and SGLang's
+POST /update_weights_from_disk; the agentic runner does, issue 18). `score` asks a server for the log-probs of given
+tokens (a distillation teacher).
 """
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
 
 from glmstack.inference.engine import GenerationResult
 
@@ -23,8 +27,31 @@ class ServerEngine:
     def __init__(self, url: str, model: str, tokenizer=None, concurrency: int = 16):
         from openai import OpenAI
 
-        self.client = OpenAI(base_url=url.rstrip("/") + "/v1", api_key="none")
+        self.url = url.rstrip("/")
+        self.client = OpenAI(base_url=self.url + "/v1", api_key="none")
         self.model, self.tokenizer, self.concurrency = model, tokenizer, concurrency
+        self._cfg = None
+
+    @property
+    def cfg(self) -> SimpleNamespace:
+        """What callers read from an engine's model config: the served context (/v1/models' max_model_len)."""
+        if self._cfg is None:
+            card = next(m for m in self.client.models.list().data if m.id == self.model)
+            self._cfg = SimpleNamespace(max_position_embeddings=int(card.model_extra["max_model_len"]))
+        return self._cfg
+
+    def push_weights(self, state: dict, version: int, folder: str) -> None:
+        """Make the server generate with `state` from now on: written to `folder` (a disk the server reads too)
+        and loaded by POST /update_weights_from_disk, which returns once the server's engine runs them."""
+        import httpx
+        from safetensors.torch import save_file
+
+        path = str(Path(folder) / "weights.safetensors")
+        save_file({k: v.detach().cpu().contiguous().clone() for k, v in state.items()}, path)
+        r = httpx.post(self.url + "/update_weights_from_disk", json={"model_path": path, "weight_version": version},
+                       timeout=600)  # fmt: skip
+        if r.status_code != 200:
+            raise RuntimeError(f"the rollout server refused the weights: {r.status_code} {r.text}")
 
     def generate(self, prompts, max_new_tokens: int, *, temperature: float, top_p: float = 1.0, top_k: int = 0,
                  seeds, logprobs: bool = True, stop_ids=None) -> GenerationResult:  # fmt: skip

@@ -1,0 +1,81 @@
+"""Agentic rollouts on our OpenAI-compatible server (issue 18's remote rollouts; uvicorn on 127.0.0.1, the official
+`openai` client): two steps of the real loop whose workers generate on the server, the trainer pushing its weights
+to it after each update (POST /update_weights_from_disk), give the in-process run's trajectories — the same token
+ids, the rollout log-probs within 1e-5 (+ 1e-5 relative) at both steps, so the second step ran on the pushed weights — and the server
+reports the pushed version. Bad pushes are a 400 that leaves the served weights alone."""
+
+from __future__ import annotations
+
+import httpx
+import torch
+from safetensors.torch import save_file
+
+from glmstack.model.hf import load_hf
+from glmstack.posttrain.agentic.stage import build
+from glmstack.posttrain.rl.losses import token_logprobs
+from glmstack.posttrain.rl.stage import rl_loss
+from glmstack.recipes.agentic_tiny import agentic as tiny
+from glmstack.train.loop import train
+from glmstack.train.stage import model_and_optimizer
+from tests.serve_fixture import RunningServer
+
+COIN = "tests.posttrain.agentic_coin:CoinEnv"  # mixed rewards: the first update changes the weights
+
+
+def two_steps(folder, base_dir, server: str = "", runner: str = "local") -> list[dict]:
+    """The micro-batches the loss saw in two steps of the real loop (synchronous: a push before each step)."""
+    cfg = tiny()
+    cfg.out_dir, cfg.init_from, cfg.steps, cfg.runner = str(folder), str(base_dir), 2, runner
+    o = cfg.agentic
+    o.envs, o.asynchronous, o.rollout_server, o.server_model = [[COIN, 1.0]], False, server, "tiny"
+    model, optimizer = model_and_optimizer(cfg)
+    return train_recording(cfg, model, optimizer, build(cfg, model, optimizer, str(base_dir)), folder / "agentic")
+
+
+def train_recording(cfg, model, optimizer, data, stage_dir) -> list[dict]:
+    """The real loop (cfg.steps steps) with the stage's loss; -> every micro-batch the loss was given."""
+    loss_fn, batches = rl_loss(cfg.agentic), []
+
+    def recording(model, batch, values):
+        batches.append(batch)
+        return loss_fn(model, batch, values)
+
+    try:
+        train(model=model, optimizer=optimizer, data=data, cfg=cfg, stage_dir=stage_dir, loss_fn=recording)
+    finally:
+        data.runner.close()
+    return batches
+
+
+def assert_same_rollouts(local: list[dict], remote: list[dict]) -> None:
+    assert len(local) == len(remote) == 4  # 2 steps x grad_accum 2
+    for a, b in zip(local, remote):
+        assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["mask"], b["mask"])
+        assert torch.equal(a["advantages"], b["advantages"])
+        torch.testing.assert_close(a["rollout_logp"], b["rollout_logp"], atol=1e-5, rtol=1e-5)
+
+
+def test_server_rollouts_with_weight_pushes_equal_in_process(tmp_path, base_dir):
+    server = RunningServer(str(base_dir), prefix_cache_mb=16)
+    try:
+        local = two_steps(tmp_path / "local", base_dir)
+        remote = two_steps(tmp_path / "remote", base_dir, server.url)
+        version = httpx.get(server.url + "/get_weight_version").json()["weight_version"]
+        bad_path = httpx.post(server.url + "/update_weights_from_disk", json={"model_path": str(tmp_path / "nope")})
+        save_file({"embed.weight": torch.zeros(3, 3)}, tmp_path / "wrong.safetensors")
+        wrong = httpx.post(server.url + "/update_weights_from_disk",
+                           json={"model_path": str(tmp_path / "wrong.safetensors")})  # fmt: skip
+        after = httpx.get(server.url + "/get_weight_version").json()["weight_version"]
+    finally:
+        server.stop()
+    assert_same_rollouts(local, remote)
+    assert version == after == 1  # pushed before step 0 (version 0) and step 1 (version 1)
+    assert bad_path.status_code == 400 and "no such file" in bad_path.json()["error"]["message"]
+    assert wrong.status_code == 400 and "does not match the served model" in wrong.json()["error"]["message"]
+    # the check has teeth: the initial weights give the second step's tokens other log-probs
+    initial = load_hf(base_dir, dtype=torch.float32)
+    b = remote[2]
+    with torch.no_grad():
+        logp = token_logprobs(initial(b["input_ids"]).logits, b["targets"], 1.0)
+    m = b["mask"] > 0
+    assert (logp[m] - b["rollout_logp"][m]).abs().max() > 1e-4
