@@ -9,6 +9,7 @@ reply through StreamParser, shows reasoning dimmed and apart, and tool calls par
     glmstack generate CKPT --prompt "a" --prompt "b" --temperature 0.7 --top-p 0.9 --seed 0 --stats
     glmstack chat CKPT [--system "..."] [--tools tools.json] [--no-think]      # /reset, /exit
     glmstack chat VL_CKPT --image shape.png --no-think     # a GLM-4.5V / 4.1V folder; /image FILE attaches another
+    glmstack chat VL_CKPT --video frames/ --no-think       # a folder of frames (2 fps) or an animated GIF/WebP/PNG
     glmstack generate CKPT --quantize int4 --prompt "..."    # or fp8 (glmstack.inference.quant)
     echo "Use Python to reverse the word rocket." | glmstack chat CKPT --tools builtin --run-tools --temperature 0
 """
@@ -211,31 +212,38 @@ def _tools(spec: str | None):
 
 
 def _load_chat(args):
-    """A text Engine, or for a vision-language folder its VisionEngine; --image needs the latter, and every image
-    is checked (readable, not remote) before the conversation starts: one error line, never a traceback."""
+    """(engine, the first message's media parts): a text Engine, or for a vision-language folder its VisionEngine;
+    --image / --video need the latter, and every image and video is read (readable, not remote) before the
+    conversation starts: one error line, never a traceback."""
     from glmstack.multimodal.serving import VisionEngine, is_vl_checkpoint
 
     if not is_vl_checkpoint(args.checkpoint):
-        if args.image:
-            raise ConfigError(f"--image: {args.checkpoint} is a text model; images need a vision-language "
-                              "checkpoint (glm4v_moe / glm4v)")  # fmt: skip
-        return _load(args)
+        if args.image or args.video:
+            raise ConfigError(f"--{'image' if args.image else 'video'}: {args.checkpoint} is a text model; images "
+                              "and videos need a vision-language checkpoint (glm4v_moe / glm4v)")  # fmt: skip
+        return _load(args), []
     if args.quantize or args.speculative != "none":
         raise ConfigError(f"{args.checkpoint} is a vision-language checkpoint: --quantize and --speculative are "
                           "for text models")  # fmt: skip
     engine = VisionEngine.load(args.checkpoint, DTYPES.get(args.dtype), args.device)
-    for path in args.image:
-        _image_path(path, engine)
-    return engine
+    return engine, [_media_part(k, p, engine) for k, paths in (("image", args.image), ("video", args.video))
+                    for p in paths]  # fmt: skip
 
 
-def _image_path(path: str, engine) -> str:
+def _media_part(kind: str, path: str, engine) -> dict:
+    """A user-turn content part for `--image FILE` / `--video PATH` (and /image, /video): the file is read now, so a
+    missing or unreadable one is one ImageError line; a video is decoded once (a Clip) and kept in the part."""
     from glmstack.multimodal.images import load_image
+    from glmstack.multimodal.video import load_clip
 
     if not hasattr(engine, "render_prompt"):
-        raise ConfigError("/image: this is a text model; images need a vision-language checkpoint")
-    load_image(path, what=f"--image {path}")  # raises ImageError (one line) on a missing or unreadable file
-    return path
+        raise ConfigError(f"/{kind}: this is a text model; images and videos need a vision-language checkpoint")
+    if not path:
+        raise ConfigError(f"/{kind}: give a path")
+    if kind == "video":
+        return {"type": "video", "video": load_clip(path, what=f"--video {path}")}
+    load_image(path, what=f"--image {path}")
+    return {"type": "image", "image": path}
 
 
 def chat_main(argv: list[str] | None = None) -> int:
@@ -258,10 +266,12 @@ def chat_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--image", action="append", default=[], metavar="FILE",
                     help="an image for the first message (repeatable; a GLM-4.5V / 4.1V checkpoint); "
                     "in the conversation, `/image FILE` attaches one to the next message")  # fmt: skip
+    ap.add_argument("--video", action="append", default=[], metavar="PATH",
+                    help="a short video for the first message: a folder of frames (taken at 2 fps) or an animated "
+                    "GIF / WebP / PNG (repeatable; `/video PATH` attaches one to the next message)")  # fmt: skip
     args = ap.parse_args(argv)
-    engine = _load_chat(args)
+    engine, media = _load_chat(args)
     style, tty = _style(args, engine), sys.stdout.isatty()
-    images = list(args.image)
     tools = _tools(args.tools)
     system = [{"role": "system", "content": args.system}] if args.system else []
     messages = list(system)
@@ -276,16 +286,16 @@ def chat_main(argv: list[str] | None = None) -> int:
         if line.strip() == "/reset":
             messages = list(system)
             continue
-        if line.startswith("/image "):
+        if line.startswith(("/image ", "/video ")):
+            kind, path = line[1:].split(" ", 1)
             try:
-                images.append(_image_path(line[len("/image ") :].strip(), engine))
-            except GlmstackError as e:  # a missing or unreadable image: say so and keep the conversation
+                media.append(_media_part(kind, path.strip(), engine))
+            except GlmstackError as e:  # a missing or unreadable file: say so and keep the conversation
                 print(f"glmstack chat: {e}", file=sys.stderr)
             continue
         before = len(messages)
-        parts = [{"type": "image", "image": path} for path in images]
-        messages.append({"role": "user", "content": [*parts, {"type": "text", "text": line}] if parts else line})
-        images = []
+        messages.append({"role": "user", "content": [*media, {"type": "text", "text": line}] if media else line})
+        media = []
         for _ in range(MAX_TOOL_ROUNDS if args.run_tools else 1):
             reply = _chat_turn(engine, messages, tools, style, args, tty)
             if reply is None:  # the conversation outgrew the context: forget this exchange

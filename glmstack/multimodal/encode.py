@@ -16,7 +16,9 @@ so the expansion cannot move a mask boundary).
 
 Accepted parts: `{"type": "image", "image": <path | bytes | data URL | PIL image>}` (also `"url"` / `"path"`
 keys), OpenAI's `{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}`, and
-`{"type": "video", "video": [frame, frame, ...]}`.
+`{"type": "video", "video": [frame, frame, ...] | folder | animated GIF/WebP/PNG | data URL}` and vLLM's
+`{"type": "video_url", "video_url": {"url": "data:video/jpeg;base64,<frame>,<frame>,..."}}` (glmstack.multimodal.video;
+frames given as frames are taken at 2 fps, or `fps`).
 
     enc = encode_multimodal(tok, VisionProcessor(), [{"role": "user", "content": [
         {"type": "image", "image": "cat.png"}, {"type": "text", "text": "What colour is the cat?"}]}],
@@ -34,8 +36,9 @@ from glmstack.chat.encode import encode_segments, tokenize_segments
 from glmstack.chat.render import Segment
 from glmstack.model.vision.mrope import VisionInputError
 from glmstack.model.vision.placeholders import expand_runs
-from glmstack.multimodal.images import ImageError, load_image, load_video
+from glmstack.multimodal.images import ImageError, load_image
 from glmstack.multimodal.processor import Media
+from glmstack.multimodal.video import load_clip
 
 IMAGE_PLACEHOLDER = "<|begin_of_image|><|image|><|end_of_image|>"
 VIDEO_PLACEHOLDER = "<|begin_of_video|><|video|><|end_of_video|>"
@@ -56,7 +59,7 @@ def media_kind(item) -> str | None:
     if not isinstance(item, Mapping):
         return None
     kind = item.get("type")
-    if kind == "video" or (kind is None and "video" in item):
+    if kind in ("video", "video_url") or (kind is None and ("video" in item or "video_url" in item)):
         return "video"
     if kind in ("image", "image_url") or (kind is None and ("image" in item or "image_url" in item)):
         return "image"
@@ -72,8 +75,16 @@ def image_source(item: Mapping):
     return url.get("url") if isinstance(url, Mapping) else url
 
 
+def video_source(item: Mapping):
+    """The video of a part: `video` (frames, a folder, a file, a data URL) or vLLM's `video_url` ({"url": ...})."""
+    if item.get("video") is not None:
+        return item["video"]
+    url = item.get("video_url")
+    return url.get("url") if isinstance(url, Mapping) else url
+
+
 def split_media(messages) -> tuple[list[dict], list, list]:
-    """(messages whose vision parts are placeholder text parts, image sources, video frame lists), in prompt order."""
+    """(messages whose vision parts are placeholder text parts, image sources, video sources), in prompt order."""
     images, videos, out = [], [], []
     for i, m in enumerate(messages):
         content = m.get("content") if isinstance(m, Mapping) else None
@@ -92,7 +103,10 @@ def split_media(messages) -> tuple[list[dict], list, list]:
                 images.append(src)
                 parts.append({"type": "text", "text": IMAGE_PLACEHOLDER})
             elif kind == "video":
-                videos.append(p.get("video"))
+                src = video_source(p)
+                if src is None:
+                    raise ImageError(f"message {i} part {j}: a video part without a video")
+                videos.append(src)
                 parts.append({"type": "text", "text": VIDEO_PLACEHOLDER})
             else:
                 parts.append(p)
@@ -120,8 +134,8 @@ def encode_multimodal(tokenizer, processor, messages, tools=None, style="glm-4.5
     """(ids, loss mask, pixels) of a conversation with images / videos (see the module docstring)."""
     plain, images, videos = split_media(messages)
     images = [load_image(src, what=f"image {k}") for k, src in enumerate(images)]
-    videos = [load_video(v, what=f"video {k}") for k, v in enumerate(videos)]
-    media = processor(images, videos, **({"fps": fps} if fps else {}))
+    videos = [load_clip(v, what=f"video {k}", **({"fps": fps} if fps else {})) for k, v in enumerate(videos)]
+    media = processor(images, videos)
     segments = encode_segments(plain, tools, style, enable_thinking, clear_thinking, add_generation_prompt,
                                close_last_turn)  # fmt: skip
     ids, mask = tokenize_segments(tokenizer, expand(segments, media, processor))

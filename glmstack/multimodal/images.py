@@ -1,4 +1,4 @@
-"""Decode the images a user gives: files, bytes, base64 data URLs, PIL images, and videos as lists of frames.
+"""Decode the images a user gives: files, bytes, base64 data URLs, PIL images (videos: glmstack.multimodal.video).
 
 Why one place: the chat CLI (`--image FILE`), the server (OpenAI `image_url` content parts) and the SFT readers
 all accept images from users, and bad input must read the same everywhere: one `ImageError` line naming the file
@@ -6,7 +6,6 @@ or part, never a PIL traceback. Remote URLs are refused (glmstack never reaches 
 
     img = load_image("cat.png")                        # PIL.Image in RGB
     img = load_image("data:image/png;base64,iVBOR...")
-    frames = load_video(["f0.png", "f1.png"])          # a short video = its frames, in order
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ from pathlib import Path
 from glmstack.errors import GlmstackError
 
 MAX_PIXELS = 64 * 1024 * 1024  # decompression-bomb guard: larger images are refused, not decoded
-MAX_FRAMES = 64
 
 
 class ImageError(GlmstackError):
@@ -45,18 +43,6 @@ def load_image(source, *, what: str = "image"):
         raise ImageError(f"{what}: remote URLs are not fetched ({source[:60]!r}); send the image as a data URL "
                          "(data:image/png;base64,...)")  # fmt: skip
     raise ImageError(f"{what}: expected a path, bytes, a data URL or a PIL image, got {type(source).__name__}")
-
-
-def load_video(frames, *, what: str = "video") -> list:
-    """A short video as a list of RGB frames of one size (each frame anything `load_image` takes)."""
-    if isinstance(frames, (str, bytes, Path)) or not hasattr(frames, "__iter__"):
-        raise ImageError(f"{what}: give a video as a list of frames")
-    out = [load_image(f, what=f"{what} frame {i}") for i, f in enumerate(frames)]
-    if not out or len(out) > MAX_FRAMES:
-        raise ImageError(f"{what}: {len(out)} frames (expected 1 to {MAX_FRAMES})")
-    if len({f.size for f in out}) > 1:
-        raise ImageError(f"{what}: frames differ in size ({sorted({f.size for f in out})})")
-    return out
 
 
 def data_url_bytes(url: str, what: str = "image") -> bytes:

@@ -1,8 +1,9 @@
 """Pixels for the vision encoder: transformers' GLM-4.1V/4.5V image processor, plus short videos from frames.
 
 What: `VisionProcessor` turns images into `pixel_values (N_patches, C·T·P·P)` + `image_grid_thw (n_images, 3)` and
-videos (lists of frames) into `pixel_values_videos` + `video_grid_thw`, and says how many `<|image|>` tokens each
-one becomes in the prompt (`grid_t·grid_h·grid_w / merge_size²`: the adapter merges 2x2 patches into one token).
+videos (Clips from glmstack.multimodal.video, or lists of frames) into `pixel_values_videos` + `video_grid_thw` (and
+each temporal patch's timestamp), and says how many `<|image|>` tokens each one becomes in the prompt
+(`grid_t·grid_h·grid_w / merge_size²`: the adapter merges 2x2 patches into one token).
 
 Why reuse: the resizing rule (`smart_resize`: both sides multiples of patch·merge = 28, the pixel count kept within
 [min_pixels, max_pixels], any aspect ratio up to 200:1) and the patch layout must be exactly what the released
@@ -13,7 +14,7 @@ last frame) in the layout of transformers' Glm4vVideoProcessor, which needs torc
 resized with PIL's bicubic rather than torchvision's (a few grey levels apart; the token counts are identical).
 
     proc = VisionProcessor(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)   # the tiny recipe's sizes
-    media = proc([img1, img2], videos=[[f0, f1, f2, f3]])
+    media = proc([img1, img2], videos=[[f0, f1, f2, f3], load_clip("spin.gif")])   # frames at 2 fps, or a Clip
     proc.image_tokens(media.image_grid_thw[0])                                # 4 .. 16 tokens here
     proc.save(folder) ; VisionProcessor.load(folder)                          # preprocessor_config.json (HF)
 """
@@ -27,9 +28,9 @@ from pathlib import Path
 import numpy as np
 
 from glmstack.multimodal.images import ImageError
+from glmstack.multimodal.video import VIDEO_FPS, Clip, load_clip
 
 CONFIG_NAME = "preprocessor_config.json"
-VIDEO_FPS = 2.0  # frames given as a list are taken as sampled at GLM-4.1V's video sampling rate (2 per second)
 
 
 @dataclass
@@ -113,11 +114,12 @@ class VisionProcessor:
 
     # ------------------------------------------------------------------ pixels
     def __call__(self, images=(), videos=(), fps: float = VIDEO_FPS) -> Media:
+        """images: PIL images; videos: Clips (glmstack.multimodal.video) or lists of frames sampled at `fps`."""
         media = Media()
         if images:
             media.pixel_values, media.image_grid_thw = self.images(list(images))
         if videos:
-            parts = [self.video(v, fps) for v in videos]
+            parts = [self.video(load_clip(v, what=f"video {k}", fps=fps)) for k, v in enumerate(videos)]
             media.pixel_values_videos = np.concatenate([p for p, _, _ in parts])
             media.video_grid_thw = np.array([g for _, g, _ in parts], np.int64)
             media.video_timestamps = [ts for _, _, ts in parts]
@@ -129,10 +131,11 @@ class VisionProcessor:
         out = self.hf(images=images, return_tensors="np", **kw)
         return out["pixel_values"].astype(np.float32), out["image_grid_thw"].astype(np.int64)
 
-    def video(self, frames: list, fps: float) -> tuple[np.ndarray, list[int], list[float]]:
-        """(patches (T'·h·w, C·T·P·P), [T', h, w], the timestamp of each temporal patch) of one list of frames."""
+    def video(self, clip: Clip) -> tuple[np.ndarray, list[int], list[float]]:
+        """(patches (T'·h·w, C·T·P·P), [T', h, w], the timestamp of each temporal patch) of one clip."""
         from PIL import Image
 
+        frames = clip.frames
         self._check_aspect(frames[0], "video")
         h, w = self.resized(frames[0].height, frames[0].width, num_frames=len(frames))
         resized = [f.resize((w, h), Image.Resampling.BICUBIC) for f in frames]
@@ -143,7 +146,7 @@ class VisionProcessor:
             per_frame = np.concatenate([per_frame, per_frame[-1:].repeat(tp - len(frames) % tp, 0)])
         groups = per_frame.reshape(-1, tp, n, 3, self.patch_size, self.patch_size)  # (T', tp, N, C, P, P)
         patches = groups.transpose(0, 2, 3, 1, 4, 5).reshape(groups.shape[0] * n, -1)  # (T'·N, C·tp·P·P)
-        stamps = [g * tp / fps for g in range(groups.shape[0])]  # transformers: timestamps[::temporal_patch_size]
+        stamps = clip.timestamps[::tp][: groups.shape[0]]  # Glm4vProcessor.replace_video_token: timestamps[::2]
         return np.ascontiguousarray(patches), [groups.shape[0], int(grid[0, 1]), int(grid[0, 2])], stamps
 
     def _check_aspect(self, img, what: str) -> None:

@@ -1,19 +1,22 @@
-"""Vision-language checkpoints behind `glmstack chat --image` and `glmstack serve`: loading, a streaming decoder
-with raw log-probs, the server's serial scheduler, and image content parts from OpenAI requests.
+"""Vision-language checkpoints behind `glmstack chat --image/--video` and `glmstack serve`: loading, a streaming
+decoder with raw log-probs, the server's continuous batch for them, and image / video content parts from requests.
 
 What:
   `is_vl_checkpoint(folder)`      config.json says glm4v_moe / glm4v
   `VisionEngine.load(folder)`     tokenizer + GLMV (glmstack.model.vision.load_vl_hf) + image processor, with the
                                   attributes the server reads from a text Engine (tokenizer, cfg, model, device)
-  `decode(engine, ids, media, params, seed, stop_ids, max_new_tokens)`  one sequence, token by token: (id, raw
-                                  log-prob, log-softmax row); the prefill runs the full multimodal forward, then each
-                                  token sits at next_position + step in all three RoPE rows (GLMV.generate's rule)
-  `VisionScheduler`               the server's Scheduler running one request at a time through `decode` (the
-                                  continuous-batching KV cache of serve/scheduler.py holds 1D positions; 3D RoPE
-                                  positions after an image do not follow the cache length, so VL requests do not
-                                  join that batch: one at a time, like --speculative mtp)
-  `request_media(messages, proc)` OpenAI `image_url` parts (data URLs only) -> placeholder text + pixels, or an
-                                  ApiError 400 naming the part (remote URL, bad base64, not an image, a text model)
+  `decode(engine, ids, media, params, seed, stop_ids, max_new_tokens)`  one sequence, token by token (the chat
+                                  CLI): (id, raw log-prob, log-softmax row); the prefill runs the full multimodal
+                                  forward, then each token sits at next_position + step in all three RoPE rows
+                                  (GLMV.generate's rule)
+  `VisionScheduler`               the server's Scheduler (serve/scheduler.py: continuous batching) with `VisionBatch`:
+                                  a joining row's prefill is the multimodal forward with its own pixels and 3D
+                                  positions; the batch keeps each row's next position apart from the cache length,
+                                  so decoding after an image is the text model's batched 1D step
+  `request_media(messages, proc)` OpenAI `image_url` parts (data URLs only) and vLLM's `video_url` parts (a data URL:
+                                  data:video/jpeg;base64,<frame>,<frame>,... or an animated GIF / WebP / PNG) ->
+                                  placeholder text + pixels, or an ApiError 400 naming the part (remote URL, a path,
+                                  bad base64, not an image, an undecodable video such as MP4, a text model)
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ from pathlib import Path
 import torch
 
 from glmstack.inference.sampling import RowStreams, SamplingParams, sample
-from glmstack.multimodal.images import ImageError, load_image, load_video
-from glmstack.serve.scheduler import Finished, Job, Scheduler, Token, _abort_message, _late
+from glmstack.multimodal.images import ImageError, load_image
+from glmstack.multimodal.video import load_clip
+from glmstack.serve.scheduler import Job, Scheduler, _Batch
 
 
 def is_vl_checkpoint(folder) -> bool:
@@ -112,30 +116,44 @@ def decode(engine: VisionEngine, ids: list[int], media, params: SamplingParams, 
         logits = model(token.view(1, 1), position_ids=pos, cache=cache).logits[:, -1].float()
 
 
+class VisionBatch(_Batch):
+    """The scheduler's running batch for a VisionEngine: a new row's prefill is the full multimodal forward (its
+    pixels through the ViT, 3D RoPE positions), its next token sits at the next_position rope_index gives (the same
+    on all three axes, so decoding is the text model's 1D step: GLMV.generate's rule). Rows are left-padded as
+    GLMV.generate_batch lays them out, so each computes what it would alone."""
+
+    @torch.inference_mode()
+    def _prefill(self, new: list[Job]):
+        from glmstack.inference.kv_cache import KVCache
+        from glmstack.model.vision import rope_index
+        from glmstack.multimodal.processor import Media
+
+        model, dev = self.engine.model, self.device
+        lens = [len(job.prompt_ids) for job in new]
+        L = max(lens)
+        ids_NL = torch.zeros(len(new), L, dtype=torch.long)
+        for b, job in enumerate(new):
+            ids_NL[b, L - lens[b] :] = torch.tensor(job.prompt_ids)
+        start_N = torch.tensor([L - n for n in lens])
+        segments = (torch.arange(L)[None] >= start_N[:, None]).long() if L > min(lens) else None  # 0: padding
+        media = Media.concat([job.media for job in new if job.media is not None]).model_inputs()
+        pos_3NL, next_N = rope_index(ids_NL, model.cfg, media.get("image_grid_thw"), media.get("video_grid_thw"),
+                                     segments, flat_images=model.cfg.visual_expert)  # fmt: skip
+        cache = KVCache(len(new), L, start=start_N.to(dev))
+        inputs = {k: v.to(dev) for k, v in media.items()}
+        logits_NV = model(ids_NL.to(dev), position_ids=pos_3NL.to(dev), cache=cache, **inputs).logits[:, -1]
+        self.sched.stats["prefill_computed"] += sum(lens)
+        return cache, logits_NV, next_N.view(-1, 1).to(dev)
+
+
 class VisionScheduler(Scheduler):
-    """Serves a VisionEngine one request at a time (see the module docstring); jobs carry their pixels in
-    `job.media`."""
+    """Serves a VisionEngine with continuous batching (VisionBatch); jobs carry their pixels in `job.media`."""
 
-    def __init__(self, engine: VisionEngine, max_waiting: int = 256):
-        super().__init__(engine, max_running=1, max_waiting=max_waiting)
-        self.serial = True
+    def __init__(self, engine: VisionEngine, max_running: int = 16, max_waiting: int = 256):
+        super().__init__(engine, max_running=max_running, max_waiting=max_waiting)
 
-    def _run_one(self, job: Job) -> None:
-        self.stats["prompt_tokens"] += len(job.prompt_ids)
-        self.stats["prefill_computed"] += len(job.prompt_ids)
-        last = None
-        steps = decode(self.engine, job.prompt_ids, job.media, job.params, job.seed, job.stop_ids,
-                       job.max_new_tokens)  # fmt: skip
-        for tok, logp, logp_V in steps:
-            if job.cancelled or _late(job):
-                steps.close()
-                return self._finish(job, Finished("abort", _abort_message(job)))
-            top = torch.topk(logp_V, job.top_logprobs) if job.top_logprobs else None
-            alts = list(zip(top.indices.tolist(), top.values.tolist())) if top is not None else []
-            self._token(job, Token(tok, logp, alts))
-            self.stats["steps"] += 1
-            last = tok
-        self._finish(job, Finished("stop" if last in job.stop_ids else "length"))
+    def _new_batch(self) -> VisionBatch:
+        return VisionBatch(self)
 
 
 def has_media(messages) -> bool:
@@ -156,22 +174,29 @@ def request_media(messages, processor):
     try:
         plain, images, videos = split_media(messages)
         images = [load_image(_url(src), what=f"image {k}") for k, src in enumerate(images)]
-        videos = [load_video([_url(f) for f in v or []], what=f"video {k}") for k, v in enumerate(videos)]
+        videos = [load_clip(_video_url(v), what=f"video {k}") for k, v in enumerate(videos)]
         return plain, processor(images, videos)
     except ImageError as e:
         raise ApiError(400, f"messages: {e}", "messages") from None
 
 
-def _url(src):
+def _url(src, kind: str = "an image", example: str = "data:image/png;base64,..."):
     """An OpenAI image_url part carries a URL string; a local path is not accepted from a remote client."""
     if isinstance(src, str) and not src.startswith("data:"):
         if src.startswith(("http://", "https://")):
-            raise ImageError(f"remote URLs are not fetched ({src[:60]!r}); send the image as a data URL "
-                             "(data:image/png;base64,...)")  # fmt: skip
-        raise ImageError(f"an image must be a data URL (data:image/png;base64,...), got {src[:40]!r}")
+            raise ImageError(f"remote URLs are not fetched ({src[:60]!r}); send {kind} as a data URL ({example})")
+        raise ImageError(f"{kind} must be a data URL ({example}), got {src[:40]!r}")
     if not isinstance(src, str):
-        raise ImageError(f"an image must be a data URL string, got {type(src).__name__}")
+        raise ImageError(f"{kind} must be a data URL string, got {type(src).__name__}")
     return src
+
+
+def _video_url(src):
+    """A video from a client: one data URL (vLLM's data:video/jpeg;base64,<frame>,<frame>,... or an animated
+    GIF / WebP / PNG) or a list of image data URLs (its frames); never a server path or a remote URL."""
+    if isinstance(src, (list, tuple)):
+        return [_url(f, "a video frame") for f in src]
+    return _url(src, "a video", "data:video/jpeg;base64,<frame>,<frame>,... or data:image/gif;base64,...")
 
 
 def expand_prompt(text: str, media, processor) -> str:

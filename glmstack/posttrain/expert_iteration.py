@@ -4,17 +4,19 @@ GLM-4.5 §3.1 trains a reasoning, an agent (tool-use) and a general-chat expert 
 them into one hybrid model by an overall SFT on their outputs. Here, with the recipe's stages `sft_reasoning`,
 `sft_tools`, `sft_chat` and `sft_merged` (glmstack/recipes/sft_speedrun.py), which all start from the same base
 (their `init_from`; in sft_speedrun the cold-start model of `glmstack sft sft_speedrun`):
-  1. each expert = `glmstack sft` of the base on its synthetic set (<run>/expert_<name>/model)
+  1. each expert = `glmstack sft` of the base on its one synthetic set (<run>/expert_<name>/model)
   2. each expert rejection-samples its set's training prompts (glmstack.posttrain.rejection) -> rs_<name>.jsonl
   3. the merged model = SFT of the same base on the overall mix (<run>/expert_merged/model): the recipe's own data
-     (sft_speedrun: the experts' three training sets) plus the three sampled files, each repeated `rs_weight`
-     times (GLM-4.5 §3.1 distils the experts' outputs into one model within an overall SFT mix; on their sampled
-     outputs alone, a few dozen conversations at this size, the merged model kept 90% of chat and 36% of tools)
-  4. every expert and the merged model are scored on held-out prompts of each expert's set; the table (and
-     `kept` = merged / expert) goes to <run>/expert_iteration.md and .json
+     (sft_speedrun: the experts' three training sets, for their steps together) plus the three sampled files, each
+     repeated `rs_weight` times (GLM-4.5 §3.1 distils the experts' outputs into one model within an overall SFT
+     mix; on their sampled outputs alone, a few dozen conversations at this size, the merged model kept 90% of chat
+     and 36% of tools). `--seeds 0,1,2` trains it once per seed (<run>/expert_merged_seed<S>/model), same files
+  4. every expert and merged model are scored on the same held-out prompts of each expert's set (greedy); the
+     table (`kept` = merged / expert, per seed, mean and min) goes to <run>/expert_iteration.md and .json
 Finished steps are skipped on a re-run (each SFT resumes from its checkpoints; a sampled file is reused).
 
     glmstack expert-iteration sft_speedrun [--set steps=60 ...] [--n-sample 150] [--n-eval 50] [--rs-weight 4]
+        [--seeds 0,1,2]
 """
 
 from __future__ import annotations
@@ -26,12 +28,32 @@ from pathlib import Path
 
 from glmstack.config import ConfigError
 
-EXPERTS = {"reasoning": "arithmetic", "tools": "tools", "chat": "chat"}
+EXPERTS = ("reasoning", "tools", "chat")  # the recipe's stages sft_<name>; each trains on one synthetic set
 
 
-def expert_iteration(recipe: str, overrides: list[str], n_sample: int, n_eval: int, rejection=None,
-                     rs_weight: int = 4) -> dict:
-    from glmstack.posttrain.evaluate import evaluate, items_of, load_engine
+def expert_set(cfg) -> str:
+    """The synthetic set an expert trains on (its sft.data is exactly one "synthetic:<set>"): the set whose training
+    prompts it samples and whose held-out prompts score it."""
+    from glmstack.posttrain.sft import SYNTHETIC
+
+    data = cfg.sft.data
+    if len(data) != 1 or not data[0].startswith(SYNTHETIC):
+        raise ConfigError(f"{cfg.stage}: an expert trains on one synthetic:<set> (sft.data = {data})")
+    return data[0][len(SYNTHETIC) :]
+
+
+def expert_iteration(
+    recipe: str,
+    overrides: list[str],
+    n_sample: int,
+    n_eval: int,
+    rejection=None,
+    rs_weight: int = 4,
+    seeds: list[int] | None = None,
+) -> dict:
+    """Experts -> samples -> one merged model per seed in `seeds` (default: the recipe's seed) -> scores:
+    {set: {"expert": score, "merged": {seed: score}, "kept": {seed: merged / expert}}}."""
+    from glmstack.posttrain.evaluate import items_of, load_engine
     from glmstack.posttrain.rejection import RejectionConfig, rejection_sample
     from glmstack.posttrain.sft import run_sft
     from glmstack.posttrain.sft_data import write_jsonl
@@ -40,17 +62,17 @@ def expert_iteration(recipe: str, overrides: list[str], n_sample: int, n_eval: i
 
     # tiny sets: keep every solved prompt; a cooler temperature keeps a small model's format intact
     rejection = rejection or RejectionConfig(drop_shortest=0.0, temperature=0.6)
-    models, files = {}, []
-    for name, set_name in EXPERTS.items():
+    models, sets, files = {}, {}, []
+    for name in EXPERTS:
         cfg = load_config(recipe, f"sft_{name}", overrides)
-        models[name] = Path(stage_dir(cfg)) / "model"
+        sets[name], models[name] = expert_set(cfg), Path(stage_dir(cfg)) / "model"
         if not (models[name] / "config.json").exists():
-            print(f"== expert {name}: SFT on {set_name}", flush=True)
+            print(f"== expert {name}: SFT on {sets[name]}", flush=True)
             run_sft(cfg)
         path = Path(stage_dir(cfg)).parent / f"rs_{name}.jsonl"
         if not path.exists():
-            print(f"== expert {name}: rejection sampling {n_sample} {set_name} prompts", flush=True)
-            items = items_of(generate(set_name, n_sample, cfg.seed, "train"))
+            print(f"== expert {name}: rejection sampling {n_sample} {sets[name]} prompts", flush=True)
+            items = items_of(generate(sets[name], n_sample, cfg.seed, "train"))
             records, report = rejection_sample(load_engine(str(models[name])), items, cfg.sft.chat_style, rejection)
             if not records:
                 raise ConfigError(f"expert {name} kept no sample: {json.dumps(report['dropped'])}")
@@ -58,31 +80,52 @@ def expert_iteration(recipe: str, overrides: list[str], n_sample: int, n_eval: i
             path.with_suffix(".report.json").write_text(json.dumps(report, indent=2) + "\n")
             print(f"   kept {report['kept']} of {report['samples']}: dropped {report['dropped']}", flush=True)
         files.append(str(path))
-    cfg = load_config(recipe, "sft_merged", overrides)
-    cfg = load_config(recipe, "sft_merged", overrides + [f"sft.data={json.dumps(cfg.sft.data + files * rs_weight)}"])
-    models["merged"] = Path(stage_dir(cfg)) / "model"
-    if not (models["merged"] / "config.json").exists():
-        print(f"== merged model: SFT on {cfg.sft.data}", flush=True)
-        run_sft(cfg)
-    scores: dict[str, dict] = {}
-    for name, set_name in EXPERTS.items():
-        for who in (name, "merged"):
-            res = evaluate(load_engine(str(models[who])), cfg.sft.chat_style, [set_name], n_eval)[set_name]
-            scores.setdefault(set_name, {})[who if who == "merged" else "expert"] = res["score"]
-    for s in scores.values():
-        s["kept"] = s["merged"] / s["expert"] if s["expert"] else None
-    out = Path(stage_dir(cfg)).parent
-    (out / "expert_iteration.json").write_text(json.dumps(scores, indent=2) + "\n")
-    (out / "expert_iteration.md").write_text(table(scores) + "\n")
+    base = load_config(recipe, "sft_merged", overrides)
+    out = Path(stage_dir(base)).parent
+    # every model on the same n_eval held-out prompts of each expert's set, greedy; the table is rewritten after
+    # each merged seed, so a long run shows the finished seeds
+    scores = {s: {"expert": held_out_score(models[name], base.sft.chat_style, s, n_eval), "merged": {}, "kept": {}}
+              for name, s in sets.items()}  # fmt: skip
+    for seed in seeds if seeds is not None else [base.seed]:
+        # the first seed's model is <run>/expert_merged; others <run>/expert_merged_seed<S> (same data files)
+        stage = base.stage if seed == base.seed else f"{base.stage}_seed{seed}"
+        mix = json.dumps(base.sft.data + files * rs_weight)
+        cfg = load_config(recipe, "sft_merged", overrides + [f"seed={seed}", f"stage={stage}", f"sft.data={mix}"])
+        model = Path(stage_dir(cfg)) / "model"
+        if not (model / "config.json").exists():
+            print(f"== merged model, seed {seed}: SFT on {cfg.sft.data}", flush=True)
+            run_sft(cfg)
+        for s, v in scores.items():
+            v["merged"][seed] = held_out_score(model, base.sft.chat_style, s, n_eval)
+            v["kept"][seed] = v["merged"][seed] / v["expert"] if v["expert"] else None
+        (out / "expert_iteration.json").write_text(json.dumps(scores, indent=2) + "\n")
+        (out / "expert_iteration.md").write_text(table(scores) + "\n")
+        print(table(scores), flush=True)
     return scores
 
 
+def held_out_score(folder: Path, style: str, set_name: str, n: int) -> float:
+    from glmstack.posttrain.evaluate import evaluate, load_engine
+
+    return evaluate(load_engine(str(folder)), style, [set_name], n)[set_name]["score"]
+
+
 def table(scores: dict) -> str:
-    rows = ["| held-out set | expert score | merged score | merged / expert |", "|---|---|---|---|"]
+    """One row per held-out set: the expert's score, each merged seed's score (kept = merged / expert), the mean
+    and the smallest kept fraction."""
+    seeds = list(next(iter(scores.values()))["merged"])
+    head = "| held-out set | expert | " + " | ".join(f"merged, seed {s} (kept)" for s in seeds)
+    rows = [head + " | kept, mean | kept, min |", "|---" * (len(seeds) + 4) + "|"]
     for s, v in scores.items():
-        kept = "-" if v["kept"] is None else f"{v['kept']:.0%}"
-        rows.append(f"| {s} | {v['expert']:.1%} | {v['merged']:.1%} | {kept} |")
+        kept = [k for k in v["kept"].values() if k is not None]
+        cells = [f"{v['merged'][seed]:.1%} ({_pct(v['kept'][seed])})" for seed in seeds]
+        mean, low = (_pct(sum(kept) / len(kept)), _pct(min(kept))) if kept else ("-", "-")
+        rows.append(f"| {s} | {v['expert']:.1%} | " + " | ".join(cells) + f" | {mean} | {low} |")
     return "\n".join(rows)
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,16 +136,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-sample", type=int, default=150, help="training prompts rejection-sampled per expert")
     ap.add_argument("--n-eval", type=int, default=50, help="held-out prompts per set")
     ap.add_argument("--rs-weight", type=int, default=4, help="times each expert's sampled file is in the merged mix")
+    ap.add_argument("--seeds", default=None, help="train the merged model once per seed (comma list, e.g. 0,1,2)")
     args = ap.parse_args(argv)
     import torch
 
     torch.set_num_threads(1)
     try:
-        scores = expert_iteration(args.recipe, args.overrides, args.n_sample, args.n_eval, rs_weight=args.rs_weight)
+        seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else None
+    except ValueError:
+        print(f"glmstack expert-iteration: --seeds {args.seeds!r}: expected integers like 0,1,2", file=sys.stderr)
+        return 2
+    try:
+        expert_iteration(args.recipe, args.overrides, args.n_sample, args.n_eval, rs_weight=args.rs_weight,
+                         seeds=seeds)  # fmt: skip
     except ConfigError as e:
         print(f"glmstack expert-iteration: {e}", file=sys.stderr, flush=True)
         return 2
-    print(table(scores))
     return 0
 
 

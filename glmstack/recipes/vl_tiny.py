@@ -5,8 +5,10 @@ adapter-only alignment -> full SFT -> RLCS-style curriculum RL with the boxed-an
     glmstack vl-train vl_tiny --stage align          # one stage
     glmstack vl-rl vl_tiny                           # the RL stage alone (after sft)
 
-The model: glmstack.model.vision's tiny-glm4.5v (a 3-layer MoE decoder of width 64, a 2-block ViT) with 8-pixel
-patches, so a 32..64-pixel-a-side image is 4..16 visual tokens (vl.min_pixels / vl.max_pixels).
+The model: glmstack.model.vision's tiny-glm4.5v (a 3-layer MoE decoder of width 64, a 2-block ViT of width 64) with
+4-pixel patches, so a 32..64-pixel-a-side image is 16..64 visual tokens after the 2x2 merge (vl.min_pixels /
+vl.max_pixels). 4-pixel rather than 8-pixel patches: a shape then spans several patches with its edges inside them;
+on shapes alone, 300 SFT steps reach 79% held-out with 4-pixel patches, 57% with 8-pixel ones (docs/multimodal.md).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import dataclasses
 from glmstack.multimodal.stage import VLOptions, VLTrainConfig
 
 RUN = "vl_tiny"
-VISION = {"patch_size": 8, "image_size": 64, "hidden_size": 64, "num_heads": 4, "intermediate_size": 128}
+VISION = {"patch_size": 4, "image_size": 64, "hidden_size": 64, "num_heads": 4, "intermediate_size": 128}
 
 
 def _base(stage: str, steps: int, lr: float, train: str, init_from: str = "") -> VLTrainConfig:
@@ -36,7 +38,7 @@ def align() -> VLTrainConfig:
 
 def sft() -> VLTrainConfig:
     """Everything trains on the visual QA chats, from the aligned model."""
-    return _base("sft", steps=1200, lr=1.5e-3, train="all", init_from=f"{RUN}/align/model")  # 4e-3: 43% (docs)
+    return _base("sft", steps=2500, lr=1.5e-3, train="all", init_from=f"{RUN}/align/model")
 
 
 def rl():

@@ -24,7 +24,7 @@ def build(args):
     from glmstack.serve.app import create_app
     from glmstack.serve.scheduler import Scheduler
 
-    if is_vl_checkpoint(args.checkpoint):  # GLM-4.5V / 4.1V: images in, one request at a time (multimodal/serving.py)
+    if is_vl_checkpoint(args.checkpoint):  # GLM-4.5V / 4.1V: images and videos in (multimodal/serving.py)
         from glmstack.errors import ConfigError
         from glmstack.model.hf import DTYPES
 
@@ -33,7 +33,7 @@ def build(args):
                               "are for text models")  # fmt: skip
 
         engine = VisionEngine.load(args.checkpoint, DTYPES.get(args.dtype), args.device)
-        sched = VisionScheduler(engine, args.max_waiting)
+        sched = VisionScheduler(engine, args.max_running, args.max_waiting)
     else:
         engine = _load(args)  # loads, and quantizes with --quantize (glmstack.inference.quant.quantize_)
         speculative = None if args.speculative == "none" else args.speculative

@@ -82,7 +82,7 @@ class Job:
     prefix: list = field(default_factory=list)  # the prefix-cache blocks this job was admitted with (pinned)
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
     monitor: AcceptanceMonitor | None = None  # speculative path: its acceptance statistics
-    media: object = None  # a vision-language request's pixels (glmstack.multimodal: VisionScheduler reads them)
+    media: object = None  # a vision-language request's pixels (glmstack.multimodal.serving.VisionBatch reads them)
 
 
 class Scheduler:
@@ -93,7 +93,7 @@ class Scheduler:
         self.ctx = engine.cfg.max_position_embeddings
         self.max_running, self.max_waiting = max_running, max_waiting
         self.speculative, self.draft_k = speculative, draft_k
-        self.serial = speculative is not None  # one job at a time through _run_one (MTP; VisionScheduler)
+        self.serial = speculative is not None  # one job at a time through _run_one (MTP)
         self.prefix_cache = prefix_cache  # None: every prompt is prefilled in full
         self.monitor = monitor or MonitorConfig()  # speculative path: acceptance-statistics rules
         self.waiting: deque[Job] = deque()
@@ -167,8 +167,11 @@ class Scheduler:
         return sum(n for _, n in pts[1:]) / max(pts[-1][0] - pts[0][0], 1e-9)
 
     # ---------------------------------------------------------------- the engine thread
+    def _new_batch(self) -> _Batch:
+        return _Batch(self)
+
     def _loop(self) -> None:
-        batch = _Batch(self)
+        batch = self._new_batch()
         while True:
             with self._wake:
                 while not self._stop and not self.waiting and not batch.jobs and not self._updates:
@@ -193,7 +196,7 @@ class Scheduler:
                 for job in dict.fromkeys(batch.jobs + new):
                     self._unpin(job)
                     job.emit(Finished("error", f"{type(e).__name__}: {e}"))
-                batch = _Batch(self)
+                batch = self._new_batch()
             self.stats["busy_s"] += time.monotonic() - t0
             self.running = list(batch.jobs)
         for job in batch.jobs + list(self.waiting):
@@ -309,27 +312,31 @@ class _Batch:
         self.sched.stats["steps"] += 1
 
     # ---- admission: prefill the new prompts as one left-padded batch, then join the running cache ----------
-    def _admit(self, new: list[Job]) -> None:
+    def _prefill(self, new: list[Job]) -> tuple[KVCache, torch.Tensor, torch.Tensor]:
+        """(the new rows' left-padded KV cache, their last logits (N, V), the position of their next token (N, 1))."""
         pc = self.sched.prefix_cache
         prompts = [job.prompt_ids for job in new]
         cache, ids_NS, pos_NS, pre_N, chains = prefill_layout(pc, prompts, self.device)
         for job, chain in zip(new, chains):
             job.prefix = chain
         logits_NV, hidden_NSD = self.run.forward(ids_NS, pos_NS, cache, last_only=True)
-        logits_NV = logits_NV[:, -1]
         if pc is not None:
             store_prefixes(pc, prompts, chains, cache, hidden_NSD)
         for job, pre in zip(new, pre_N):
             job.cached_tokens = pre
             self.sched.stats["prefill_computed"] += len(job.prompt_ids) - pre
-        P, pos_NP = cache.seq_len, pos_NS
+        return cache, logits_NV[:, -1], pos_NS[:, -1:] + 1
+
+    def _admit(self, new: list[Job]) -> None:
+        cache, logits_NV, next_N1 = self._prefill(new)
+        P = cache.seq_len
         for job in new:
             self.sched.stats["prompt_tokens"] += len(job.prompt_ids)
             if not job.params.greedy:
                 job.streams = RowStreams([job.seed], 1, self.device)
         if self.cache is None or not self.jobs:
             self.cache = KVCache(0, 0)
-            self.logits_BV, self.pos_B1 = logits_NV[:0], pos_NP[:0, -1:]
+            self.logits_BV, self.pos_B1 = logits_NV[:0], next_N1[:0]
         self.jobs += new
         # room for the longest remaining generation: the buffers are rebuilt at every join anyway, so they are sized
         # to what the running rows can still use, not to the context (64 rows x 2 contexts was GBs per join)
@@ -338,7 +345,7 @@ class _Batch:
         self.sched.stats["reclaimed"] += self.cache.append_rows(cache, min(need + remaining + 1, self.max_len))
 
         self.logits_BV = torch.cat([self.logits_BV, logits_NV])
-        self.pos_B1 = torch.cat([self.pos_B1, pos_NP[:, -1:] + 1])
+        self.pos_B1 = torch.cat([self.pos_B1, next_N1])
 
     # ---- sampling: per row its own parameters, stream and step ---------------------------------------------
     def _sample(self) -> torch.Tensor:

@@ -10,6 +10,7 @@ from glmstack.chat import encode
 from glmstack.chat.encode import encode_segments
 from glmstack.multimodal.encode import encode_multimodal, split_media
 from glmstack.multimodal.images import ImageError, load_image, to_data_url
+from glmstack.multimodal.video import load_clip
 
 RED = Image.new("RGB", (100, 60), (255, 0, 0))
 TALL = Image.new("RGB", (30, 200), (0, 0, 255))
@@ -19,16 +20,17 @@ def chat(*parts, answer="red"):
     return [{"role": "user", "content": list(parts)}, {"role": "assistant", "content": answer}]
 
 
-def hf_processor(tok_dir, proc, monkeypatch):
+def hf_processor(tok_dir, proc, monkeypatch, video_processor=None):
     from transformers import AutoTokenizer
     from transformers.processing_utils import ProcessorMixin
 
     # Glm4vProcessor checks its video processor's class through torchvision's registry; torchvision is not
-    # installed and no video processor is given, so that check (only) is skipped.
+    # installed (test_video.py's reference video processor stands in for it), so that check (only) is skipped.
     monkeypatch.setattr(ProcessorMixin, "check_argument_for_proper_class", lambda self, name, arg: None)
     from transformers.models.glm4v.processing_glm4v import Glm4vProcessor
 
-    return Glm4vProcessor(image_processor=proc.hf, tokenizer=AutoTokenizer.from_pretrained(tok_dir))
+    return Glm4vProcessor(image_processor=proc.hf, tokenizer=AutoTokenizer.from_pretrained(tok_dir),
+                          video_processor=video_processor)  # fmt: skip
 
 
 @pytest.mark.parametrize("sizes", [[(100, 60)], [(100, 60), (30, 200)], [(28, 28), (144, 48), (57, 91)]])
@@ -87,7 +89,7 @@ def test_video_patch_layout_equals_transformers_patchify(proc):
 
     rng = np.random.default_rng(0)
     frames = [Image.fromarray(rng.integers(0, 255, (28, 56, 3), dtype=np.uint8)) for _ in range(4)]  # kept at this size
-    patches, grid, stamps = proc.video(frames, fps=2.0)
+    patches, grid, stamps = proc.video(load_clip(frames))  # taken at 2 fps
     norm, _ = proc.images(frames, do_resize=False)  # per-frame normalised pixels, as (N, C, T, P, P) copies
     per_frame = torch.from_numpy(norm.reshape(4, -1, 3, 2, 14, 14)[:, :, :, 0])  # (F, N, C, P, P)
     # back to (1, F, C, H, W) images in raster order of merge blocks, then transformers' patchify

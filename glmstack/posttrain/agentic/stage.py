@@ -35,6 +35,8 @@ from glmstack.train.config import TrainConfig
 class AgenticOptions:
     envs: list[list] = field(default_factory=lambda: [["calculator", 1.0], ["python", 1.0]])  # [[name, ratio]]
     level: int = 0  # task difficulty passed to the environments
+    # GLM-5's easy-to-hard curriculum: [[from_step, level], ...] (rows by increasing step; [] = `level` throughout)
+    curriculum: list[list] = field(default_factory=list)
     group_size: int = 8
     groups_per_step: int = 2  # a batch = groups_per_step × group_size trajectories
     episode: EpisodeOptions = field(default_factory=EpisodeOptions)
@@ -57,6 +59,7 @@ class AgenticOptions:
     entropy_coef: float = 0.0  # GLM-5's agentic RL adds a small entropy bonus
     # held-out evaluation (greedy), with and without injected tool failures
     heldout_n: int = 40
+    heldout_seed: int = -1  # the held-out tasks' draw; -1: the run's seed (>= 0: the same tasks for every seed)
     eval_every: int = 10  # steps; 0 = start and end only
     eval_fault_p: float = 0.5  # the "with injected failures" column
     # remote rollouts: generate on an OpenAI-compatible server (`glmstack serve`) that reads the trainer's disk
@@ -91,15 +94,28 @@ class AgenticConfig(TrainConfig):
 
 
 # ---------------------------------------------------------------------------------------------------- tasks
+def level_at(opts: AgenticOptions, task_id: int) -> int:
+    """The curriculum's level for a task: the runner hands `groups_per_step` tasks to each step in id order, so task
+    `task_id` trains at step ~ task_id // groups_per_step + 1 (a dropped group moves later tasks one step earlier).
+    A function of the task id alone, so a task re-run on a restarted worker gets the same spec."""
+    level = opts.level
+    for from_step, row_level in opts.curriculum:
+        if task_id // opts.groups_per_step + 1 >= int(from_step):
+            level = int(row_level)
+    return level
+
+
 def sampler(opts: AgenticOptions, seed: int, split: str = "train"):
-    """task_id -> spec: the environment by its ratio, then its task; a pure function of (seed, task_id)."""
+    """task_id -> spec: the environment by its ratio, then its task at the curriculum's level; a pure function of
+    (seed, task_id). Held-out tasks (split "test") are drawn at `level`."""
     names = [n for n, _ in opts.envs]
     weights = [float(w) for _, w in opts.envs]
 
     def sample(task_id: int) -> dict:
         rng = random.Random(stable_seed(seed, split, task_id))
         name = rng.choices(names, weights)[0]
-        return env_class(name).sample(rng, split, opts.level) | {"env": name}  # by path for imported ones
+        level = level_at(opts, task_id) if split == "train" else opts.level
+        return env_class(name).sample(rng, split, level) | {"env": name}  # by path for imported ones
 
     return sample
 
@@ -130,7 +146,7 @@ def held_out_eval(cfg: AgenticConfig, tokenizer_dir: str):
     from glmstack.posttrain.agentic.worker import RolloutWorker
 
     o = cfg.agentic
-    specs = heldout(o, cfg.seed)
+    specs = heldout(o, o.heldout_seed if o.heldout_seed >= 0 else cfg.seed)
     holder: dict = {}
 
     def run(policy) -> dict:
@@ -159,6 +175,9 @@ def check(cfg: AgenticConfig) -> None:
             raise ConfigError(f"agentic.envs: {e}") from None
         if float(ratio) <= 0:
             raise ConfigError(f"agentic.envs: the ratio of {name} must be > 0")
+    steps = [row[0] for row in o.curriculum if isinstance(row, list | tuple) and len(row) == 2]
+    if len(steps) != len(o.curriculum) or steps != sorted(steps) or any(int(x) < 1 for x in steps):
+        raise ConfigError("agentic.curriculum: rows [from_step, level] with from_step >= 1, by increasing step")
     if o.tau < o.sync_every - 1:
         raise ConfigError(f"agentic.tau={o.tau} < sync_every - 1 = {o.sync_every - 1}: every sample would be stale")
     if (o.groups_per_step * o.group_size) % cfg.grad_accum:

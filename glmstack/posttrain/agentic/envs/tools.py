@@ -1,6 +1,10 @@
 """The calculator and python environments: the SFT tool set's tasks (glmstack.posttrain.synthetic.tool_item) as
 environments, so the SFT'd model starts with a success rate RL can move (docs/sft.md: ~20% held out).
 
+Levels (`agentic.level`, the curriculum's rows): 0 = the SFT set's tasks; python level 1 = the same five kinds of
+program over wider ranges and twice the words (sums to 40, factorials to 15, squares to 9; 20 words SFT never used),
+a larger task space where longer outputs must be copied (the easy-to-hard curriculum's harder level).
+
 Success is the SFT set's verifier: the right tool was called and the true result is in the final answer. The
 python tool runs in glmstack.sandbox; the expected output of a reference program is what the sandbox printed.
 """
@@ -11,9 +15,11 @@ import abc
 import random
 
 from glmstack.posttrain.agentic.env import EnvCrash, ToolEnv, register
-from glmstack.posttrain.synthetic import tool_item
+from glmstack.posttrain.synthetic import WORDS, tool_item
 from glmstack.posttrain.tools import CALCULATOR, PYTHON, TOOLS, calculate, run_python
 
+NEW_WORDS = ["apple", "orange", "river", "mountain", "castle", "forest", "dragon", "summer", "winter", "coffee",
+             "pencil", "bridge", "candle", "mirror", "button", "jungle", "rabbit", "tomato", "violin", "yellow"]  # fmt: skip
 _OUTPUTS: dict[str, str] = {}  # reference program -> what the sandbox printed (deterministic programs)
 
 
@@ -65,9 +71,27 @@ class CalculatorEnv(_SftToolEnv):
         return str(calculate(self.spec["args"]["expression"]))
 
 
+def wide_python_task(rng: random.Random) -> dict:
+    """Python level 1: the SFT templates (synthetic.tool_item) over wider ranges and more words."""
+    word, kind = rng.choice(WORDS + NEW_WORDS), rng.choice(["sum", "reverse", "vowels", "square", "factorial"])
+    n = {"sum": rng.randint(3, 40), "square": rng.randint(2, 9), "factorial": rng.randint(3, 15)}.get(kind, 0)
+    question, code = {
+        "sum": (f"Use Python to add up the numbers from 1 to {n}.", f"print(sum(range(1, {n} + 1)))"),
+        "reverse": (f"Use Python to reverse the word '{word}'.", f"print('{word}'[::-1])"),
+        "vowels": (f"Use Python to count the vowels in '{word}'.", f"print(sum(c in 'aeiou' for c in '{word}'))"),
+        "square": (f"Use Python to list the squares of 1 to {n}.", f"print([i * i for i in range(1, {n} + 1)])"),
+        "factorial": (f"Use Python to compute the factorial of {n}.", f"import math\nprint(math.factorial({n}))"),
+    }[kind]  # fmt: skip
+    return {"question": question, "args": {"code": code}}
+
+
 @register
 class PythonEnv(_SftToolEnv):
     name, tool = "python", "python"
+
+    @classmethod
+    def make_spec(cls, rng: random.Random, level: int) -> dict:
+        return wide_python_task(rng) if level >= 1 else super().make_spec(rng, level)
 
     def answer_text(self) -> str:
         return expected_output(self.spec["args"]["code"])
