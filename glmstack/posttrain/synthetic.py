@@ -92,14 +92,16 @@ def arithmetic_record(rng: random.Random, thinking: bool) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- compare
-COMPARE_LEVELS = 4  # numbers to compare: 2 + level // 2 (2, 2, 3, 3); odd levels ask for the smaller one too
+COMPARE_LEVELS = 4  # the SFT set's levels; numbers to compare: 2 + level // 2 (2, 2, 3, 3); odd levels ask for the
+#   smaller one too. RL may go past what SFT showed: levels 4-7 are the same with two-digit numbers.
 
 
 def compare_item(rng: random.Random, level: int) -> tuple[str, str, int]:
     """(question, worked reasoning, answer): the largest (or smallest) of distinct one-digit numbers; level 0 the
-    larger of two, 1 the larger or smaller of two, 2 the largest of three, 3+ the largest or smallest of three."""
-    level = max(0, min(level, COMPARE_LEVELS - 1))
-    nums = rng.sample(range(10), 2 + level // 2)
+    larger of two, 1 the larger or smaller of two, 2 the largest of three, 3 the largest or smallest of three;
+    levels 4-7 the same with two-digit numbers (beyond the SFT set, for RL)."""
+    level = max(0, min(level, 7))
+    nums = rng.sample(range(10, 100) if level >= 4 else range(10), 2 + (level % 4) // 2)
     want = "smallest" if level % 2 and rng.random() < 0.5 else "largest"
     answer = max(nums) if want == "largest" else min(nums)
     if len(nums) == 2:

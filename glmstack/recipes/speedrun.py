@@ -30,6 +30,8 @@ class Size:
     sft_batch_size: int  # SFT rows per step
     sft_seq_len: int  # SFT rows (a tool conversation with its tools block is ~440 tokens)
     rl_steps: int  # reasoning-RL steps on the procedural compare task (0 = no RL stage)
+    rl_level: int  # its level: 3 = the SFT set's hardest; 5 = two-digit numbers, unseen in SFT (for models that
+    #   already solve level 3: RL needs a task the SFT model only partly solves)
     card_n: int  # held-out items per report-card metric and model
 
 
@@ -37,16 +39,16 @@ class Size:
 SIZES = (
     Size(minutes=0, hidden_size=64, num_hidden_layers=2, n_routed_experts=4, vocab_size=512, corpus_mb=0.5,
          pretrain_steps=30, midtrain_steps=10, seq_len=64, mid_seq_len=128, batch_size=8,
-         sft_steps=60, sft_batch_size=4, sft_seq_len=512, rl_steps=2, card_n=4),
+         sft_steps=60, sft_batch_size=4, sft_seq_len=512, rl_steps=2, rl_level=3, card_n=4),
     Size(minutes=5, hidden_size=96, num_hidden_layers=3, n_routed_experts=8, vocab_size=2048, corpus_mb=3,
          pretrain_steps=800, midtrain_steps=200, seq_len=128, mid_seq_len=256, batch_size=8,
-         sft_steps=130, sft_batch_size=8, sft_seq_len=512, rl_steps=40, card_n=16),
+         sft_steps=130, sft_batch_size=8, sft_seq_len=512, rl_steps=40, rl_level=3, card_n=16),
     Size(minutes=20, hidden_size=128, num_hidden_layers=4, n_routed_experts=8, vocab_size=2048, corpus_mb=5,
          pretrain_steps=1300, midtrain_steps=300, seq_len=128, mid_seq_len=256, batch_size=8,
-         sft_steps=200, sft_batch_size=8, sft_seq_len=512, rl_steps=50, card_n=32),
+         sft_steps=200, sft_batch_size=8, sft_seq_len=512, rl_steps=50, rl_level=5, card_n=32),
     Size(minutes=60, hidden_size=192, num_hidden_layers=5, n_routed_experts=16, vocab_size=2048, corpus_mb=12,
          pretrain_steps=2000, midtrain_steps=600, seq_len=256, mid_seq_len=512, batch_size=8,
-         sft_steps=400, sft_batch_size=8, sft_seq_len=512, rl_steps=80, card_n=64),
+         sft_steps=400, sft_batch_size=8, sft_seq_len=512, rl_steps=80, rl_level=5, card_n=64),
 )  # each row sized from per-step CPU times on one thread of this 2-core machine to finish in ~85% of its budget;
 #   every row is one vocabulary (2,048) so the card's perplexities compare; docs/speedrun.md has the measured runs
 
@@ -144,7 +146,8 @@ def rl(minutes: float = 20, out: str = "runs/speedrun", seed: int = 0):
     cfg.run, cfg.out_dir, cfg.seed, cfg.steps, cfg.device = out.name, str(out.parent), seed, size.rl_steps, "cpu"
     cfg.init_from = str(out / "sft" / "model")
     # evaluated at step 0 (the SFT model: the report card's baseline) and at the end
-    cfg.rl = dataclasses.replace(cfg.rl, heldout_n=4 * size.card_n, eval_every=max(1, size.rl_steps))
+    cfg.rl = dataclasses.replace(cfg.rl, heldout_n=4 * size.card_n, eval_every=max(1, size.rl_steps),
+                                 curriculum=[[0, size.rl_level, 8]], heldout_level=size.rl_level)
     cfg.ckpt.every, cfg.ckpt.keep_last, cfg.log.every = max(1, size.rl_steps // 2), 1, 1
     return cfg
 

@@ -8,7 +8,7 @@ Metrics (n = the size row's `card_n` items each, greedy, so one seed gives the s
   tool-call validity     first replies to held-out tool prompts whose call validates against the tool's schema
   HumanEval pass@1       base-style completions run in the sandbox (glmstack.eval.humaneval)
   BFCL simple            BFCL v4 simple_python, AST-checked (glmstack.eval.bfcl)
-  RL task accuracy       the RL stage's held-out task (compare: the largest/smallest of three numbers; before RL = the SFT model, after = the RL model)
+  RL task accuracy       the RL stage's held-out task (compare at the size row's level; before RL = the SFT model, after = the RL model)
 Each model's figures are written to <out>/card/<model>.json as soon as they exist, so a rerun after Ctrl-C
 continues with the next model.
 """
