@@ -3,6 +3,8 @@ never meet the training split, the curriculum row, the dynamic-temperature rule.
 
 from __future__ import annotations
 
+import re
+
 from glmstack.posttrain.rl import rewards
 from glmstack.posttrain.rl.rollouts import informative, pick_temperature, plateaued, stage_at
 from glmstack.posttrain.rl.tasks import make_task
@@ -76,18 +78,26 @@ def test_curriculum_plateau_and_temperature_rules():
 
 
 def test_compare_task_is_the_sft_sets_generator_and_split(tok):
-    """The RL compare task draws from the SFT set's generator; its held-out problems never occur in SFT training."""
+    """The RL compare task draws from the SFT set's generator; its held-out problems never occur in SFT training;
+    levels 4-7 (for RL past the SFT set) ask the same questions of two-digit numbers."""
     from glmstack.posttrain.synthetic import generate
 
     task = make_task("compare", tokenizer=tok)
     sft_train = {r["messages"][0]["content"] for r in generate("compare", 600)}
-    for level in range(4):
+    for level in range(8):
         held = task.problems(split="test", n=20, seed=0, level=level)
+        numbers = [int(n) for p in held for n in re.findall(r"\d+", p.meta["question"])]
+        assert all((n >= 10) == (level >= 4) for n in numbers)
         assert not {p.meta["question"] for p in held} & sft_train
         right = [sample(f"The answer is {p.meta['answer']}.", p.meta) for p in held]
         wrong = [sample(f"The answer is {int(p.meta['answer']) + 10}.", p.meta) for p in held]
         assert rewards.get("arithmetic")(right) == [1.0] * 20 and rewards.get("arithmetic")(wrong) == [0.0] * 20
     assert held[0].meta["question"].startswith("Which is the") and held[0].meta["question"].count(",") == 1
+    import random
+
+    from glmstack.posttrain.synthetic import compare_item
+
+    assert compare_item(random.Random(0), 9) == compare_item(random.Random(0), 7)  # the top level is 7
 
 
 def test_reasoning_gym_task_and_reward(tok):
