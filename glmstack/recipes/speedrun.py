@@ -49,8 +49,9 @@ SIZES = (
     Size(minutes=60, hidden_size=192, num_hidden_layers=5, n_routed_experts=16, vocab_size=2048, corpus_mb=12,
          pretrain_steps=2000, midtrain_steps=600, seq_len=256, mid_seq_len=512, batch_size=8,
          sft_steps=400, sft_batch_size=8, sft_seq_len=512, rl_steps=80, rl_level=5, card_n=64),
-)  # each row sized from per-step CPU times on one thread of this 2-core machine to finish in ~85% of its budget;
-#   every row is one vocabulary (2,048) so the card's perplexities compare; docs/speedrun.md has the measured runs
+)  # sized from per-step times on one thread of a 2-core machine (session 5: the 20-minute row ran in ~16 min quiet;
+#   the 60-minute row's quiet time is estimated, ~60 min); one vocabulary from 5 minutes up so the card's
+#   perplexities compare. docs/speedrun.md has the measured runs.
 
 
 def size_for(minutes: float) -> Size:
