@@ -31,9 +31,16 @@ def _base(stage: str, steps: int, lr: float, train: str, init_from: str = "") ->
     return cfg
 
 
+def vit() -> VLTrainConfig:
+    """The ViT + adapter learn the scenes' attributes through classification heads (multimodal/vit_pretrain.py)."""
+    cfg = _base("vit", steps=600, lr=3e-3, train="vision")
+    cfg.micro_batch_size = 64
+    return cfg
+
+
 def align() -> VLTrainConfig:
-    """The adapter alone learns to feed image features to the (frozen, fresh) decoder."""
-    return _base("align", steps=60, lr=3e-3, train="adapter")
+    """The adapter alone learns to feed the pre-trained ViT's features to the (frozen, fresh) decoder."""
+    return _base("align", steps=60, lr=3e-3, train="adapter", init_from=f"{RUN}/vit/model")
 
 
 def sft() -> VLTrainConfig:
