@@ -12,6 +12,7 @@ chat counts as right when every trained token of its boxed answer is the argmax 
     python bench/vl_probe.py --kinds shape --steps 300                          # the recipe's settings
     python bench/vl_probe.py --kinds shape --steps 300 --vision '{"patch_size": 8}'
     python bench/vl_probe.py --kinds colour,shape,count,text --steps 1500 --eval-every 250 --n-eval 200
+    python bench/vl_probe.py --kinds colour,shape,count,text --init runs/vl_tiny/vit/model     # after the vit stage
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ def main() -> None:
     ap.add_argument("--vision", default="{}", help="JSON overrides of the recipe's vision_config")
     ap.add_argument("--vit-lr-mult", type=float, default=1.0, help="lr multiplier of the ViT (not the adapter)")
     ap.add_argument("--adamw", action="store_true", help="AdamW for everything instead of Muon + AdamW")
+    ap.add_argument("--init", default="", help="start from this model folder (e.g. the vit stage's) and its tokenizer")
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--n-eval", type=int, default=120)
     args = ap.parse_args()
@@ -64,12 +66,12 @@ def main() -> None:
     torch.manual_seed(0)
     kinds = args.kinds.split(",")
     cfg = sft()
-    cfg.init_from = ""
+    cfg.init_from = args.init
     cfg.vl.model_overrides = {"vision_config": {**VISION, **json.loads(args.vision)}}
     cfg.optim.lr = args.lr or cfg.optim.lr
     cfg.optim.muon = not args.adamw
     texts = [visible_text(m.get("content")) for it in vqa.generate(200, seed=0) for m in vqa.messages(it)]
-    tok = Tokenizer.train(texts * 4, vocab_size=cfg.vl.tokenizer_vocab)
+    tok = Tokenizer.load(args.init) if args.init else Tokenizer.train(texts * 4, vocab_size=cfg.vl.tokenizer_vocab)
     model = stage.build_model(cfg, tok, torch.device("cpu"))
     proc = stage.processor_for(cfg, model)
     optimizer, _ = build_optimizer(model, cfg.optim)

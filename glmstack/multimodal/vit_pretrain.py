@@ -25,10 +25,9 @@ from torch import nn
 
 from glmstack.data.position import GlobalBatchPosition
 
-# attribute -> its classes; the VQA kind whose answer it is
+# attribute -> its classes (the answers of the VQA kind of the same name; "letter" answers "text")
 ATTRIBUTES = {"colour": ("red", "green", "blue", "yellow"), "shape": ("circle", "square", "triangle"),
               "count": ("1", "2", "3", "4"), "letter": tuple("ABEHKMRSTX")}  # fmt: skip
-KIND_OF = {"colour": "colour", "shape": "shape", "count": "count", "letter": "text"}
 
 
 def attribute_labels(sc: dict) -> list[int]:
@@ -38,8 +37,9 @@ def attribute_labels(sc: dict) -> list[int]:
     assert tuple(LETTERS) == ATTRIBUTES["letter"], "vqa.LETTERS and the letter head disagree"
     if sc["kind"] == "text":
         return [-100, -100, -100, ATTRIBUTES["letter"].index(sc["letter"])]
-    return [ATTRIBUTES["colour"].index(sc["colour"]), ATTRIBUTES["shape"].index(sc["shape"]), len(sc["boxes"]) - 1,
-            -100]  # fmt: skip
+    # counts only on count scenes: the others always hold one shape, and "1" would swamp the head's classes
+    count = len(sc["boxes"]) - 1 if sc["kind"] == "count" else -100
+    return [ATTRIBUTES["colour"].index(sc["colour"]), ATTRIBUTES["shape"].index(sc["shape"]), count, -100]
 
 
 def attribute_batch(items: list[dict], processor) -> dict[str, torch.Tensor]:

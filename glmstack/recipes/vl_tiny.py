@@ -33,7 +33,7 @@ def _base(stage: str, steps: int, lr: float, train: str, init_from: str = "") ->
 
 def vit() -> VLTrainConfig:
     """The ViT + adapter learn the scenes' attributes through classification heads (multimodal/vit_pretrain.py)."""
-    cfg = _base("vit", steps=600, lr=3e-3, train="vision")
+    cfg = _base("vit", steps=1200, lr=3e-2, train="vision")
     cfg.micro_batch_size = 64
     return cfg
 
@@ -45,7 +45,7 @@ def align() -> VLTrainConfig:
 
 def sft() -> VLTrainConfig:
     """Everything trains on the visual QA chats, from the aligned model."""
-    return _base("sft", steps=2500, lr=1.5e-3, train="all", init_from=f"{RUN}/align/model")
+    return _base("sft", steps=800, lr=1.5e-3, train="all", init_from=f"{RUN}/align/model")
 
 
 def rl():
