@@ -25,6 +25,7 @@ from torch import nn
 
 from glmstack.data.position import GlobalBatchPosition
 
+CENTRE_POS_WEIGHT = 4.0  # a shape's centre is in 1-4 of an image's 24-32 visual tokens
 # attribute -> its classes (the answers of the VQA kind of the same name; "letter" answers "text")
 ATTRIBUTES = {"colour": ("red", "green", "blue", "yellow"), "shape": ("circle", "square", "triangle"),
               "count": ("1", "2", "3", "4"), "letter": tuple("ABEHKMRSTX")}  # fmt: skip
@@ -42,11 +43,26 @@ def attribute_labels(sc: dict) -> list[int]:
     return [ATTRIBUTES["colour"].index(sc["colour"]), ATTRIBUTES["shape"].index(sc["shape"]), count, -100]
 
 
+def centre_labels(sc: dict, grid_thw, merge: int) -> list[float]:
+    """Per visual token of the scene's image (raster order over the merged grid): 1.0 where a shape's centre
+    falls, else 0.0 (letters have none)."""
+    _, gh, gw = (int(v) for v in grid_thw)
+    rows, cols = gh // merge, gw // merge
+    out = [0.0] * (rows * cols)
+    for x, y, side in sc.get("boxes", []):
+        r = min(rows - 1, int((y + side / 2) * rows / sc["h"]))
+        c = min(cols - 1, int((x + side / 2) * cols / sc["w"]))
+        out[r * cols + c] = 1.0
+    return out
+
+
 def attribute_batch(items: list[dict], processor) -> dict[str, torch.Tensor]:
-    """{"labels": (B, 4) long, "pixel_values", "image_grid_thw"} of vqa.generate items."""
+    """{"labels": (B, 4) long, "centres": (M,) float over all visual tokens, "pixel_values", "image_grid_thw"} of
+    vqa.generate items."""
     media = processor(images=[it["image"] for it in items])
     labels = torch.tensor([attribute_labels(it["scene"]) for it in items], dtype=torch.long)
-    return {"labels": labels} | media.model_inputs()
+    centres = [v for it, g in zip(items, media.image_grid_thw) for v in centre_labels(it["scene"], g, processor.merge_size)]
+    return {"labels": labels, "centres": torch.tensor(centres)} | media.model_inputs()
 
 
 class AttributeStream(GlobalBatchPosition):
@@ -87,15 +103,20 @@ class VisionPretrainer(nn.Module):
                     p.copy_(torch.randn(p.shape, generator=gen) * p.shape[1] ** -0.5)
                 else:
                     p.zero_()
+        self.centre = nn.Linear(d, 1)  # per visual token: does a shape's centre fall in it?
+        with torch.no_grad():
+            self.centre.weight.copy_(torch.randn(self.centre.weight.shape, generator=gen) * d**-0.5)
+            self.centre.bias.zero_()
         self.heads.to(next(model.parameters()).device)
+        self.centre.to(next(model.parameters()).device)
 
     def forward(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> dict[str, torch.Tensor]:
-        """-> attribute -> logits (B, classes)."""
+        """-> attribute -> logits (B, classes), and "centre" -> (M,) logits per visual token."""
         feats_MD = self.model.visual(pixel_values, image_grid_thw)  # merged visual tokens of all images
         m2 = self.model.cfg.vision_config.spatial_merge_size ** 2
         lengths = (image_grid_thw.prod(-1) // m2).tolist()
         pooled_BD = torch.stack([f.mean(0) for f in feats_MD.split(lengths)])
-        return {a: head(pooled_BD) for a, head in self.heads.items()}
+        return {a: head(pooled_BD) for a, head in self.heads.items()} | {"centre": self.centre(feats_MD)[:, 0]}
 
 
 def attribute_loss(model, batch: dict, values: dict) -> tuple[torch.Tensor, dict]:
@@ -103,13 +124,16 @@ def attribute_loss(model, batch: dict, values: dict) -> tuple[torch.Tensor, dict
     logits = model(batch["pixel_values"], batch["image_grid_thw"])
     labels_BA = batch["labels"]
     losses, metrics = [], {}
+    centre = nn.functional.binary_cross_entropy_with_logits(logits.pop("centre"), batch["centres"],
+                                                             pos_weight=torch.tensor(CENTRE_POS_WEIGHT))  # fmt: skip
+    metrics["centre_loss"] = centre.detach()
     for i, (a, lg) in enumerate(logits.items()):
         y = labels_BA[:, i]
         if (y != -100).any():
             ce = nn.functional.cross_entropy(lg, y, ignore_index=-100, reduction="sum")
             losses.append(ce)
             metrics[f"{a}_loss"] = (ce / (y != -100).sum()).detach()
-    loss = torch.stack(losses).sum() / (labels_BA != -100).sum()
+    loss = torch.stack(losses).sum() / (labels_BA != -100).sum() + centre
     return loss, metrics
 
 
@@ -128,6 +152,7 @@ def evaluate_heads(pretrainer: VisionPretrainer, processor, n: int, seed: int = 
         b = attribute_batch(chunk, processor)
         device = next(pretrainer.parameters()).device
         logits = pretrainer(b["pixel_values"].to(device), b["image_grid_thw"].to(device))
+        logits.pop("centre")
         for it, labels in zip(range(len(chunk)), b["labels"].tolist()):
             kind = chunk[it]["kind"]
             a = {"text": "letter"}.get(kind, kind)
