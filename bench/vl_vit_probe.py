@@ -51,7 +51,11 @@ def main() -> None:
     print(f"{vars(args)} batch {batch} lr {cfg.optim.lr}", flush=True)
     cpu0, warm = time.process_time(), max(1, min(20, args.steps // 10))
     for step in range(args.steps):
-        frac = (step + 1) / warm if step < warm else 0.1 + 0.45 * (1 + math.cos(math.pi * (step - warm) / (args.steps - warm)))
+        frac = (
+            (step + 1) / warm
+            if step < warm
+            else 0.1 + 0.45 * (1 + math.cos(math.pi * (step - warm) / (args.steps - warm)))
+        )
         for g in optimizer.param_groups:
             g["lr"] = g["initial_lr"] * frac
         loss, _ = attribute_loss(pre, data.batch(step), {})
@@ -62,8 +66,11 @@ def main() -> None:
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
             ev = evaluate_heads(pre, proc, args.n_eval)
             acc = " ".join(f"{k} {v:.0%}" for k, v in ev["by_kind"].items())
-            print(f"step {step + 1}: loss {loss.item():.3f}, held-out {ev['accuracy']:.1%} ({acc}), "
-                  f"{time.process_time() - cpu0:.0f} s CPU", flush=True)
+            print(
+                f"step {step + 1}: loss {loss.item():.3f}, held-out {ev['accuracy']:.1%} ({acc}), "
+                f"{time.process_time() - cpu0:.0f} s CPU",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -67,8 +67,8 @@ def report(rows: list[dict], folder: Path) -> Path:
     total_wall, total_cpu = sum(r["wall_s"] for r in rows), sum(r["cpu_s"] for r in rows)
     lines += ["", f"Total: {total_wall / 60:.1f} min wall, {total_cpu / 60:.1f} min process CPU."]
     if any(r["stage"] == "vit" for r in rows):
-        lines += ["The vit row scores the ViT's attribute heads on the held-out images (no chat yet); the others "
-                  "score the chat model's greedy boxed answers."]
+        lines.append("The vit row scores the ViT's attribute heads on the held-out images (no chat yet); the others "
+                     "score the chat model's greedy boxed answers.")
     lines.append("")
     last = next((r for r in reversed(rows) if r["eval"]), None)
     if last:

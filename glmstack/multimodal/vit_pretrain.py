@@ -61,7 +61,9 @@ def attribute_batch(items: list[dict], processor) -> dict[str, torch.Tensor]:
     vqa.generate items."""
     media = processor(images=[it["image"] for it in items])
     labels = torch.tensor([attribute_labels(it["scene"]) for it in items], dtype=torch.long)
-    centres = [v for it, g in zip(items, media.image_grid_thw) for v in centre_labels(it["scene"], g, processor.merge_size)]
+    centres = [
+        v for it, g in zip(items, media.image_grid_thw) for v in centre_labels(it["scene"], g, processor.merge_size)
+    ]
     return {"labels": labels, "centres": torch.tensor(centres)} | media.model_inputs()
 
 
@@ -113,7 +115,7 @@ class VisionPretrainer(nn.Module):
     def forward(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> dict[str, torch.Tensor]:
         """-> attribute -> logits (B, classes), and "centre" -> (M,) logits per visual token."""
         feats_MD = self.model.visual(pixel_values, image_grid_thw)  # merged visual tokens of all images
-        m2 = self.model.cfg.vision_config.spatial_merge_size ** 2
+        m2 = self.model.cfg.vision_config.spatial_merge_size**2
         lengths = (image_grid_thw.prod(-1) // m2).tolist()
         pooled_BD = torch.stack([f.mean(0) for f in feats_MD.split(lengths)])
         return {a: head(pooled_BD) for a, head in self.heads.items()} | {"centre": self.centre(feats_MD)[:, 0]}

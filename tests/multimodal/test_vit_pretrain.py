@@ -11,9 +11,9 @@ import torch
 
 pytest.importorskip("glmstack.model.vision")
 
-from glmstack.cli import main as glmstack  # noqa: E402
-from glmstack.multimodal import vqa  # noqa: E402
-from glmstack.multimodal.vit_pretrain import ATTRIBUTES, AttributeStream, attribute_labels  # noqa: E402
+from glmstack.cli import main as glmstack
+from glmstack.multimodal import vqa
+from glmstack.multimodal.vit_pretrain import ATTRIBUTES, AttributeStream, attribute_labels
 
 
 def test_attribute_stream_is_deterministic_and_labelled_from_the_scene(proc):
