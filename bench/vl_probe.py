@@ -41,6 +41,14 @@ def split_vit_lr(optimizer, model, mult: float) -> None:
         opt.param_groups = groups
 
 
+def set_lr(optimizer, step: int, steps: int) -> None:
+    """A linear warm-up over min(20, steps/10) steps, then a cosine down to a tenth of the peak."""
+    warm = max(1, min(20, steps // 10))
+    frac = (step + 1) / warm if step < warm else 0.1 + 0.45 * (1 + math.cos(math.pi * (step - warm) / (steps - warm)))
+    for g in optimizer.param_groups:
+        g["lr"] = g["initial_lr"] * frac
+
+
 def main() -> None:
     from glmstack.chat.schema import visible_text
     from glmstack.multimodal import stage, vqa
@@ -100,15 +108,9 @@ def main() -> None:
         }
 
     print(f"{vars(args)} params {model.num_params():,}", flush=True)
-    cpu0, warm = time.process_time(), max(1, min(20, args.steps // 10))
+    cpu0 = time.process_time()
     for step in range(args.steps):
-        frac = (
-            (step + 1) / warm
-            if step < warm
-            else 0.1 + 0.45 * (1 + math.cos(math.pi * (step - warm) / (args.steps - warm)))
-        )
-        for g in optimizer.param_groups:
-            g["lr"] = g["initial_lr"] * frac
+        set_lr(optimizer, step, args.steps)
         b = batch(vqa.generate(args.batch, seed=1000 + step, split="train", kinds=kinds))
         logits = model(b["input_ids"], pixel_values=b["pixel_values"], image_grid_thw=b["image_grid_thw"]).logits
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), b["labels"].flatten(), ignore_index=-100)

@@ -1,6 +1,6 @@
 """A short probe of the ViT pre-training stage (glmstack/multimodal/vit_pretrain.py): the attribute heads' held-out
 accuracy per question kind after a few hundred steps, for a few ViT / image-size / lr settings, without the loop's
-checkpoints (a plain loop: cosine lr after a linear warm-up, grad clip 1, Muon + AdamW as the recipe).
+checkpoints (a plain loop: vl_probe.py's lr schedule, grad clip 1, Muon + AdamW as the recipe).
 
     python bench/vl_vit_probe.py --steps 300                                  # the recipe's vit stage settings
     python bench/vl_vit_probe.py --steps 300 --vision '{"depth": 4}' --max-pixels 8192
@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 
 import torch
 
 
 def main() -> None:
+    from vl_probe import set_lr  # bench/ is the script's folder
+
     from glmstack.chat.schema import visible_text
     from glmstack.multimodal import stage, vqa
     from glmstack.multimodal.vit_pretrain import AttributeStream, VisionPretrainer, attribute_loss, evaluate_heads
@@ -49,15 +50,9 @@ def main() -> None:
     data = AttributeStream(proc, batch_size=batch)
     optimizer, _ = build_optimizer(pre, cfg.optim)
     print(f"{vars(args)} batch {batch} lr {cfg.optim.lr}", flush=True)
-    cpu0, warm = time.process_time(), max(1, min(20, args.steps // 10))
+    cpu0 = time.process_time()
     for step in range(args.steps):
-        frac = (
-            (step + 1) / warm
-            if step < warm
-            else 0.1 + 0.45 * (1 + math.cos(math.pi * (step - warm) / (args.steps - warm)))
-        )
-        for g in optimizer.param_groups:
-            g["lr"] = g["initial_lr"] * frac
+        set_lr(optimizer, step, args.steps)
         loss, _ = attribute_loss(pre, data.batch(step), {})
         loss.backward()
         torch.nn.utils.clip_grad_norm_(pre.parameters(), 1.0)
