@@ -88,3 +88,16 @@ def test_calculator_level_1_has_three_digit_operands():
     env.step({"role": "assistant", "content": f"The result is {env.answer_text()}."})
     assert env.reward().success
     assert wide_calculator_task(random.Random(1)) == wide_calculator_task(random.Random(1))
+
+
+def test_retry_frac_counts_episodes_that_called_again_after_a_failure():
+    from glmstack.posttrain.agentic.data import retry_stats
+    from glmstack.posttrain.agentic.trajectory import Trajectory
+
+    call = {"role": "assistant", "tool_calls": [{"function": {"name": "calculator", "arguments": "{}"}}]}
+    fail = {"role": "tool", "content": FAULTS["timeout"].format(name="calculator")}
+    ok, answer = {"role": "tool", "content": "5"}, {"role": "assistant", "content": "The result is 5."}
+    convs = [[call, ok, answer], [call, fail, answer], [call, fail, call, ok, answer], [call, fail, call, fail]]
+    trajs = [Trajectory(task_id=0, index=i, spec={}, messages=m, tools=[], ids=[1]) for i, m in enumerate(convs)]
+    assert [t.retried for t in trajs] == [None, False, True, True]
+    assert retry_stats(trajs) == {"retry_frac": 2 / 3} and retry_stats(trajs[:1]) == {}

@@ -17,6 +17,7 @@ from glmstack.train.metrics import read_metrics
 PANELS = {
     "agentic_success": ("success", "reward", "heldout_success", "heldout_faults_success"),
     "agentic_episode": ("turns", "tool_calls", "malformed_frac", "loop_frac", "truncated_frac"),
+    "agentic_retry": ("retry_frac", "heldout_faults_retry_frac"),  # after a failed call: called again
     "agentic_staleness": ("staleness_mean", "staleness_max", "rollout/stale", "rollout/env_error", "rollout/padded"),
     "agentic_throughput": ("traj_per_s",),
     "agentic_time": ("time/wait_s", "time/sync_s", "time/eval_s"),
@@ -52,10 +53,15 @@ def _mean_std(xs: list[float]) -> str:
     return f"{m:.3f} ± {sd:.3f}"
 
 
+COLUMNS = {"heldout_success": "held-out", "heldout_faults_success": "with failures",
+           "heldout_faults_retry_frac": "retried after a failure"}  # fmt: skip
+
+
 def compare(settings: dict[str, list[Path]]) -> str:
     """A markdown table: per setting (its seeds' folders), greedy held-out success after each evaluated number of
     updates (the row logged after an evaluation at step s scored the weights after s updates; the end from
-    agentic_summary.json), without and with injected tool failures; and the mean training reward of steps 1-8."""
+    agentic_summary.json), without and with injected tool failures, and with failures the share of episodes with a
+    failed call that called again (runs that log it); and the mean training reward of steps 1-8."""
     import json
 
     evals: dict[str, dict[tuple[str, int], list[float]]] = {}
@@ -69,13 +75,12 @@ def compare(settings: dict[str, list[Path]]) -> str:
             if summary.exists():
                 points.append((max(r["step"] for r in rows), json.loads(summary.read_text())))
             for updates, r in points:
-                for key in ("heldout_success", "heldout_faults_success"):
+                for key in (k for k in COLUMNS if k in r):
                     cols.setdefault((key, updates), []).append(float(r[key]))
             rewards = [r["reward"] for r in rows if r["step"] <= 8]
             early.setdefault(name, []).append(sum(rewards) / max(len(rewards), 1))
-    keys = sorted({k for cols in evals.values() for k in cols}, key=lambda k: (k[0] != "heldout_success", k[1]))
-    label = {"heldout_success": "held-out", "heldout_faults_success": "with failures"}
-    lines = ["| setting | seeds | " + " | ".join(f"{label[k]} @{u}" for k, u in keys) + " | reward, steps 1-8 |",
+    keys = sorted({k for cols in evals.values() for k in cols}, key=lambda k: (list(COLUMNS).index(k[0]), k[1]))
+    lines = ["| setting | seeds | " + " | ".join(f"{COLUMNS[k]} @{u}" for k, u in keys) + " | reward, steps 1-8 |",
              "|---|---|" + "---|" * (len(keys) + 1)]  # fmt: skip
     for name, folders in settings.items():
         cells = [_mean_std(evals[name].get(k, [])) for k in keys] + [_mean_std(early[name])]

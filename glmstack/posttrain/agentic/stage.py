@@ -129,11 +129,12 @@ def evaluate(worker, specs: list[dict], env: EnvOptions) -> dict:
     """Greedy success on `specs` (one episode each, batched) with `worker`'s weights."""
     greedy = copy.copy(worker.opts)
     greedy.temperature = 0.0
+    from glmstack.posttrain.agentic.data import retry_stats
     from glmstack.posttrain.agentic.episode import run_group
 
     trajs = run_group(worker.engine, worker.tokenizer, specs, greedy, env, list(range(len(specs))),
                       version=worker.current_version)  # fmt: skip
-    out = {"success": sum(t.success for t in trajs) / len(trajs)}
+    out = {"success": sum(t.success for t in trajs) / len(trajs)} | retry_stats(trajs)
     for name in sorted({s["env"] for s in specs}):
         mine = [t for t in trajs if t.spec["env"] == name]
         out[f"success/{name}"] = sum(t.success for t in mine) / len(mine)
