@@ -101,3 +101,13 @@ def test_retry_frac_counts_episodes_that_called_again_after_a_failure():
     trajs = [Trajectory(task_id=0, index=i, spec={}, messages=m, tools=[], ids=[1]) for i, m in enumerate(convs)]
     assert [t.retried for t in trajs] == [None, False, True, True]
     assert retry_stats(trajs) == {"retry_frac": 2 / 3} and retry_stats(trajs[:1]) == {}
+
+
+def test_probe_scores_a_model_folder_on_held_out_tasks(base_dir, capsys):
+    from glmstack.posttrain.agentic.probe import main, probe
+
+    out = probe(str(base_dir), "calculator", level=1, n=3, fault_p=1.0)
+    assert out["distinct"] == 3 and 0.0 <= out["success"] <= 1.0  # a random model: every call fails, if it calls
+    assert set(out) <= {"success", "distinct", "retry_frac"}
+    assert main(["/no/such/model"]) == 2
+    assert capsys.readouterr().err.startswith("probe: /no/such/model")
