@@ -17,7 +17,7 @@ import sys
 
 
 def probe(model_dir: str, env: str, level: int = 0, n: int = 128, seed: int = 0, fault_p: float = 0.0,
-          temperature: float = 0.0, opts=None) -> dict:  # fmt: skip
+          temperature: float = 0.0, max_turns: int = 3) -> dict:  # fmt: skip
     """{success, distinct, retry_frac (when a call failed)} of `model_dir` on `n` held-out tasks of `env`."""
     from glmstack.model.hf import load_hf
     from glmstack.posttrain.agentic.data import retry_stats
@@ -27,7 +27,7 @@ def probe(model_dir: str, env: str, level: int = 0, n: int = 128, seed: int = 0,
     from glmstack.posttrain.agentic.worker import RolloutWorker
 
     o = AgenticOptions(envs=[[env, 1.0]], level=level, heldout_n=n)
-    episode = opts or EpisodeOptions(max_turns=3, max_new_tokens=40)  # the agentic recipes' episodes
+    episode = EpisodeOptions(max_turns=max_turns, max_new_tokens=40)  # the agentic recipes' episodes
     specs = heldout(o, seed)
     worker = RolloutWorker(load_hf(model_dir), model_dir, episode, EnvOptions(), seed)
     worker.set_weights(None, 0)
@@ -47,9 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="the held-out draw (the stage's agentic.heldout_seed)")
     ap.add_argument("--fault-p", type=float, default=0.0, help="probability a tool call fails")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    ap.add_argument("--max-turns", type=int, default=3, help="assistant turns per episode (agentic_recovery: 4)")
     a = ap.parse_args(argv)
     try:
-        out = probe(a.model, a.env, a.level, a.n, a.seed, a.fault_p, a.temperature)
+        out = probe(a.model, a.env, a.level, a.n, a.seed, a.fault_p, a.temperature, a.max_turns)
     except (OSError, ValueError) as e:
         print(f"probe: {e}", file=sys.stderr)
         return 2

@@ -60,7 +60,7 @@ class AgenticOptions:
     # held-out evaluation (greedy), with and without injected tool failures
     heldout_n: int = 40
     heldout_seed: int = -1  # the held-out tasks' draw; -1: the run's seed (>= 0: the same tasks for every seed)
-    eval_every: int = 10  # steps; 0 = start and end only
+    eval_every: int = 10  # steps; 0 = the end only
     eval_fault_p: float = 0.5  # the "with injected failures" column
     # remote rollouts: generate on an OpenAI-compatible server (`glmstack serve`) that reads the trainer's disk
     rollout_server: str = ""  # its URL; "" = the workers' own engines
