@@ -5,7 +5,9 @@ failures, both scored greedy on the same 128 held-out tasks without and with fai
 The speedrun's SFT models never retry a failed call (log-prob of repeating it −30, docs/agentic.md session 5), so
 RL with fault injection has nothing to reinforce. `sft()` continues the SFT model on the tools set plus the opt-in
 `tools_recovery` set (a failed call — the environment's own failure texts — then the same call again, then the
-answer) for a few steps, so that the model sometimes retries; RL with failures can then make the retry a habit.
+answer) for a few steps, so that the model sometimes retries; RL with failures was meant to make the retry a
+habit. Measured (docs/agentic.md, session 6): it did not — the fault-trained arm ended no more robust than the
+clean one (0.513 ± 0.066 vs 0.510 ± 0.024 with failures, 3 seeds each), and in some seeds it unlearnt the retry.
 
     glmstack sft agentic_recovery --set init_from=runs/r20/sft/model --set run=rec          # -> runs/rec/sft_recovery/model
     glmstack agentic-rl agentic_recovery --set init_from=runs/rec/sft_recovery/model --set seed=S --set run=clean_sS
@@ -38,7 +40,7 @@ def sft() -> SFTConfig:
 
 def agentic() -> AgenticConfig:
     cfg = agentic_calc.agentic()
-    cfg.run, cfg.init_from, cfg.steps = "recovery", "recovery/sft_recovery/model", 15
+    cfg.run, cfg.init_from, cfg.steps = "recovery", "recovery/sft_recovery/model", 15  # (v2 of docs/agentic.md)
     cfg.agentic.level = 0  # the SFT set's expressions: solved ~90% clean, so the failures decide
     # a fourth turn: a retry that fails again can still be followed by a call that runs (with 3 turns it is cut)
     cfg.agentic.episode.max_turns = 4
