@@ -111,3 +111,22 @@ def test_probe_scores_a_model_folder_on_held_out_tasks(base_dir, capsys):
     assert set(out) <= {"success", "distinct", "retry_frac"}
     assert main(["/no/such/model"]) == 2
     assert capsys.readouterr().err.startswith("probe: /no/such/model")
+
+
+def test_compare_table_and_held_out_plot_count_updates(tmp_path):
+    from glmstack.posttrain.agentic.dashboard import compare, plot_compare
+
+    runs = []
+    for seed, end in ((0, 0.5), (1, 0.7)):
+        run = tmp_path / f"s{seed}"
+        run.mkdir()
+        rows = [{"step": 1, "reward": 0.1, "heldout_success": 0.2, "heldout_faults_success": 0.1,
+                 "heldout_faults_retry_frac": 0.0}, {"step": 2, "reward": 0.3}]  # fmt: skip
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        summary = {"heldout_success": end, "heldout_faults_success": 0.3, "heldout_faults_retry_frac": 1.0}
+        (run / "agentic_summary.json").write_text(json.dumps(summary))
+        runs.append(run)
+    table = compare({"a": runs})
+    assert "held-out @0 | held-out @2 |" in table and "retried after a failure @2" in table
+    assert "| a | 2 | 0.200 ± 0.000 | 0.600 ± 0.141 |" in table
+    assert plot_compare({"a": runs}, tmp_path / "h.png", key="heldout_success") and (tmp_path / "h.png").exists()

@@ -2,9 +2,10 @@
 
     python -m glmstack.posttrain.agentic.dashboard runs/speedrun/agentic     # redraws plots/agentic_*.png
     python -m glmstack.posttrain.agentic.dashboard --compare clean=RUN_A/agentic,RUN_B/agentic faults=RUN_C/agentic \\
-        [--plot out.png]
+        [--plot out.png] [--key heldout_success]
         # per setting over its seeds: greedy held-out success (mean ± std) at every evaluated step, without and
-        # with injected tool failures, the training reward of steps 1-8 (a markdown table); --plot: mean reward
+        # with injected tool failures, the training reward of steps 1-8 (a markdown table); --plot: the mean of
+        # --key (default: the training reward) per step
 """
 
 from __future__ import annotations
@@ -89,32 +90,41 @@ def compare(settings: dict[str, list[Path]]) -> str:
 
 
 def plot_compare(settings: dict[str, list[Path]], out: Path, key: str = "reward") -> bool:
-    """Mean over seeds of `key` per step, one curve per setting, into `out`."""
+    """Mean over seeds of `key` per step, one curve per setting, into `out`. A held-out key (COLUMNS) is plotted
+    against the number of updates, as the table counts them, with the end from agentic_summary.json."""
+    import json
+
     from glmstack.report import draw_curves
 
     curves = []
     for name, folders in settings.items():
         per_step: dict[int, list[float]] = {}
         for f in folders:
-            for r in read_metrics(f / "metrics.jsonl"):
+            rows = read_metrics(f / "metrics.jsonl")
+            shift = 1 if key in COLUMNS else 0  # an evaluation is logged on the row after the updates it scored
+            for r in rows:
                 if key in r:
-                    per_step.setdefault(r["step"], []).append(r[key])
+                    per_step.setdefault(r["step"] - shift, []).append(r[key])
+            summary = f / "agentic_summary.json"
+            if shift and summary.exists() and key in (end := json.loads(summary.read_text())):
+                per_step.setdefault(max(r["step"] for r in rows), []).append(end[key])
         steps = sorted(per_step)
         curves.append(
             (f"{name} ({len(folders)} seeds)", steps, [sum(per_step[s]) / len(per_step[s]) for s in steps], ".-")
         )
-    return draw_curves(out, f"{key}, mean over seeds", "step", key, curves)
+    return draw_curves(out, f"{key}, mean over seeds", "updates" if key in COLUMNS else "step", key, curves)
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "--compare":
         args = sys.argv[2:]
         out = Path(args.pop(args.index("--plot") + 1)) if "--plot" in args else None
-        args = [a for a in args if a != "--plot"]
+        key = args.pop(args.index("--key") + 1) if "--key" in args else "reward"
+        args = [a for a in args if a not in ("--plot", "--key")]
         settings = {k: [Path(p) for p in v.split(",")] for k, v in (a.split("=", 1) for a in args)}
         print(compare(settings))
         if out is not None:
-            plot_compare(settings, out)
+            plot_compare(settings, out, key)
     else:
         for p in plot_dashboard(sys.argv[1]):
             print(p)
