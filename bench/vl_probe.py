@@ -12,6 +12,7 @@ chat counts as right when every trained token of its boxed answer is the argmax 
     python bench/vl_probe.py --kinds shape --steps 300                          # the recipe's settings
     python bench/vl_probe.py --kinds shape --steps 300 --vision '{"patch_size": 8}'
     python bench/vl_probe.py --kinds colour,shape,count,text --steps 1500 --eval-every 250 --n-eval 200
+    python bench/vl_probe.py --kinds colour,shape,count,text --init runs/vl_tiny/vit/model     # after the vit stage
 """
 
 from __future__ import annotations
@@ -40,6 +41,14 @@ def split_vit_lr(optimizer, model, mult: float) -> None:
         opt.param_groups = groups
 
 
+def set_lr(optimizer, step: int, steps: int) -> None:
+    """A linear warm-up over min(20, steps/10) steps, then a cosine down to a tenth of the peak."""
+    warm = max(1, min(20, steps // 10))
+    frac = (step + 1) / warm if step < warm else 0.1 + 0.45 * (1 + math.cos(math.pi * (step - warm) / (steps - warm)))
+    for g in optimizer.param_groups:
+        g["lr"] = g["initial_lr"] * frac
+
+
 def main() -> None:
     from glmstack.chat.schema import visible_text
     from glmstack.multimodal import stage, vqa
@@ -57,6 +66,7 @@ def main() -> None:
     ap.add_argument("--vision", default="{}", help="JSON overrides of the recipe's vision_config")
     ap.add_argument("--vit-lr-mult", type=float, default=1.0, help="lr multiplier of the ViT (not the adapter)")
     ap.add_argument("--adamw", action="store_true", help="AdamW for everything instead of Muon + AdamW")
+    ap.add_argument("--init", default="", help="start from this model folder (e.g. the vit stage's) and its tokenizer")
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--n-eval", type=int, default=120)
     args = ap.parse_args()
@@ -64,12 +74,12 @@ def main() -> None:
     torch.manual_seed(0)
     kinds = args.kinds.split(",")
     cfg = sft()
-    cfg.init_from = ""
+    cfg.init_from = args.init
     cfg.vl.model_overrides = {"vision_config": {**VISION, **json.loads(args.vision)}}
     cfg.optim.lr = args.lr or cfg.optim.lr
     cfg.optim.muon = not args.adamw
     texts = [visible_text(m.get("content")) for it in vqa.generate(200, seed=0) for m in vqa.messages(it)]
-    tok = Tokenizer.train(texts * 4, vocab_size=cfg.vl.tokenizer_vocab)
+    tok = Tokenizer.load(args.init) if args.init else Tokenizer.train(texts * 4, vocab_size=cfg.vl.tokenizer_vocab)
     model = stage.build_model(cfg, tok, torch.device("cpu"))
     proc = stage.processor_for(cfg, model)
     optimizer, _ = build_optimizer(model, cfg.optim)
@@ -98,15 +108,9 @@ def main() -> None:
         }
 
     print(f"{vars(args)} params {model.num_params():,}", flush=True)
-    cpu0, warm = time.process_time(), max(1, min(20, args.steps // 10))
+    cpu0 = time.process_time()
     for step in range(args.steps):
-        frac = (
-            (step + 1) / warm
-            if step < warm
-            else 0.1 + 0.45 * (1 + math.cos(math.pi * (step - warm) / (args.steps - warm)))
-        )
-        for g in optimizer.param_groups:
-            g["lr"] = g["initial_lr"] * frac
+        set_lr(optimizer, step, args.steps)
         b = batch(vqa.generate(args.batch, seed=1000 + step, split="train", kinds=kinds))
         logits = model(b["input_ids"], pixel_values=b["pixel_values"], image_grid_thw=b["image_grid_thw"]).logits
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), b["labels"].flatten(), ignore_index=-100)

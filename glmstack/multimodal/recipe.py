@@ -1,15 +1,16 @@
 """`glmstack vl-recipe <recipe>`: the tiny multimodal recipe's stages in order, then a report with a table and
 sample images.
 
-Stages (the recipe module's functions): align (adapter only) -> sft (everything) -> rl (RLCS), each a config the
-recipe returns (glmstack/recipes/vl_tiny.py), each run by its own module (multimodal/stage.py, multimodal/rl.py). A
+Stages (the recipe module's functions): vit (the ViT + adapter pre-trained on the images' attributes) -> align
+(adapter only) -> sft (everything) -> rl (RLCS), each a config the recipe returns (glmstack/recipes/vl_tiny.py), each
+run by its own module (multimodal/vit_pretrain.py, multimodal/stage.py, multimodal/rl.py). A
 stage whose model folder and eval.json exist is skipped, so a re-run resumes where the last one stopped. The report
 (<out_dir>/<run>/report.md + report.json) has, per stage: steps, wall and process CPU time, the load average while
 it ran (the machine may be shared), and held-out accuracy overall and per question kind; then the first held-out
 samples of the final model with their images (copied beside the report).
 
     glmstack vl-recipe vl_tiny
-    glmstack vl-recipe vl_tiny --set out_dir=/tmp/runs --sft steps=200 --rl steps=10
+    glmstack vl-recipe vl_tiny --set out_dir=/tmp/runs --vit steps=100 --sft steps=200 --rl steps=10
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-STAGES = ("align", "sft", "rl")
+STAGES = ("vit", "align", "sft", "rl")
 
 
 def run_stage(name: str, cfg) -> dict:
@@ -37,6 +38,8 @@ def run_stage(name: str, cfg) -> dict:
     wall, cpu, load = time.perf_counter(), time.process_time(), os.getloadavg()[0]
     if name == "rl":
         from glmstack.multimodal.rl import run_vl_rl as run
+    elif name == "vit":
+        from glmstack.multimodal.vit_pretrain import run_vit as run
     else:
         from glmstack.multimodal.stage import run_vl as run
     result = run(cfg)
@@ -45,7 +48,7 @@ def run_stage(name: str, cfg) -> dict:
     eval_path = folder / "eval.json"
     out = {"stage": name, "steps": cfg.steps, "wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu,
            "load": [load, os.getloadavg()[0]], "eval": json.loads(eval_path.read_text()) if eval_path.exists() else None,
-           "train": getattr(getattr(cfg, "vl", None), "train", "rl")}  # fmt: skip
+           "train": "ViT+heads" if name == "vit" else getattr(getattr(cfg, "vl", None), "train", "rl")}  # fmt: skip
     done.write_text(json.dumps(out, indent=2) + "\n")
     return out
 
@@ -62,7 +65,11 @@ def report(rows: list[dict], folder: Path) -> Path:
         cells += [f"{ev['by_kind'].get(k, float('nan')):.0%}" for k in kinds]
         lines.append("| " + " | ".join(cells) + " |")
     total_wall, total_cpu = sum(r["wall_s"] for r in rows), sum(r["cpu_s"] for r in rows)
-    lines += ["", f"Total: {total_wall / 60:.1f} min wall, {total_cpu / 60:.1f} min process CPU.", ""]
+    lines += ["", f"Total: {total_wall / 60:.1f} min wall, {total_cpu / 60:.1f} min process CPU."]
+    if any(r["stage"] == "vit" for r in rows):
+        lines.append("The vit row scores the ViT's attribute heads on the held-out images (no chat yet); the others "
+                     "score the chat model's greedy boxed answers.")
+    lines.append("")
     last = next((r for r in reversed(rows) if r["eval"]), None)
     if last:
         (folder / "samples").mkdir(exist_ok=True)

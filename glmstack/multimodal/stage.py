@@ -231,12 +231,17 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog="glmstack vl-train", description=__doc__.splitlines()[0])
     ap.add_argument("recipe", help="recipe module under glmstack/recipes (e.g. vl_tiny)")
-    ap.add_argument("--stage", default="sft", help="the recipe's stage function: align, sft")
+    ap.add_argument("--stage", default="sft", help="the recipe's stage function: vit, align, sft")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = ap.parse_args(argv)
     try:
         cfg = apply_overrides(recipe_function(args.recipe, args.stage)(), args.overrides)
-        result = run_vl(cfg)
+        if args.stage == "vit":
+            from glmstack.multimodal.vit_pretrain import run_vit
+
+            result = run_vit(cfg)
+        else:
+            result = run_vl(cfg)
     except GlmstackError as e:
         print(one_line("glmstack vl-train", e), file=sys.stderr, flush=True)
         return 2

@@ -94,7 +94,10 @@ def draw(sc: dict):
     d = ImageDraw.Draw(img)
     if sc["kind"] == "text":
         font = ImageFont.load_default(size=sc["size"])  # Pillow's bundled font: the same pixels everywhere
-        d.text((sc["x"], sc["y"]), sc["letter"], fill=(20, 20, 20), font=font)
+        # bold (stroked) glyphs: the processor shrinks a canvas to ~40 px a side, where Pillow's plain strokes are
+        # 1 px wide, a faint trace in a 4-pixel patch
+        d.text((sc["x"], sc["y"]), sc["letter"], fill=(20, 20, 20), font=font, stroke_width=max(1, sc["size"] // 14),
+               stroke_fill=(20, 20, 20))  # fmt: skip
         return img
     fill = COLOURS[sc["colour"]]
     for x, y, s in sc["boxes"]:

@@ -1,14 +1,17 @@
 """The tiny multimodal recipe (GLM-4.1V-Thinking, arXiv 2507.01006 §4-5, at laptop scale) on the PIL visual QA set:
-adapter-only alignment -> full SFT -> RLCS-style curriculum RL with the boxed-answer reward.
+ViT pre-training on the images' attributes -> adapter-only alignment -> full SFT -> RLCS-style curriculum RL with the
+boxed-answer reward.
 
-    glmstack vl-recipe vl_tiny                       # all three stages + report (runs/vl_tiny/report.md)
-    glmstack vl-train vl_tiny --stage align          # one stage
+    glmstack vl-recipe vl_tiny                       # all four stages + report (runs/vl_tiny/report.md)
+    glmstack vl-train vl_tiny --stage vit            # one stage (vit, align, sft)
     glmstack vl-rl vl_tiny                           # the RL stage alone (after sft)
 
 The model: glmstack.model.vision's tiny-glm4.5v (a 3-layer MoE decoder of width 64, a 2-block ViT of width 64) with
-4-pixel patches, so a 32..64-pixel-a-side image is 16..64 visual tokens after the 2x2 merge (vl.min_pixels /
-vl.max_pixels). 4-pixel rather than 8-pixel patches: a shape then spans several patches with its edges inside them;
-on shapes alone, 300 SFT steps reach 79% held-out with 4-pixel patches, 57% with 8-pixel ones (docs/multimodal.md).
+4-pixel patches; the processor resizes every image to 1536-2048 pixels (smart_resize counts both frames of the
+two-frame clip against vl.max_pixels), 24-32 visual tokens after the 2x2 merge. 4-pixel rather than 8-pixel
+patches: a shape then spans several patches with its edges inside them (docs/multimodal.md).
+The ViT is pre-trained first (GLM-4.1V starts from a pre-trained encoder; multimodal/vit_pretrain.py): trained only
+through the decoder's answers, a random ViT learns colours at once but shapes, counts and letters slowly.
 """
 
 from __future__ import annotations
@@ -31,14 +34,21 @@ def _base(stage: str, steps: int, lr: float, train: str, init_from: str = "") ->
     return cfg
 
 
+def vit() -> VLTrainConfig:
+    """The ViT + adapter learn the scenes' attributes through classification heads (multimodal/vit_pretrain.py)."""
+    cfg = _base("vit", steps=1200, lr=3e-2, train="vision")
+    cfg.micro_batch_size = 64
+    return cfg
+
+
 def align() -> VLTrainConfig:
-    """The adapter alone learns to feed image features to the (frozen, fresh) decoder."""
-    return _base("align", steps=60, lr=3e-3, train="adapter")
+    """The adapter alone learns to feed the pre-trained ViT's features to the (frozen, fresh) decoder."""
+    return _base("align", steps=60, lr=3e-3, train="adapter", init_from=f"{RUN}/vit/model")
 
 
 def sft() -> VLTrainConfig:
     """Everything trains on the visual QA chats, from the aligned model."""
-    return _base("sft", steps=2500, lr=1.5e-3, train="all", init_from=f"{RUN}/align/model")
+    return _base("sft", steps=1000, lr=1.5e-3, train="all", init_from=f"{RUN}/align/model")
 
 
 def rl():

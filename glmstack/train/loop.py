@@ -150,7 +150,7 @@ def _micro_batches(model, data_iter, n: int, device, amp, loss_fn, values) -> tu
             with amp_ctx:
                 loss, metrics = loss_fn(model, batch, values)
             (loss * w).backward()
-        tokens += int(batch["input_ids"].numel())
+        tokens += int(batch["input_ids"].numel()) if "input_ids" in batch else counts[i]  # e.g. images' labels
         for k, v in ({"loss": loss} | metrics).items():
             v = v.detach() if torch.is_tensor(v) else torch.tensor(float(v))
             v = v if k == "expert_load" else v.double() * w

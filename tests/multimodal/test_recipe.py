@@ -1,4 +1,4 @@
-"""The tiny multimodal recipe end to end at smoke size (align -> SFT -> RL -> report), and the RL data: every
+"""The tiny multimodal recipe end to end at smoke size (vit -> align -> SFT -> RL -> report), and the RL data: every
 micro-batch carries its rows' pixels and the rollout log-probs equal the trainer's (fp32 copy: no mismatch)."""
 
 from __future__ import annotations
@@ -41,17 +41,17 @@ def test_rl_micro_batches_carry_pixels_and_match_the_trainer(vl_folder):
 def test_recipe_runs_every_stage_and_writes_the_report(tmp_path, capsys):
     small = ["--set", f"out_dir={tmp_path}", "--set", "vl.eval_n=4", "--set", "vl.synthetic_n=24",
              "--set", "log.progress=false", "--set", "micro_batch_size=4"]  # fmt: skip
-    code = glmstack(["vl-recipe", "vl_tiny", *small, "--align", "steps=2", "--sft", "steps=2", "--rl", "steps=1",
+    code = glmstack(["vl-recipe", "vl_tiny", *small, "--vit", "steps=2", "--align", "steps=2", "--sft", "steps=2", "--rl", "steps=1",
                      "--rl", "rl.samples_per_step=8", "--rl", "rl.heldout_n=2", "--rl", "rl.max_new_tokens=4",
                      "--rl", "grad_accum=1"])  # fmt: skip
     assert code == 0
     run = tmp_path / "vl_tiny"
     rows = json.loads((run / "report.json").read_text())
-    assert [r["stage"] for r in rows] == ["align", "sft", "rl"]
+    assert [r["stage"] for r in rows] == ["vit", "align", "sft", "rl"]
     assert all(r["eval"]["n"] == 4 for r in rows)
     report = (run / "report.md").read_text()
-    assert "| align | adapter |" in report and "![](samples/00.png)" in report
+    assert "| vit | ViT+heads |" in report and "| align | adapter |" in report and "![](samples/00.png)" in report
     assert (run / "samples" / "00.png").is_file() and (run / "rl" / "model" / "preprocessor_config.json").is_file()
     # a re-run skips the finished stages
     assert glmstack(["vl-recipe", "vl_tiny", *small]) == 0
-    assert "align: already done" in capsys.readouterr().out
+    assert "vit: already done" in capsys.readouterr().out
