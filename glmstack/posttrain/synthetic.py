@@ -6,6 +6,10 @@ Sets (GLM-4.5's three experts at toy scale, research/post-training-recipe.md §5
   tools       a calculator and a python tool: the assistant calls one, reads the result and answers. Python results
               are what glmstack.sandbox really printed when the set was generated.
   chat        multi-turn chat under a system prompt that names the assistant; questions from small fact tables
+  tools_recovery  (not in SETS: opt in with "synthetic:tools_recovery") the tools set's tasks where the first call
+              (or the first two) fails with one of agentic RL's injected tool failures (posttrain.agentic.env.FAULTS)
+              and the assistant calls again, reads the result and answers: recovery behaviour agentic RL with fault
+              injection can then reinforce (docs/agentic.md, session 6)
   compare     the larger / smaller of two or three one-digit numbers ("Which is the largest of 3, 8 and 5?"); the
               reasoning orders them, the content gives the answer as the arithmetic set does. A task a tiny model can partly
               solve after SFT (copying one of the numbers scores 1/2 or 1/3), so reasoning RL has room to improve it
@@ -31,6 +35,7 @@ from pathlib import Path
 from glmstack.posttrain.tools import CALCULATOR, PYTHON, TOOLS, calculate, run_python
 
 SETS = ("arithmetic", "tools", "chat", "compare")
+OPT_IN_SETS = ("tools_recovery",)  # generated only when named: `sft-data` and the SFT recipes' defaults leave them out
 TEST_EVERY = 5  # one prompt in TEST_EVERY is held out
 
 NAMES = ["Ana", "Ben", "Cleo", "Dan", "Eva", "Finn", "Gus", "Hana", "Ivo", "Jade", "Kai", "Lena", "Milo", "Nora"]
@@ -158,6 +163,26 @@ def tool_record(rng: random.Random, thinking: bool, outputs: dict[str, str]) -> 
     return _record("tools", messages, TOOLS, thinking, result, tool)
 
 
+def recovery_record(rng: random.Random, thinking: bool, outputs: dict[str, str]) -> dict:
+    """A tools-set conversation whose first call (a quarter of the time the first two) returned an injected
+    failure; the assistant repeats the same call until it runs. Only the assistant's turns are trained (the
+    failure texts are tool messages, context)."""
+    from glmstack.posttrain.agentic.env import FAULTS
+
+    rec = tool_record(rng, thinking, outputs)
+    question, call, result, answer = rec["messages"]
+    tool = rec["meta"]["tool"]
+    failures = []
+    for _ in range(1 if rng.random() < 0.75 else 2):
+        failures.append(call)
+        failures.append({"role": "tool", "content": FAULTS[rng.choice(sorted(FAULTS))].format(name=tool)})
+    retry = dict(call)
+    if thinking:
+        retry["reasoning_content"] = f"The {tool} call failed; I will call it again."
+    messages = [question, *failures, retry, result, answer]
+    return _record("tools_recovery", messages, TOOLS, thinking, rec["meta"]["answer"], tool)
+
+
 # ---------------------------------------------------------------------------------------------- chat
 def chat_exchange(rng: random.Random, name: str) -> tuple[str, str, str, str]:
     """(question, thought, reply, the word the reply must contain)."""
@@ -196,8 +221,8 @@ def _record(set_name, messages, tools, thinking, answer, tool) -> dict:
 
 def generate(set_name: str, n: int, seed: int = 0, split: str = "train") -> list[dict]:
     """`n` records of one set in `split` (half with thinking on, half off), deterministic in `seed`."""
-    if set_name not in SETS:
-        raise ValueError(f"unknown synthetic set {set_name!r} (expected one of {', '.join(SETS)})")
+    if set_name not in SETS + OPT_IN_SETS:
+        raise ValueError(f"unknown synthetic set {set_name!r} (expected one of {', '.join(SETS + OPT_IN_SETS)})")
     rng = random.Random(f"{set_name}:{seed}")
     out, tries = [], 0
     while len(out) < n and tries < 50 * n + 1000:
@@ -207,6 +232,8 @@ def generate(set_name: str, n: int, seed: int = 0, split: str = "train") -> list
             rec = arithmetic_record(rng, thinking)
         elif set_name == "tools":
             rec = tool_record(rng, thinking, _PY_OUTPUTS)
+        elif set_name == "tools_recovery":
+            rec = recovery_record(rng, thinking, _PY_OUTPUTS)
         elif set_name == "compare":
             rec = compare_record(rng, thinking)
         else:
@@ -226,7 +253,7 @@ def verify(meta: dict, reply: dict, tool_calls: list[dict] | None = None) -> boo
     if meta["set"] in ("arithmetic", "compare"):
         found = _INT.findall(content)
         return bool(found) and found[-1] == meta["answer"]
-    if meta["set"] == "tools":
+    if meta["set"] in ("tools", "tools_recovery"):
         called = [c["function"]["name"] for c in tool_calls or []]
         return meta["tool"] in called and meta["answer"] in content
     return meta["answer"].lower() in content.lower()
@@ -253,4 +280,4 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["CALCULATOR", "PYTHON", "SETS", "TOOLS", "generate", "prompt_of", "verify"]
+__all__ = ["CALCULATOR", "OPT_IN_SETS", "PYTHON", "SETS", "TOOLS", "generate", "prompt_of", "verify"]

@@ -94,10 +94,17 @@ class AgenticData:
                  "stats": stats} for k in range(0, per * self.micro_batches, per)]  # fmt: skip
 
 
+def retry_stats(trajs: list) -> dict:
+    """`retry_frac`: of the episodes with a failed tool call, the share that called again (absent when none
+    failed) — what fault-injected training should raise (docs/agentic.md, session 6)."""
+    failed = [t.retried for t in trajs if t.retried is not None]
+    return {"retry_frac": sum(failed) / len(failed)} if failed else {}
+
+
 def rollout_stats(flat: list) -> dict:
     n = max(len(flat), 1)
     status = lambda s: sum(t.status == s for t in flat) / n
-    return {"reward": sum(t.reward for t in flat) / n, "success": sum(t.success for t in flat) / n,
+    return retry_stats(flat) | {"reward": sum(t.reward for t in flat) / n, "success": sum(t.success for t in flat) / n,
             "turns": sum(t.turns for t in flat) / n, "model_tokens": sum(t.model_tokens for t in flat) / n,
             "malformed_frac": status("malformed"), "loop_frac": status("loop"), "truncated_frac": status("truncated"),
             "tool_calls": sum(len([m for m in t.messages if m["role"] == "tool"]) for t in flat) / n}  # fmt: skip

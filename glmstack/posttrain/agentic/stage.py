@@ -60,7 +60,7 @@ class AgenticOptions:
     # held-out evaluation (greedy), with and without injected tool failures
     heldout_n: int = 40
     heldout_seed: int = -1  # the held-out tasks' draw; -1: the run's seed (>= 0: the same tasks for every seed)
-    eval_every: int = 10  # steps; 0 = start and end only
+    eval_every: int = 10  # steps; 0 = the end only
     eval_fault_p: float = 0.5  # the "with injected failures" column
     # remote rollouts: generate on an OpenAI-compatible server (`glmstack serve`) that reads the trainer's disk
     rollout_server: str = ""  # its URL; "" = the workers' own engines
@@ -129,11 +129,12 @@ def evaluate(worker, specs: list[dict], env: EnvOptions) -> dict:
     """Greedy success on `specs` (one episode each, batched) with `worker`'s weights."""
     greedy = copy.copy(worker.opts)
     greedy.temperature = 0.0
+    from glmstack.posttrain.agentic.data import retry_stats
     from glmstack.posttrain.agentic.episode import run_group
 
     trajs = run_group(worker.engine, worker.tokenizer, specs, greedy, env, list(range(len(specs))),
                       version=worker.current_version)  # fmt: skip
-    out = {"success": sum(t.success for t in trajs) / len(trajs)}
+    out = {"success": sum(t.success for t in trajs) / len(trajs)} | retry_stats(trajs)
     for name in sorted({s["env"] for s in specs}):
         mine = [t for t in trajs if t.spec["env"] == name]
         out[f"success/{name}"] = sum(t.success for t in mine) / len(mine)

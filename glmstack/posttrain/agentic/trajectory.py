@@ -66,6 +66,14 @@ class Trajectory:
     def model_tokens(self) -> int:
         return sum(self.mask)
 
+    @property
+    def retried(self) -> bool | None:
+        """After the first failed tool call ("Error: ..."), did the model call a tool again? None: no call failed."""
+        for i, m in enumerate(self.messages):
+            if m["role"] == "tool" and str(m.get("content") or "").startswith("Error"):
+                return any(x.get("tool_calls") for x in self.messages[i + 1 :] if x["role"] == "assistant")
+        return None
+
 
 def continuation_text(messages: list[dict], style: str, thinking: bool) -> str:
     """The chat-format text that follows an assistant turn when `messages` (tool results or a user turn) come next,

@@ -63,9 +63,22 @@ class _SftToolEnv(ToolEnv):
         return bool(self.called(self.tool)) and self.answer_text() in content
 
 
+def wide_calculator_task(rng: random.Random) -> dict:
+    """Calculator level 1: the SFT templates (synthetic.tool_item) with a three-digit first operand, so the
+    expression and a five- or six-digit result must be copied."""
+    a, b, c = rng.randint(101, 999), rng.randint(11, 99), rng.randint(2, 9)
+    expr = rng.choice([f"{a} * {b}", f"{a} * {b} + {c}", f"({a} + {b}) * {c}", f"{a * c} / {c}"])
+    question = rng.choice(["Use the calculator to compute {e}.", "Please calculate {e}.", "What is {e}?"])
+    return {"question": question.format(e=expr), "args": {"expression": expr}}
+
+
 @register
 class CalculatorEnv(_SftToolEnv):
     name, tool = "calculator", "calculator"
+
+    @classmethod
+    def make_spec(cls, rng: random.Random, level: int) -> dict:
+        return wide_calculator_task(rng) if level >= 1 else super().make_spec(rng, level)
 
     def answer_text(self) -> str:
         return str(calculate(self.spec["args"]["expression"]))

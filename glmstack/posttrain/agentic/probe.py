@@ -1,0 +1,62 @@
+"""Score a chat model folder on an environment's held-out tasks without training: the start-point check before an
+agentic RL run (is the task in the band where RL can show?) and the retry check after recovery SFT.
+
+    python -m glmstack.posttrain.agentic.probe runs/r20/sft/model --env calculator --level 1
+    python -m glmstack.posttrain.agentic.probe MODEL --env calculator --fault-p 0.5 --temperature 1
+
+Prints success over `--n` held-out tasks (drawn as the stage draws them with `heldout_seed`; the count of distinct
+tasks says how coarse the figure is) and, with injected failures, `retry_frac`: of the episodes with a failed call,
+the share that called again. One episode per task, greedy unless `--temperature` > 0 (then seeded per task).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def probe(model_dir: str, env: str, level: int = 0, n: int = 128, seed: int = 0, fault_p: float = 0.0,
+          temperature: float = 0.0, max_turns: int = 3) -> dict:  # fmt: skip
+    """{success, distinct, retry_frac (when a call failed)} of `model_dir` on `n` held-out tasks of `env`."""
+    from glmstack.model.hf import load_hf
+    from glmstack.posttrain.agentic.data import retry_stats
+    from glmstack.posttrain.agentic.env import EnvOptions
+    from glmstack.posttrain.agentic.episode import EpisodeOptions, run_group
+    from glmstack.posttrain.agentic.stage import AgenticOptions, heldout
+    from glmstack.posttrain.agentic.worker import RolloutWorker
+
+    o = AgenticOptions(envs=[[env, 1.0]], level=level, heldout_n=n)
+    episode = EpisodeOptions(max_turns=max_turns, max_new_tokens=40)  # the agentic recipes' episodes
+    specs = heldout(o, seed)
+    worker = RolloutWorker(load_hf(model_dir), model_dir, episode, EnvOptions(), seed)
+    worker.set_weights(None, 0)
+    run = EpisodeOptions(**{**vars(episode), "temperature": temperature})
+    trajs = run_group(worker.engine, worker.tokenizer, specs, run, EnvOptions(fault_p=fault_p),
+                      list(range(len(specs))), version=lambda: 0)  # fmt: skip
+    distinct = len({json.dumps(s, sort_keys=True) for s in specs})
+    return {"success": sum(t.success for t in trajs) / len(trajs), "distinct": distinct} | retry_stats(trajs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m glmstack.posttrain.agentic.probe", description=__doc__.split("\n")[0])
+    ap.add_argument("model", help="a chat model folder (with tokenizer.json)")
+    ap.add_argument("--env", default="calculator")
+    ap.add_argument("--level", type=int, default=0)
+    ap.add_argument("--n", type=int, default=128, help="held-out tasks")
+    ap.add_argument("--seed", type=int, default=0, help="the held-out draw (the stage's agentic.heldout_seed)")
+    ap.add_argument("--fault-p", type=float, default=0.0, help="probability a tool call fails")
+    ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    ap.add_argument("--max-turns", type=int, default=3, help="assistant turns per episode (agentic_recovery: 4)")
+    a = ap.parse_args(argv)
+    try:
+        out = probe(a.model, a.env, a.level, a.n, a.seed, a.fault_p, a.temperature, a.max_turns)
+    except (OSError, ValueError) as e:
+        print(f"probe: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
