@@ -1,7 +1,7 @@
 """Recovery SFT data for agentic RL with fault injection (docs/agentic.md, session 6): the opt-in
 `tools_recovery` set renders in GLM's chat format with only the assistant's turns trained, its failures are the
 environment's own injected failure texts, and leaving it out keeps the tools set byte for byte; the calculator's
-level 1."""
+level 1; `group_faults` gives the episodes of a group the same failures."""
 
 import hashlib
 import json
@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from glmstack.posttrain.agentic.env import FAULTS, EnvOptions, make_env
-from glmstack.posttrain.agentic.envs.tools import wide_calculator_task
+from glmstack.posttrain.agentic.env import FAULTS, EnvOptions, Reward, make_env
+from glmstack.posttrain.agentic.envs.tools import CalculatorEnv, wide_calculator_task
 from glmstack.posttrain.sft_data import encode_record, normalize
 from glmstack.posttrain.synthetic import OPT_IN_SETS, SETS, generate, verify
 from glmstack.recipes import sft_speedrun
@@ -130,3 +130,28 @@ def test_compare_table_and_held_out_plot_count_updates(tmp_path):
     assert "held-out @0 | held-out @2 |" in table and "retried after a failure @2" in table
     assert "| a | 2 | 0.200 ± 0.000 | 0.600 ± 0.141 |" in table
     assert plot_compare({"a": runs}, tmp_path / "h.png", key="heldout_success") and (tmp_path / "h.png").exists()
+
+
+class FaultDraws(CalculatorEnv):
+    """The calculator whose reward reports the episode's first fault draw (the environment's random stream)."""
+
+    def reset(self, spec):
+        self.first_draw = random.Random(self.rng.random()).random()  # a digest of the stream, leaving it unused
+        return super().reset(spec)
+
+    def reward(self):
+        return Reward(0.0, False, {"draw": self.first_draw})
+
+
+@pytest.mark.parametrize("together", [True, False])
+def test_group_faults_give_a_groups_episodes_the_same_failures(base_dir, tok, together):
+    from glmstack.model.hf import load_hf
+    from glmstack.posttrain.agentic.episode import EpisodeOptions, run_group
+    from glmstack.posttrain.agentic.worker import RolloutWorker
+
+    opts = EpisodeOptions(max_turns=1, max_new_tokens=4)
+    env = EnvOptions(fault_p=0.5, group_faults=together)
+    worker = RolloutWorker(load_hf(base_dir), str(base_dir), opts, env, seed=0)
+    spec = CalculatorEnv.sample(random.Random(0), "train") | {"env": f"{__name__}:FaultDraws"}
+    trajs = run_group(worker.engine, tok, [spec] * 4, opts, env, [11, 12, 13, 14])
+    assert len({t.parts["draw"] for t in trajs}) == (1 if together else 4)

@@ -48,6 +48,9 @@ class EnvCrash(RuntimeError):
 class EnvOptions:
     fault_p: float = 0.0  # probability a tool call fails (timeout or error message) instead of running
     crash_p: float = 0.0  # probability a tool call crashes the environment (exercises the exclusion rule)
+    # the episodes of a group draw the same faults (the k-th call of each fails alike): the group mean is then a
+    # baseline for the same failures, so a failure the model did not choose does not set its advantage's sign
+    group_faults: bool = False
     max_tool_calls: int = 4  # reaching it ends the episode as an endless tool loop
     free_calls: int = 2  # calls beyond this cost call_penalty each
     call_penalty: float = 0.05

@@ -44,7 +44,7 @@ def run_group(engine, tokenizer, specs: list[dict], opts: EpisodeOptions, env_op
     """One episode per spec (a group repeats one spec); returns finished trajectories with rewards."""
     envs, trajs = [], []
     for j, (spec, seed) in enumerate(zip(specs, seeds)):
-        env = make_env(spec["env"], env_opts, seed=stable_seed(seed, "env"))
+        env = make_env(spec["env"], env_opts, seed=stable_seed(seeds[0] if env_opts.group_faults else seed, "env"))
         messages, tools = env.reset(spec)
         text = _prompt_text(messages, tools, opts)
         envs.append(env)

@@ -155,8 +155,9 @@ def held_out_eval(cfg: AgenticConfig, tokenizer_dir: str):
             holder["w"] = RolloutWorker(copy.deepcopy(dist.unwrap(policy)), tokenizer_dir, o.episode, o.env, cfg.seed)
         w = holder["w"]
         w.set_weights(dist.unwrap(policy).state_dict(), -1)
-        clean = evaluate(w, specs, EnvOptions(**{**vars(o.env), "fault_p": 0.0, "crash_p": 0.0}))
-        faults = evaluate(w, specs, EnvOptions(**{**vars(o.env), "fault_p": o.eval_fault_p, "crash_p": 0.0}))
+        plain = {**vars(o.env), "crash_p": 0.0, "group_faults": False}  # held-out episodes fail independently
+        clean = evaluate(w, specs, EnvOptions(**plain | {"fault_p": 0.0}))
+        faults = evaluate(w, specs, EnvOptions(**plain | {"fault_p": o.eval_fault_p}))
         return {f"heldout_{k}": v for k, v in clean.items()} | {f"heldout_faults_{k}": v for k, v in faults.items()}
 
     return run
