@@ -6,12 +6,16 @@ The speedrun's SFT models never retry a failed call (log-prob of repeating it �
 RL with fault injection has nothing to reinforce. `sft()` continues the SFT model on the tools set plus the opt-in
 `tools_recovery` set (a failed call — the environment's own failure texts — then the same call again, then the
 answer) for a few steps, so that the model sometimes retries; RL with failures was meant to make the retry a
-habit. Measured (docs/agentic.md, session 6): it did not — the fault-trained arm ended no more robust than the
-clean one (0.513 ± 0.066 vs 0.510 ± 0.024 with failures, 3 seeds each), and in some seeds it unlearnt the retry.
+habit. Measured (docs/agentic.md, session 6): with each episode drawing its own failures the fault-trained arm
+ended no more robust than the clean one (0.513 ± 0.066 vs 0.510 ± 0.024 with failures, 3 seeds each); with
+`agentic.env.group_faults=true`, 8 groups a step and 15 steps it ended more robust (0.559 ± 0.019 vs 0.465 ± 0.044,
+4 seeds each), mostly because training without failures forgets the retry.
 
     glmstack sft agentic_recovery --set init_from=runs/r20/sft/model --set run=rec          # -> runs/rec/sft_recovery/model
     glmstack agentic-rl agentic_recovery --set init_from=runs/rec/sft_recovery/model --set seed=S --set run=clean_sS
     glmstack agentic-rl agentic_recovery --set init_from=... --set agentic.env.fault_p=0.3 --set seed=S --set run=faults_sS
+    # v6, the setting that held: --set steps=15 --set agentic.groups_per_step=8 --set grad_accum=8
+    #     --set agentic.env.fault_p=0.5 --set agentic.env.group_faults=true
 """
 
 from __future__ import annotations
