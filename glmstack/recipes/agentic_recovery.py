@@ -8,8 +8,8 @@ RL with fault injection has nothing to reinforce. `sft()` continues the SFT mode
 answer) for a few steps, so that the model sometimes retries; RL with failures was meant to make the retry a
 habit. Measured (docs/agentic.md, session 6): with each episode drawing its own failures the fault-trained arm
 ended no more robust than the clean one (0.513 ± 0.066 vs 0.510 ± 0.024 with failures, 3 seeds each); with
-`agentic.env.group_faults=true`, 8 groups a step and 15 steps it ended more robust (0.559 ± 0.019 vs 0.465 ± 0.044,
-4 seeds each), mostly because training without failures forgets the retry.
+`agentic.env.group_faults=true`, 8 groups a step and 15 steps it ended more robust (0.552 ± 0.023 vs 0.463 ± 0.039,
+5 seeds each), mostly because training without failures forgets the retry.
 
     glmstack sft agentic_recovery --set init_from=runs/r20/sft/model --set run=rec          # -> runs/rec/sft_recovery/model
     glmstack agentic-rl agentic_recovery --set init_from=runs/rec/sft_recovery/model --set seed=S --set run=clean_sS
