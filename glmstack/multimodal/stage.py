@@ -1,7 +1,8 @@
-"""`glmstack vl-train <recipe> --stage align|sft`: vision-language training stages on the one loop.
+"""`glmstack vl-train <recipe> --stage vit|align|sft`: vision-language training stages on the one loop.
 
 GLM-4.1V-Thinking (arXiv 2507.01006 §4-5) trains its ViT + MLP adapter + language model in stages; at the tiny
 scale here a stage differs only by which parameters train (`vl.train`) and its schedule:
+  vit    the ViT + adapter alone, on attribute heads instead of chats (multimodal/vit_pretrain.py; run from main())
   align  `vl.train=adapter`: only the adapter (the ViT's 2x2 merge conv + the MLP merger) learns to map image
          features into the frozen decoder's embedding space (LLaVA-style alignment)
   sft    `vl.train=all`: everything, on the same chats (the answer in GLM-4.5V's answer box)
