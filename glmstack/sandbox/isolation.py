@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import os
-import secrets
 import shutil
 import subprocess
 import sys
@@ -39,6 +38,7 @@ from glmstack.sandbox.limits import Limits
 from glmstack.sandbox.uids import UidSlot, clear_stale_work_dirs, kill_uid, remove_ipc, remove_tree
 
 BOOT = (Path(__file__).with_name("boot.py")).read_text()
+CODEC = (Path(__file__).with_name("plain.py")).read_text()  # the candidate side's encoder (verifier.py)
 SANDBOX_DIR = "/sandbox"
 NAMESPACES = "--unshare-pid --unshare-net --unshare-ipc --unshare-uts --unshare-cgroup-try --die-with-parent --new-session --hostname sandbox"
 SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")  # fallbacks a sandbox uid can usually run
@@ -225,14 +225,16 @@ def uid_usable(mode: str) -> bool:
 
 def boot_settings(
     limits: Limits, uid: int | None, *, nproc: int | None = None, root: list | None = None, mounts: list | None = None,
-    new_mount_ns: bool = False, cgroup_fd: int | None = None, proof: tuple[int, bytes] | None = None,
+    new_mount_ns: bool = False, cgroup_fd: int | None = None, callee: tuple[int, int] | None = None,
     deathsig: bool = False, oom_first: bool = False,
 ) -> dict:  # fmt: skip
-    """What boot.py needs besides the program, files and stdin (see its docstring for the order it applies them)."""
+    """What boot.py needs besides the program, files and stdin (see its docstring for the order it applies them).
+    `callee`: the fds (inside the sandbox) on which the program serves the verifier's calls (calls.py)."""
     numbers = seccomp.numbers()
     return {
         "rlimits": limits.rlimits(nproc), "uid": uid, "deathsig": deathsig, "root": root, "scratch": mounts,
-        "new_mount_ns": new_mount_ns, "cgroup_fd": cgroup_fd, "oom_first": oom_first, "proof": proof,
+        "new_mount_ns": new_mount_ns, "cgroup_fd": cgroup_fd, "oom_first": oom_first, "callee": callee,
+        "codec": CODEC if callee is not None else None,
         "seccomp": seccomp.program(),
         "keyring": "keyctl" in numbers, "nr": numbers,
     }  # fmt: skip
@@ -262,7 +264,6 @@ class Launch:
     host_dir: str | None = None  # host temp work dir to remove afterwards (plain)
     slot: UidSlot | None = field(default=None, repr=False)
     cgroup: cgroup.MemoryCgroup | None = field(default=None, repr=False)
-    proof: tuple[int, bytes] | None = field(default=None, repr=False)  # (our read end, the secret)
     pass_fds: tuple[int, ...] = ()  # fds the launcher inherits; ours to close after the start
 
     def started(self) -> None:
@@ -282,37 +283,15 @@ class Launch:
             if self.cgroup is not None:
                 self.cgroup.remove()
         finally:
-            if self.proof is not None:
-                os.close(self.proof[0])
-                self.proof = None
             if self.host_dir is not None:
                 remove_tree(self.host_dir)
 
 
-def proof_channel() -> tuple[tuple[int, bytes], int]:
-    """A fresh secret and the pipe boot.py writes it to: ((our read end, secret), its write end)."""
-    r, w = os.pipe()
-    os.set_blocking(r, False)
-    return (r, secrets.token_hex(16).encode()), w
-
-
-def read_proof(proof: tuple[int, bytes] | None) -> bool | None:
-    """Whether the secret arrived (None: no proof was asked). The program may have written anything there too."""
-    if proof is None:
-        return None
-    data = b""
-    try:
-        while len(data) < 1 << 16 and (chunk := os.read(proof[0], 1 << 16)):
-            data += chunk
-    except BlockingIOError:
-        pass
-    return proof[1] in data
-
-
 def prepare(
-    mode: str, limits: Limits, site: bool = False, extra_ro: tuple[str, ...] = (), prove: bool = False
+    mode: str, limits: Limits, site: bool = False, extra_ro: tuple[str, ...] = (), callee: tuple[int, int] | None = None
 ) -> Launch:
-    """Allocate the uid, memory cgroup, proof channel and work dir, and build the command line for `mode`."""
+    """Allocate the uid, memory cgroup and work dir, and build the command line for `mode`; `callee` are the
+    candidate's ends of the verifier's call pipes (calls.py), passed through to the program."""
     exe = interpreter(mode)
     slot = UidSlot() if uid_usable(mode) else None
     if slot is None and os.geteuid() == 0 and mode == "plain" and not os.environ.get("GLMSTACK_SANDBOX_UNSAFE_ROOT"):
@@ -324,24 +303,20 @@ def prepare(
     uid = slot.uid if slot else None
     launch = Launch([], "/", env_for(SANDBOX_DIR), (), {}, uid, None, slot)
     try:
-        _fill(launch, mode, limits, exe, site, tuple(extra_ro), prove)
+        _fill(launch, mode, limits, exe, site, tuple(extra_ro), callee)
     except BaseException:
         launch.cleanup()
         raise
     return launch
 
 
-def _fill(launch: Launch, mode: str, limits: Limits, exe: str, site: bool, extra_ro: tuple, prove: bool) -> None:
+def _fill(launch: Launch, mode: str, limits: Limits, exe: str, site: bool, extra_ro: tuple, callee) -> None:
     uid, fds = launch.uid, []
     if uid is not None and cgroup.available():
         launch.cgroup = cgroup.MemoryCgroup(uid, limits.memory_mb)
     cg_fd = launch.cgroup.procs_fd() if launch.cgroup else None
     fds += [cg_fd] if cg_fd is not None else []
-    proof_w = None
-    if prove:
-        launch.proof, proof_w = proof_channel()
-        fds.append(proof_w)
-    launch.pass_fds = tuple(fds)
+    launch.pass_fds = tuple(fds)  # ours to close once started; callee fds belong to the caller (calls.py)
     root = os.geteuid() == 0
     # Without our own uid, RLIMIT_NPROC counts every process of the caller's user: allow those plus ours.
     nproc = None if uid is not None or root else _user_process_count() + limits.max_processes
@@ -349,8 +324,7 @@ def _fill(launch: Launch, mode: str, limits: Limits, exe: str, site: bool, extra
     layers = LAYERS[mode] + kernel_layers() + (("uid",) if uid is not None else ()) + memory_layers(uid, launch.cgroup)
     if mode != "bwrap" and deathsig:  # plain: only the main process gets the death signal
         layers += ("die-with-parent" if mode == "unshare" else "main-dies-with-parent",)
-    proof = (proof_w, launch.proof[1]) if prove else None
-    kw = {"nproc": nproc, "cgroup_fd": cg_fd, "proof": proof, "deathsig": deathsig}
+    kw = {"nproc": nproc, "cgroup_fd": cg_fd, "callee": callee, "deathsig": deathsig}
     if mode == "bwrap":
         launch.argv = bwrap_argv(limits.work_dir_mb, extra_ro) + python_argv(exe, site)
         launch.boot = boot_settings(limits, uid, mounts=scratch(limits) if root else None, **kw)

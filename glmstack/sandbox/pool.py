@@ -32,7 +32,7 @@ class Job:
     files: dict[str, str | bytes] = field(default_factory=dict)
     argv: tuple[str, ...] = ()
     limits: Limits | None = None  # None: the batch's limits
-    prove: bool = False  # require proof that the code ran to its end (run_tests): see Result.completed
+    driver: Callable | None = None  # verifier.py's grader: calls the program from this process while it runs
 
 
 def default_concurrency() -> int:
@@ -40,6 +40,9 @@ def default_concurrency() -> int:
 
 
 def _use_warm(warm: bool | None, mode: str) -> bool:
+    """None: warm boxes when available, unless env GLMSTACK_SANDBOX_WARM=0 (cold runs, e.g. to compare)."""
+    if warm is None and os.environ.get("GLMSTACK_SANDBOX_WARM") == "0":
+        return False
     if warm is False or mode not in ("auto", "bwrap"):
         return False
     ok = warm_available() and isolation.resolve(mode) == "bwrap"
@@ -74,7 +77,7 @@ def run_batch(
 
     def one(i: int) -> Result:
         j = jobs[i]
-        kw = {"stdin": j.stdin, "files": j.files, "argv": j.argv, "limits": j.limits or limits, "prove": j.prove}
+        kw = {"stdin": j.stdin, "files": j.files, "argv": j.argv, "limits": j.limits or limits, "driver": j.driver}
         if boxes is None:
             r = run(j.code, mode=mode, **kw)
         else:

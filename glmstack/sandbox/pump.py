@@ -10,6 +10,7 @@ from __future__ import annotations
 import marshal
 import os
 import selectors
+import threading
 import time
 from collections.abc import Callable
 
@@ -129,3 +130,32 @@ def pump(
         for fd in (stdin_fd, out_fd, err_fd):
             if fd >= 0:
                 os.close(fd)
+
+
+def pump_while(driver, pipe, kill: Callable[[], None], *pump_args) -> tuple[bytes, bytes, str]:
+    """`pump(*pump_args)`, and with a `driver` (verifier.py) pump in a thread while `driver(pipe)` calls the program
+    from this one. When the driver is done the pipe closes (the program then exits at once); a program still
+    there EXIT_GRACE_S later is killed, so it cannot hold the grader beyond its last call."""
+    if driver is None:
+        return pump(*pump_args)
+    box: dict = {}
+
+    def work() -> None:
+        try:
+            box["out"] = pump(*pump_args)
+        except BaseException as e:  # noqa: BLE001 -- re-raised in the caller's thread
+            box["error"] = e
+
+    thread = threading.Thread(target=work, name="sandbox-pump", daemon=True)
+    thread.start()
+    try:
+        driver(pipe)
+    finally:
+        pipe.close()
+        thread.join(EXIT_GRACE_S)
+        if thread.is_alive():
+            kill()
+            thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["out"]

@@ -16,11 +16,13 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from glmstack.sandbox import isolation
 from glmstack.sandbox.limits import Limits
-from glmstack.sandbox.pump import encode_payload, memory_check, pump
+from glmstack.sandbox.calls import CallPipe
+from glmstack.sandbox.pump import encode_payload, memory_check, pump_while
 
 OOM_MARKERS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory")
 
@@ -41,24 +43,20 @@ class Result:
     layers: tuple[str, ...]  # isolation layers that applied (see docs/sandbox.md)
     uid: int | None = None  # the unprivileged uid it ran as (None: the caller's); no process of it is left
     work_dir: str | None = None  # the host work dir, already removed (None: a tmpfs inside the sandbox)
-    completed: bool | None = None  # run_tests: the per-run secret arrived, so the program's code (solution,
-    #                                tests, check(...)) returned normally; None when no proof was asked
 
     @property
     def ok(self) -> bool:
-        """Exited 0 on its own, within every limit (and, for run_tests, with proof that the tests completed)."""
+        """Exited 0 on its own, within every limit. Says nothing about correctness: grading is verifier.py's."""
         limits_hit = self.timed_out or self.oom or self.output_truncated
-        return self.exit_code == 0 and not limits_hit and self.completed is not False
+        return self.exit_code == 0 and not limits_hit
 
     def flags(self) -> str:
-        names = [n for n in ("timed_out", "oom", "output_truncated") if getattr(self, n)]
-        names += ["not_completed"] if self.completed is False else []
-        return ",".join(names) or "-"
+        return ",".join(n for n in ("timed_out", "oom", "output_truncated") if getattr(self, n)) or "-"
 
 
 def make_result(out: bytes, err: bytes, why: str, exit_code: int | None, **fields) -> Result:
-    """A Result from pump's output and stop reason; `fields` are duration_s, mode, layers, uid, work_dir,
-    completed. `why` is "memory" when the watchdog or the memory cgroup stopped the run."""
+    """A Result from pump's output and stop reason; `fields` are duration_s, mode, layers, uid, work_dir.
+    `why` is "memory" when the watchdog or the memory cgroup stopped the run."""
     stdout, stderr = out.decode(errors="replace"), err.decode(errors="replace")
     oom = why == "memory" or (why == "exit" and any(m in stderr[-4096:] for m in OOM_MARKERS))
     return Result(
@@ -101,13 +99,14 @@ def _waiter(proc: subprocess.Popen):
     return wait_exit
 
 
-def _spawn(launch: isolation.Launch) -> tuple[subprocess.Popen, tuple[int, int, int]]:
-    """Start the launcher on three fresh pipes; returns it and our ends (stdin to write, stdout, stderr)."""
+def _spawn(launch: isolation.Launch, extra: tuple[int, ...] = ()) -> tuple[subprocess.Popen, tuple[int, int, int]]:
+    """Start the launcher on three fresh pipes (and `extra` fds it inherits as they are); returns it and our ends
+    (stdin to write, stdout, stderr)."""
     (r_in, w_in), (r_out, w_out), (r_err, w_err) = os.pipe(), os.pipe(), os.pipe()
     try:
         proc = subprocess.Popen(
             launch.argv, cwd=launch.cwd, env=launch.env, stdin=r_in, stdout=w_out, stderr=w_err,
-            start_new_session=True, pass_fds=launch.pass_fds,
+            start_new_session=True, pass_fds=launch.pass_fds + tuple(extra),
         )  # fmt: skip
         launch.started()
     except BaseException:
@@ -134,34 +133,42 @@ def run(
     memory_mb: int | None = None,
     max_output_bytes: int | None = None,
     max_processes: int | None = None,
-    prove: bool = False,
+    driver: Callable[[CallPipe], None] | None = None,
 ) -> Result:
     """Run `code` as `python main.py *argv` in a fresh sandbox; keywords override fields of `limits`.
 
     `files` (relative path -> content) are written into the empty work dir first; `site=True` adds the base
-    interpreter's site-packages; `extra_ro` are host paths bound read-only for the program to read. `prove`
-    (what run_tests uses): `Result.completed` says whether the code ran to its end, not merely exited 0.
+    interpreter's site-packages; `extra_ro` are host paths bound read-only for the program to read. `driver`
+    (what verifier.py uses): after the program ran it serves calls, and `driver(pipe)` makes them from this
+    process while the program lives; when it returns the program is ended.
     """
     limits = (limits or Limits()).replace(
         timeout_s=timeout_s, memory_mb=memory_mb, max_output_bytes=max_output_bytes, max_processes=max_processes
     )
     mode = isolation.resolve(mode)
-    launch = isolation.prepare(mode, limits, site=site, extra_ro=tuple(extra_ro), prove=prove)
     start = time.monotonic()
+    pipe = CallPipe(start + limits.timeout_s) if driver is not None else None
     try:
-        payload = encode_payload(code, stdin, files, argv, launch.boot)
-        proc, fds = _spawn(launch)
-        out, err, why = b"", b"", "interrupted"
-        over_memory = memory_check(launch.uid, launch.cgroup, limits)
+        launch = isolation.prepare(mode, limits, site=site, extra_ro=tuple(extra_ro), callee=pipe and pipe.theirs)
         try:
-            out, err, why = pump(fds, payload, limits, over_memory, _waiter(proc))
-        finally:  # also on KeyboardInterrupt: nothing may outlive this call
-            exit_code = _finish(proc, kill=why != "exit" or proc.poll() is None)
-        if why == "exit" and launch.cgroup is not None and launch.cgroup.oom_killed():
-            why = "memory"
-        completed = isolation.read_proof(launch.proof)
+            payload = encode_payload(code, stdin, files, argv, launch.boot)
+            proc, fds = _spawn(launch, pipe.theirs if pipe else ())
+            if pipe is not None:
+                pipe.started()
+            out, err, why = b"", b"", "interrupted"
+            over_memory = memory_check(launch.uid, launch.cgroup, limits)
+            try:
+                args = (fds, payload, limits, over_memory, _waiter(proc))
+                out, err, why = pump_while(driver, pipe, lambda: _kill(proc), *args)
+            finally:  # also on KeyboardInterrupt: nothing may outlive this call
+                exit_code = _finish(proc, kill=why != "exit" or proc.poll() is None)
+            if why == "exit" and launch.cgroup is not None and launch.cgroup.oom_killed():
+                why = "memory"
+        finally:
+            launch.cleanup()
     finally:
-        launch.cleanup()
+        if pipe is not None:
+            pipe.close()
     if mode != "plain" and exit_code is not None and 128 < exit_code < 128 + 65:
         exit_code = 128 - exit_code  # the namespace's init reports death by signal N as 128 + N; we say -N everywhere
     duration = time.monotonic() - start
@@ -175,5 +182,4 @@ def run(
         layers=launch.layers,
         uid=launch.uid,
         work_dir=launch.host_dir,
-        completed=completed,
     )

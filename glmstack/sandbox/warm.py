@@ -22,11 +22,13 @@ import socket
 import struct
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from glmstack.sandbox import cgroup, isolation
 from glmstack.sandbox.limits import Limits
-from glmstack.sandbox.pump import encode_payload, memory_check, pump
+from glmstack.sandbox.calls import CallPipe
+from glmstack.sandbox.pump import encode_payload, memory_check, pump_while
 from glmstack.sandbox.run import Result, make_result
 from glmstack.sandbox.uids import UidSlot, kill_uid
 
@@ -61,7 +63,7 @@ class WarmSandbox:
         work_dir_mb, extra_ro, site = self._config
         argv = isolation.bwrap_argv(work_dir_mb, extra_ro, warm=True)
         argv += [isolation.interpreter("bwrap"), "-I", *([] if site else ["-S"]), "-c", ZYGOTE]
-        return argv + [str(ctl_fd), isolation.BOOT, str(cgroup_fd)]
+        return argv + [str(ctl_fd), isolation.BOOT, str(cgroup_fd), isolation.CODEC]
 
     def _start(self) -> None:
         """Start bwrap + zygote. With a cgroup the zygote joins it at once, so that its forks start inside:
@@ -159,47 +161,40 @@ class WarmSandbox:
         status.append(-signal.SIGKILL)
 
     def run(
-        self, code: str, *, stdin=None, files=None, argv=(), limits: Limits | None = None, prove: bool = False,
-        **overrides,
+        self, code: str, *, stdin=None, files=None, argv=(), limits: Limits | None = None,
+        driver: Callable[[CallPipe], None] | None = None, **overrides,
     ) -> Result:  # fmt: skip
         """Like `glmstack.sandbox.run` (same keywords, same Result), in this box."""
         limits = (limits or Limits()).replace(**overrides)
         try:
-            return self._run(code, stdin, files, argv, limits, prove)
+            return self._run(code, stdin, files, argv, limits, driver)
         except ZygoteDied:  # _settle has started a new zygote
-            return self._run(code, stdin, files, argv, limits, prove)
+            return self._run(code, stdin, files, argv, limits, driver)
 
-    def _run(self, code: str, stdin, files, argv, limits: Limits, prove: bool) -> Result:
+    def _run(self, code: str, stdin, files, argv, limits: Limits, driver) -> Result:
         launch = isolation.Launch([], "/", {}, self.layers, {}, None, None, UidSlot())
         launch.uid = launch.slot.uid
+        start, status = time.monotonic(), []
+        pipe = CallPipe(start + limits.timeout_s) if driver is not None else None
         try:
-            extra = self._extra_fds(launch, limits, prove)
+            if self._cgroup is not None:
+                self._cgroup.arm(limits.memory_mb)
             launch.boot = isolation.boot_settings(
                 limits, launch.uid, mounts=isolation.scratch(limits, warm=True), new_mount_ns=True,
-                proof=(3, launch.proof[1]) if prove else None,  # the zygote's fork gets `extra` as fds 3, ...
+                callee=(3, 4) if pipe else None,  # the zygote's fork gets the extra fds as 3, 4, ...
                 oom_first=self._cgroup is not None,
             )  # fmt: skip
             payload = encode_payload(code, stdin, files, argv, launch.boot)
-            start, status = time.monotonic(), []
-            fds = self._submit(extra)
-            launch.started()
-            return self._execute(launch, fds, payload, limits, start, status)
+            fds = self._submit(list(pipe.theirs) if pipe else [])
+            if pipe is not None:
+                pipe.started()
+            return self._execute(launch, fds, payload, limits, start, status, driver, pipe)
         finally:
             launch.cleanup()
+            if pipe is not None:
+                pipe.close()
 
-    def _extra_fds(self, launch: isolation.Launch, limits: Limits, prove: bool) -> list[int]:
-        """Arm the box's memory cgroup for this execution; the proof channel's write end as the fd for the
-        zygote to hand its fork."""
-        fds = []
-        if self._cgroup is not None:
-            self._cgroup.arm(limits.memory_mb)
-        if prove:
-            launch.proof, proof_w = isolation.proof_channel()
-            fds.append(proof_w)
-            launch.pass_fds = (proof_w,)
-        return fds
-
-    def _execute(self, launch, fds, payload: bytes, limits: Limits, start: float, status: list) -> Result:
+    def _execute(self, launch, fds, payload: bytes, limits: Limits, start: float, status: list, driver, pipe):
         def wait_exit(timeout: float) -> bool:
             if not status and (code_ := self._reply(timeout)) is not None:
                 status.append(code_)
@@ -207,7 +202,8 @@ class WarmSandbox:
 
         out, err, why = b"", b"", "interrupted"
         try:
-            out, err, why = pump(fds, payload, limits, memory_check(launch.uid, self._cgroup, limits), wait_exit)
+            args = (fds, payload, limits, memory_check(launch.uid, self._cgroup, limits), wait_exit)
+            out, err, why = pump_while(driver, pipe, lambda: kill_uid(launch.uid), *args)
         finally:  # nothing of this execution may run when we return, or when the zygote serves the next one
             if not status:
                 kill_uid(launch.uid)
@@ -217,5 +213,5 @@ class WarmSandbox:
         duration = time.monotonic() - start
         return make_result(
             out, err, why, status[0], duration_s=duration, mode="bwrap", layers=self.layers, uid=launch.uid,
-            work_dir=None, completed=isolation.read_proof(launch.proof),
+            work_dir=None,
         )  # fmt: skip

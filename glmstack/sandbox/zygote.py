@@ -1,6 +1,7 @@
 """A pre-started interpreter inside one long-lived bwrap sandbox that forks a fresh process per execution.
 
-Like boot.py this file is not imported by glmstack: warm.py runs its text as `python -I -S -c ZYGOTE CTL_FD BOOT CG_FD`
+Like boot.py this file is not imported by glmstack: warm.py runs its text as
+`python -I -S -c ZYGOTE CTL_FD BOOT CG_FD CODEC` (CODEC: plain.py, the verifier's encoder, compiled once here)
 inside bwrap (as root in the sandbox, holding only CAP_SETUID/SETGID/CHOWN/SYS_ADMIN). Why: starting bwrap and
 an interpreter costs tens of ms per execution; a fork costs about one. The loop, per request on the control
 socket (a byte, with the execution's stdin/stdout/stderr pipe ends and its extra fds attached):
@@ -90,6 +91,7 @@ def _main():
     boot = {"__name__": "sandbox_boot", "__builtins__": __builtins__}
     exec(compile(sys.argv[2], "boot.py", "exec"), boot)  # noqa: S102 -- our own boot.py, for its functions
     __import__("_ctypes")  # each fork's boot uses it; imported once here, bound to no name a program could reach
+    boot["_load_codec"](sys.argv[4])  # compiling it costs ~1 ms: once here, not in every fork
     os.chdir("/sandbox")
     _serve(ctl, boot)
 

@@ -1,7 +1,7 @@
 # ruff: noqa: F811 -- the `mode` and `sandbox` fixtures come from test_sandbox_adversarial.py
 """Issue 26's attacks on the sandbox, each in every mode this host offers: all contained.
 
-Reward hacking through the exit status (run_tests needs proof that the tests completed), memory outside the
+Reward hacking through the exit status (the verdict is decided in the grader: verifier.py), memory outside the
 resident set (SysV shm, memfd: the memory cgroup), the unshare mode's file view (private /proc, no host /tmp
 sockets, clean /tmp, /var/tmp, /dev/shm, /run/lock), user namespaces and the runner's keyring, and leftovers
 that used to break the runner for every later run. The inode flood is in test_sandbox_adversarial.py. Modes:
@@ -15,6 +15,7 @@ import shutil
 import socket
 import tempfile
 import textwrap
+import types
 import uuid
 import warnings
 from pathlib import Path
@@ -22,8 +23,8 @@ from pathlib import Path
 import pytest
 from test_sandbox_adversarial import LIM, T, assert_nothing_left, mode, sandbox  # noqa: F401 (fixtures)
 
-from glmstack.sandbox import cgroup, isolation, run, uids
-from glmstack.sandbox.humaneval import check_program, load_problems
+from glmstack.sandbox import cgroup, isolation, run, uids, verify
+from glmstack.sandbox.humaneval import humaneval_check, load_problems
 
 VIEW_MODES = ["bwrap", "warm", "unshare"]  # the modes with a file view of their own
 ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox uid, cgroups and mounts need root")
@@ -40,13 +41,13 @@ EXIT_TRICKS = {
     "sys.exit": "import sys; sys.exit(0)",
     "os._exit": "import os; os._exit(0)",
     "SystemExit": "raise SystemExit(0)",
-    "StopIteration": "raise StopIteration",  # would end an iterator chain that writes the proof
+    "StopIteration": "raise StopIteration",
     "atexit": "import atexit, os\natexit.register(lambda: os._exit(0))",
     "patched sys.exit": "import sys, os\nsys.exit = lambda *a: os._exit(0)\nsys.excepthook = lambda *a: os._exit(0)",
     "patched traceback": "import traceback, os\ntraceback.print_exception = lambda *a, **k: os._exit(0)",
     "thread": "import os, threading, time\nthreading.Thread(target=lambda: os._exit(0)).start()\ntime.sleep(1)",
 }
-FORGERIES = {  # ways to reach the secret or skip the tests' lines: each refused by boot.py's audit hook
+FORGERIES = {  # ways the old in-process design was attacked (a secret, the tests' lines): nothing to find now
     "gc": "import gc\n[o for o in gc.get_objects() if isinstance(o, bytes)]",
     "ctypes": "import ctypes",
     "/proc/self/mem": "open('/proc/self/mem', 'rb')",
@@ -62,21 +63,22 @@ def problem():
     return load_problems()["HumanEval/0"]
 
 
-def test_run_tests_rejects_every_early_exit_trick(sandbox, problem):
+def test_the_verifier_rejects_every_early_exit_trick(sandbox, mode, problem):
     def check(body):
-        return sandbox(check_program(problem["prompt"] + body, problem["test"], problem["entry_point"]), prove=True)
+        c = humaneval_check(problem, problem["prompt"] + body)
+        return verify(c, box=sandbox.box) if mode == "warm" else verify(c, mode=mode)
 
     good = check(problem["canonical_solution"])
-    assert good.ok and good.completed, good.stderr
+    assert good.passed, (good.reason, good.detail, good.stderr)
     for name, trick in {**EXIT_TRICKS, **FORGERIES}.items():
-        r = check(f"    return False\n{trick}\n")  # a wrong solution, then the trick before the tests
-        assert not r.ok and r.completed is False, (name, r)
-        assert_nothing_left(r, sandbox)
+        v = check(f"    return False\n{trick}\n")  # a wrong solution, then the trick before the tests
+        assert not v.passed and v.reason in ("crashed", "wrong_value", "raised"), (name, v)
+        assert_nothing_left(types.SimpleNamespace(uid=None, work_dir=None), sandbox)
 
 
-def test_a_plain_run_reports_no_proof_and_keeps_its_exit_code():
+def test_a_plain_run_keeps_its_exit_code():
     r = run("raise SystemExit(0)", limits=LIM)
-    assert r.ok and r.completed is None and r.exit_code == 0
+    assert r.ok and r.exit_code == 0
 
 
 # ---------------------------------------------------------------- 2. memory outside the resident set

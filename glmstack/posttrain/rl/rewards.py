@@ -5,7 +5,9 @@ batch is scored in one parallel call instead of one program after another. The o
 
   arithmetic  1 if the parsed final reply's last integer is the answer (glmstack.posttrain.synthetic.verify)
   math        1 if `math-verify` (PyPI) finds the reply's answer equal to meta["answer"] (LaTeX, fractions, ...)
-  code        1 if the reply's Python (a ```python block, else the whole content) passes meta["tests"] in the sandbox
+  code        1 if the reply's Python (a ```python block, else the whole content) passes meta["tests"]: the program
+              runs in the sandbox, the tests call meta["entry_point"] from the grader (glmstack.sandbox.verifier);
+              `code.stats` has the share of each failure reason (reward/code_fail/<reason>)
   format      1 if the completion ended at a stop token, its thinking block is closed and every tool call parses
               (GLM-4.5 §3.3: a malformed tool call gets 0), else 0
   overlong    DAPO's soft overlong punishment: 0 up to max_new_tokens − overlong_cache, then a linear ramp to −1 at
@@ -119,15 +121,16 @@ def code_of(content: str) -> str:
 
 @register("code")
 def code(samples: list[Sample]) -> list[float]:
-    from glmstack.sandbox import Job, Limits, run_batch
+    from glmstack.sandbox import Limits
+    from glmstack.sandbox.verifier import REASONS, Check, verify_batch
 
-    jobs = []
-    for s in samples:
-        program = code_of(_message(s).get("content") or "")
-        check = f"{program}\n\n{s.meta['tests']}\nprint('__ok__')\n"
-        jobs.append(Job(code=check))
-    results = run_batch(jobs, limits=Limits(timeout_s=5.0, memory_mb=256, max_output_bytes=1 << 14))
-    return [float(r.ok and "__ok__" in r.stdout) for r in results]
+    limits = Limits(timeout_s=5.0, memory_mb=256, max_output_bytes=1 << 14)
+    checks = [Check(program=code_of(_message(s).get("content") or ""), tests=s.meta["tests"],
+                    entry_point=s.meta.get("entry_point", "f"), limits=limits) for s in samples]  # fmt: skip
+    verdicts = verify_batch(checks)
+    n = max(len(verdicts), 1)
+    code.stats = {f"reward/code_fail/{r}": sum(v.reason == r for v in verdicts) / n for r in REASONS[1:]}
+    return [float(v.passed) for v in verdicts]
 
 
 @register("format")

@@ -1,8 +1,10 @@
-"""A small file-system task: create or fix files in a sandbox directory, checked by tests run in the sandbox.
+"""A small file-system task: create or fix files in a directory, graded by the verifier (glmstack.sandbox.verifier).
 
-The directory is the episode's state (path -> text); `run_tests` and the final check write it into a fresh
-glmstack.sandbox work dir and run the task's tests there (real files, real Python). Level 0 asks for a new file
-with given content; level 1 gives a module with a bug and asks for the fix. Process reward (GLM-5's "did it run
+The directory is the episode's state (path -> text). Level 0 asks for a new file with given content: the
+trusted check reads the file the model left (`check_files`; none of its text runs). Level 1 gives a module with a
+bug and asks for the fix: the files go into a fresh sandbox work dir, the model's module is imported there, and
+the task's asserts run in the grader, calling its function over the verifier's pipe. Nothing the model's code
+prints or exits with reaches the verdict. Process reward (GLM-5's "did it run
 the tests before finishing"): `test_bonus` when `run_tests` was called before the final answer.
 """
 
@@ -17,7 +19,7 @@ FILE_TOOLS = [
     function("write_file", "Write text to a file (replaces it).", path={"type": "string"}, content={"type": "string"}),
     function("read_file", "Read a file.", path={"type": "string"}),
     function("list_files", "List the files."),
-    function("run_tests", "Run the task's tests; prints PASS or the failure."),
+    function("run_tests", "Run the task's tests; reports whether they pass, or the failure."),
 ]
 WORDS = ["hello", "sandbox", "rocket", "garden", "planet", "silver"]
 BUGS = [("add", "a - b", "a + b", "assert add(2, 3) == 5"), ("mul", "a + b", "a * b", "assert mul(4, 3) == 12"),
@@ -34,11 +36,11 @@ class FilesEnv(ToolEnv):
         if level == 0:
             word, name = rng.choice(WORDS), rng.choice(["note", "greet", "out", "data"]) + ".txt"
             return {"question": f"Create a file named {name} that contains exactly: {word}", "files": {},
-                    "tests": f"assert open({name!r}).read().strip() == {word!r}\nprint('PASS')"}  # fmt: skip
+                    "tests": f"assert files[{name!r}].strip() == {word!r}"}  # fmt: skip
         fn, bad, good, test = rng.choice(BUGS)
         return {"question": f"calc.py has a bug: {fn}(a, b) is wrong. Fix calc.py so that the tests pass.",
                 "files": {"calc.py": f"def {fn}(a, b):\n    return {bad}\n"},
-                "tests": f"from calc import {fn}\n{test}\nprint('PASS')", "fix": good}  # fmt: skip
+                "program": f"from calc import {fn}\n", "entry_point": fn, "tests": test, "fix": good}  # fmt: skip
 
     def setup(self, spec: dict) -> None:
         self.files = dict(spec["files"])
@@ -48,15 +50,20 @@ class FilesEnv(ToolEnv):
         return [{"role": "user", "content": spec["question"]}]
 
     def run_tests(self) -> str:
-        from glmstack.sandbox import Limits, run
+        from glmstack.sandbox import Limits
+        from glmstack.sandbox.verifier import Check, check_files, verify
 
-        result = run(self.spec["tests"], files=self.files, limits=Limits(timeout_s=5.0))
-        if result.ok and "PASS" in result.stdout:
-            return "PASS"
-        if result.exit_code is None and result.flags() == "-":  # no exit status and no limit hit: it never ran
-            raise EnvCrash("files: the sandbox did not run the tests")
-        err = (result.stderr or "").strip().splitlines()
-        return "FAIL: " + (err[-1] if err else result.flags())
+        spec = self.spec
+        if "program" not in spec:
+            v = check_files(self.files, spec["tests"])
+        else:
+            check = Check(program=spec["program"], tests=spec["tests"], entry_point=spec["entry_point"],
+                          files=self.files, limits=Limits(timeout_s=5.0))  # fmt: skip
+            try:
+                v = verify(check)
+            except (OSError, RuntimeError) as e:  # the sandbox could not start: not the model's failure
+                raise EnvCrash(f"files: the sandbox did not run the tests: {e}") from e
+        return "PASS" if v.passed else f"FAIL: {v.reason}: {v.detail}"
 
     def call(self, name: str, args: dict) -> str:
         path = str(args.get("path", ""))
