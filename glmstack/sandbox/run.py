@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from glmstack.sandbox import isolation
-from glmstack.sandbox.limits import Limits
 from glmstack.sandbox.calls import CallPipe
+from glmstack.sandbox.limits import Limits
 from glmstack.sandbox.pump import encode_payload, memory_check, pump_while
 
 OOM_MARKERS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory")

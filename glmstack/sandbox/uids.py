@@ -26,7 +26,6 @@ LOCK_DIR = Path(tempfile.gettempdir()) / "glmstack-sandbox-uids"
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
-
 def sigkill(pids) -> None:
     """SIGKILL each pid; one that already exited is fine (shared by the uid and cgroup reapers)."""
     for pid in pids:
@@ -34,6 +33,7 @@ def sigkill(pids) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
 
 def _ensure_lock_dir() -> None:
     """LOCK_DIR lives in the shared /tmp: make sure it is ours (not another user's dir or symlink) before a root

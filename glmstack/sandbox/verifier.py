@@ -80,7 +80,7 @@ class CandidateError(Exception):
     """The candidate raised an exception that is not a builtin one (its type name and message)."""
 
 
-class _Stop(BaseException):  # noqa: N818 -- not an Exception: the tests' `except Exception` cannot swallow it
+class _Stop(BaseException):
     def __init__(self, reason: str, detail: str = ""):
         super().__init__(detail)
         self.reason, self.detail = reason, detail
@@ -106,7 +106,7 @@ def _private_random(seed: int) -> types.ModuleType:
 def _test_builtins(seed: int) -> dict:
     own = _private_random(seed)
 
-    def imp(name, globals=None, locals=None, fromlist=(), level=0):  # noqa: A002 -- __import__'s signature
+    def imp(name, globals=None, locals=None, fromlist=(), level=0):
         return own if name == "random" and level == 0 else builtins.__import__(name, globals, locals, fromlist, level)
 
     return {**vars(builtins), "__import__": imp}
@@ -285,7 +285,11 @@ def verify_batch(
 def check_files(files: dict[str, str], tests: str) -> Verdict:
     """Tasks graded on the files a candidate left: trusted `tests` read them from a read-only `files` mapping,
     here; none of the candidate's code runs (its files are data)."""
-    ns = {"__name__": "__check__", "__builtins__": _test_builtins(TEST_SEED), "files": types.MappingProxyType(dict(files))}
+    ns = {
+        "__name__": "__check__",
+        "__builtins__": _test_builtins(TEST_SEED),
+        "files": types.MappingProxyType(dict(files)),
+    }
     try:
         exec(_compiled(tests, "<tests>"), ns)  # noqa: S102 -- trusted: the task's tests
     except AssertionError as e:

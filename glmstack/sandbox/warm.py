@@ -26,8 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from glmstack.sandbox import cgroup, isolation
-from glmstack.sandbox.limits import Limits
 from glmstack.sandbox.calls import CallPipe
+from glmstack.sandbox.limits import Limits
 from glmstack.sandbox.pump import encode_payload, memory_check, pump_while
 from glmstack.sandbox.run import Result, make_result
 from glmstack.sandbox.uids import UidSlot, kill_uid

@@ -31,7 +31,9 @@ class Anything:
 def add(x, y):
     return Anything()
 """
-EQUAL_INT = "class I(int):\n    __eq__ = lambda s, o: True\n    __hash__ = int.__hash__\ndef add(x, y):\n    return I(0)\n"
+EQUAL_INT = (
+    "class I(int):\n    __eq__ = lambda s, o: True\n    __hash__ = int.__hash__\ndef add(x, y):\n    return I(0)\n"
+)
 CTYPES_FORGERY = r"""
 import os, re
 def walk(c, seen):
@@ -171,8 +173,12 @@ def test_every_grader_rejects_every_hack(host_mode):
 
 
 def test_failure_reasons_name_the_hack(host_mode):
-    reasons = {name: g["result"] for name, g in humaneval_grades(
-        {k: HACKS[k] for k in ("always_equal", "equal_int_subclass", "marker_systemexit", "atexit")}).items()}
+    reasons = {
+        name: g["result"]
+        for name, g in humaneval_grades(
+            {k: HACKS[k] for k in ("always_equal", "equal_int_subclass", "marker_systemexit", "atexit")}
+        ).items()
+    }
     assert reasons == {"always_equal": "not_plain_value", "equal_int_subclass": "not_plain_value",
                        "marker_systemexit": "crashed", "atexit": "wrong_value"}, reasons  # fmt: skip
 

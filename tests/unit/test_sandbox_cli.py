@@ -30,3 +30,17 @@ def test_json_and_info(capsys):
     assert json.loads(capsys.readouterr().out)["exit_code"] == 2
     assert main(["--info"]) == 0
     assert "mode:" in capsys.readouterr().out
+
+
+def test_tests_flag_grades_through_the_verifier(tmp_path, capsys):
+    tests = tmp_path / "t.py"
+    tests.write_text("assert add(2, 3) == 5\n")
+    wrong = tmp_path / "w.py"
+    wrong.write_text("def add(a, b):\n    print('PASS')\n    return a - b\nraise SystemExit(0)\n")
+    assert main([str(wrong), "--tests", str(tests), "--entry-point", "add"]) == 1
+    assert "[verdict] crashed" in capsys.readouterr().err  # it exits before serving a call: no marker helps
+    right = tmp_path / "r.py"
+    right.write_text("def add(a, b):\n    return a + b\n")
+    assert main([str(right), "--tests", str(tests), "--entry-point", "add", "--json"]) == 0
+    v = json.loads(capsys.readouterr().out)
+    assert (v["passed"], v["reason"], v["calls"]) == (True, "passed", 1)
