@@ -238,11 +238,16 @@ def _forget_ctypes():
         del sys.modules[name]
 
 
-def _audit_hook(event, args, _modules=MODULES_DENIED, _type=type, _str=str, _err=PermissionError):
+def _audit_hook(event, args, _modules=MODULES_DENIED, _type=type, _str=str, _bytes=bytes, _err=PermissionError):
+    """Defaults bind every name, so patching builtins changes nothing here."""
     if event.startswith("ctypes."):
         raise _err(f"sandbox: {event} is not available to programs under the verifier")
     if event == "import" and _type(args[0]) is _str and args[0].partition(".")[0] in _modules:
         raise _err(f"sandbox: importing {args[0]} is not available to programs under the verifier")
+    if event == "open" and _type(args[0]) in (_str, _bytes):  # any process's memory, also relative to a dir fd
+        sep = "/" if _type(args[0]) is _str else b"/"
+        if args[0].rstrip(sep).rpartition(sep)[2] in ("mem", b"mem"):
+            raise _err("sandbox: opening a process's memory is not available to programs under the verifier")
 
 
 def _load_codec(source):

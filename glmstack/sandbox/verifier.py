@@ -86,7 +86,10 @@ class _Stop(BaseException):
         self.reason, self.detail = reason, detail
 
 
-_EXCEPTIONS = {n: e for n, e in vars(builtins).items() if isinstance(e, type) and issubclass(e, Exception)}
+# Builtin exceptions the tests may see by their own class. Not the iteration protocol's: a StopIteration from
+# the candidate inside a test's `map(...)` would end the iteration early and let `all(...)` pass.
+_EXCEPTIONS = {n: e for n, e in vars(builtins).items() if isinstance(e, type) and issubclass(e, Exception)
+               and not issubclass(e, (StopIteration, StopAsyncIteration))}  # fmt: skip
 
 
 @functools.lru_cache(maxsize=1024)

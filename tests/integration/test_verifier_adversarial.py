@@ -193,3 +193,13 @@ def test_files_env_level_0_reads_the_file_and_runs_nothing():
     assert env.success()
     del env.files["note.txt"]
     assert env.run_tests().startswith("FAIL: wrong_value")
+
+
+def test_a_raised_stopiteration_cannot_end_a_tests_iteration(host_mode):
+    from glmstack.sandbox import Check, verify
+
+    tests = "assert all(map(lambda c: add(*c) == sum(c), [(1, 2), (3, 4)]))\n"
+    hack = Check(program="def add(x, y):\n    raise StopIteration\n", tests=tests, entry_point="add")
+    v = verify(hack)
+    assert (v.passed, v.reason) == (False, "raised"), v  # in one process this `all(map(...))` would be True
+    assert verify(Check(program=RIGHT, tests=tests, entry_point="add")).passed
