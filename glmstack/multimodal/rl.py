@@ -8,10 +8,12 @@ dashboard) with three things of its own:
             counts and letters); a row with `hard_k` keeps only groups whose first hard_k samples all failed and a
             later one succeeded (pass@k of the current policy: the difficulty-graded sampling of RLCS)
   reward    `vqa`: 1 if the boxed answer (`<|begin_of_box|>...<|end_of_box|>`) is the item's answer
-  rollouts  `VisionRollouts`: each prompt decodes with its pixels (GLMV.generate, KV cache, per-row seeds) from an
-            in-process copy of the weights synced every step; rollout log-probs are then scored by that copy in one
-            batched forward over the sampled tokens (the sampler's own transform), and each micro-batch carries its
-            rows' pixels to the loss (posttrain/rl/stage.rl_loss passes the vision inputs to the model)
+  rollouts  `VisionRollouts`: the step's prompts decode together with their pixels (GLMV.generate_batch, left
+            padding, KV cache, per-row seeds) from an in-process copy of the weights synced every step (in
+            `rl.rollout_dtype`, perturbed by `rl.rollout_noise` as posttrain/rl's); the rollout log-probs are the
+            sampler's own, taken as it sampled (never re-scored), so IcePop / TIS see the real mismatch; each
+            micro-batch carries its rows' pixels to the loss (posttrain/rl/stage.rl_loss passes them to the model).
+            No server rollouts (`rl.rollout_server` is refused).
 At the end: the held-out accuracy on the run's visual QA test file (the same table as the SFT stages), the
 dashboard plots, and the model folder.
 
@@ -32,7 +34,6 @@ import torch
 from glmstack.config import ConfigError
 from glmstack.multimodal.stage import VLOptions
 from glmstack.posttrain.rl import rewards as reward_lib
-from glmstack.posttrain.rl.losses import token_logprobs
 from glmstack.posttrain.rl.rollouts import Rollouts
 from glmstack.posttrain.rl.stage import RLConfig
 from glmstack.posttrain.rl.tasks import Problem
@@ -72,55 +73,53 @@ class VisualQA:
 class VisionRollouts(Rollouts):
     """Rollouts whose prompts carry images (see the module docstring); everything else is posttrain/rl's."""
 
+    DECODE_ROWS = 32  # rows decoded together (their KV caches and pixels at once)
+
     def sync(self, perturb: bool = True) -> float:
         t0 = time.perf_counter()
-        policy = dist.unwrap(self.policy)
+        state = dist.full_state_dict(self.policy) if dist.is_dist() else dist.unwrap(self.policy).state_dict()
         if self.engine is None:
-            self.engine = copy.deepcopy(policy).to(getattr(torch, self.opts.rollout_dtype)).eval()
+            self.engine = copy.deepcopy(dist.unwrap(self.policy)).to(getattr(torch, self.opts.rollout_dtype)).eval()
         with torch.no_grad():
-            self.engine.load_state_dict(policy.state_dict())
+            self.engine.load_state_dict(state)
+        if perturb:
+            self.perturb(self.engine)
         return time.perf_counter() - t0
 
     def generate(self, problems, group_size: int, temperature: float, tag):
         from glmstack.posttrain.rl.rollouts import stable_seed
 
-        o, model = self.opts, self.engine
-        device = next(model.parameters()).device
+        o, eos = self.opts, self.tokenizer.eos_ids
+        rows_of = [problems[i // group_size] for i in range(len(problems) * group_size)]
+        seeds = [stable_seed(self.seed, tag, i) for i in range(len(rows_of))]
+        tokens, logps = [], []
+        for k in range(0, len(rows_of), self.DECODE_ROWS):
+            t, lp = self._decode(rows_of[k : k + self.DECODE_ROWS], seeds[k : k + self.DECODE_ROWS], temperature)
+            tokens, logps = tokens + t, logps + lp
         rows, samples = [], []
-        for i in range(len(problems) * group_size):
-            p = problems[i // group_size]
-            inputs = {k: v.to(device) for k, v in p.meta["media"].model_inputs().items()}
-            toks = model.generate(torch.tensor(p.prompt_ids, device=device), max_new_tokens=o.max_new_tokens,
-                                  temperature=temperature, top_p=o.top_p, top_k=o.top_k,
-                                  seed=stable_seed(self.seed, tag, i), stop_ids=self.tokenizer.eos_ids,
-                                  **inputs)  # fmt: skip
-            stopped = bool(toks) and toks[-1] in self.tokenizer.eos_ids
-            text = self.tokenizer.decode(toks[:-1] if stopped else toks)
-            rows.append((p.prompt_ids, toks, None))
-            samples.append(reward_lib.Sample(meta=p.meta, tokens=toks, text=text, finish="stop" if stopped else "length",
+        for p, toks, lps in zip(rows_of, tokens, logps):
+            stopped = bool(toks) and toks[-1] in eos
+            rows.append((p.prompt_ids, toks, lps))
+            samples.append(reward_lib.Sample(meta=p.meta, tokens=toks, text=self.tokenizer.decode(toks[:-1] if stopped
+                                             else toks), finish="stop" if stopped else "length",
                                              max_new_tokens=o.max_new_tokens, style=self.style))  # fmt: skip
-        logps = self.rollout_logprobs(problems, group_size, rows, temperature)
-        return [(pr, t, lp) for (pr, t, _), lp in zip(rows, logps)], samples
+        return rows, samples
 
-    @torch.no_grad()
-    def rollout_logprobs(self, problems, group_size: int, rows, temperature: float) -> list[list[float]]:
-        """log π_rollout of each sampled token under the sampling transform, one batched forward of the copy."""
-        batch = self.batch_of([(pr, t) for pr, t, _ in rows], [problems[i // group_size] for i in range(len(rows))])
-        logits = self.engine(batch["input_ids"], **batch["media"]).logits.float()
-        logp = token_logprobs(logits, batch["targets"], temperature, self.opts.top_p, self.opts.top_k)
-        return [logp[i, len(pr) - 1 : len(pr) - 1 + len(t)].tolist() for i, (pr, t, _) in enumerate(rows)]
-
-    @staticmethod
-    def batch_of(pairs, problems) -> dict:
+    def _decode(self, problems, seeds, temperature: float):
+        """One batch of rows through GLMV.generate_batch: prompts left-padded, their images in row order."""
         from glmstack.multimodal.processor import Media
 
-        L = max(len(p) + len(t) for p, t in pairs) - 1
-        ids, tgt = torch.zeros(len(pairs), L, dtype=torch.long), torch.zeros(len(pairs), L, dtype=torch.long)
-        for i, (p, t) in enumerate(pairs):
-            seq = p + t
-            ids[i, : len(seq) - 1], tgt[i, : len(seq) - 1] = torch.tensor(seq[:-1]), torch.tensor(seq[1:])
-        media = Media.concat([pb.meta["media"] for pb in problems]).model_inputs()
-        return {"input_ids": ids, "targets": tgt, "media": media}
+        o = self.opts
+        device = next(self.engine.parameters()).device
+        T = max(len(p.prompt_ids) for p in problems)
+        ids, mask = torch.zeros(len(problems), T, dtype=torch.long), torch.zeros(len(problems), T, dtype=torch.long)
+        for b, p in enumerate(problems):
+            ids[b, T - len(p.prompt_ids) :], mask[b, T - len(p.prompt_ids) :] = torch.tensor(p.prompt_ids), 1
+        media = {k: v.to(device) for k, v in Media.concat([p.meta["media"] for p in problems]).model_inputs().items()}
+        return self.engine.generate_batch(ids.to(device), **media, max_new_tokens=o.max_new_tokens,
+                                          temperature=temperature, top_p=o.top_p, top_k=o.top_k, seeds=seeds,
+                                          stop_ids=self.tokenizer.eos_ids, attention_mask=mask.to(device),
+                                          logprobs=True)  # fmt: skip
 
     def batch(self, groups: list, group: int, stats: dict) -> dict:
         """posttrain/rl's rollout batch plus each row's index, so its micro-batches can collect their rows' pixels."""
@@ -153,6 +152,10 @@ def check(cfg: VLRLConfig) -> None:
         raise ConfigError("init_from is required: the vision-language model folder to train (e.g. vl_tiny/sft/model)")
     if cfg.rl.ppo_epochs * cfg.rl.minibatches != 1:
         raise ConfigError("rl.ppo_epochs / rl.minibatches: vl-rl takes one optimizer step per rollout batch (on-policy)")
+    if cfg.rl.task != VisualQA.name:
+        raise ConfigError(f"rl.task={cfg.rl.task!r}: vl-rl trains on its visual QA task only (rl.task={VisualQA.name!r})")
+    if cfg.rl.rollout_server:
+        raise ConfigError("rl.rollout_server: vl-rl rolls out in process only (its prompts carry pixels); unset it")
     # rl.task names posttrain/rl's text tasks; vl-rl's task is VisualQA, so check the rest with the default task
     check_rl(dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, task=type(cfg.rl)().task)))
 

@@ -1,5 +1,6 @@
 """The tiny multimodal recipe end to end at smoke size (vit -> align -> SFT -> RL -> report), and the RL data: every
-micro-batch carries its rows' pixels and the rollout log-probs equal the trainer's (fp32 copy: no mismatch)."""
+micro-batch carries its rows' pixels; the rollout log-probs are the batched sampler's own (close to the trainer's
+recomputation in fp32, far from it when `rl.rollout_noise` perturbs the rollout copy: IcePop has work to do)."""
 
 from __future__ import annotations
 
@@ -19,22 +20,44 @@ from glmstack.tokenizer import Tokenizer  # noqa: E402
 from glmstack.train.loop import VISION_INPUTS  # noqa: E402
 
 
-def test_rl_micro_batches_carry_pixels_and_match_the_trainer(vl_folder):
+def _mismatch(vl_folder, noise: float) -> float:
+    """The largest |trainer log-prob − rollout log-prob| over a step's sampled tokens, `rl.rollout_noise` = noise."""
     from glmstack.model.vision import load_vl_hf
 
     model = load_vl_hf(vl_folder, dtype=torch.float32)
     tok, proc = Tokenizer.load(vl_folder), VisionProcessor.load(vl_folder)
     cfg = rl()
     cfg.rl.samples_per_step, cfg.rl.eval_every, cfg.rl.heldout_n, cfg.rl.max_new_tokens = 8, 0, 1, 4
+    cfg.rl.temperature, cfg.rl.rollout_noise = 1.0, noise
     data = VisionRollouts(model=model, task=VisualQA(tok, proc), opts=cfg.rl, seed=0, micro_batches=2, tokenizer=tok)
     batches = data.make_step()
     assert len(batches) == 2
+    worst = 0.0
     with torch.no_grad():
         for b in batches:
             assert b["image_grid_thw"].shape == (4, 3)  # one image per row
+            assert b["mask"].sum() > 0
             logits = model(b["input_ids"], **{k: b[k] for k in VISION_INPUTS if k in b}).logits.float()
             logp = token_logprobs(logits, b["targets"], b["temperature"])
-            assert float(((logp - b["rollout_logp"]).abs() * b["mask"]).max()) < 1e-5
+            worst = max(worst, float(((logp - b["rollout_logp"]).abs() * b["mask"]).max()))
+    return worst
+
+
+def test_rl_micro_batches_carry_pixels_and_the_samplers_logprobs(vl_folder):
+    assert _mismatch(vl_folder, 0.0) < 1e-4  # the batched fp32 sampler against the trainer's packed forward
+    assert _mismatch(vl_folder, 0.3) > 1e-3  # a perturbed rollout copy: the sampler's log-probs, not a re-score
+
+
+def test_vl_rl_refuses_what_it_cannot_honour():
+    from glmstack.config import ConfigError
+    from glmstack.multimodal.rl import check
+
+    for field, value in [("task", "arithmetic"), ("rollout_server", "http://127.0.0.1:1")]:
+        cfg = rl()
+        cfg.init_from = "somewhere"
+        setattr(cfg.rl, field, value)
+        with pytest.raises(ConfigError, match=f"rl.{field}"):
+            check(cfg)
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from glmstack.inference.kv_cache import KVCache
-from glmstack.inference.sampling import RowStreams, SamplingParams, sample
+from glmstack.inference.sampling import RowStreams, SamplingParams, filter_logits, sample
 from glmstack.model.config import ModelConfig
 from glmstack.model.layers import RMSNorm
 from glmstack.model.model import GLM, GLMOutput, _draw, _owner
@@ -165,12 +165,13 @@ class GLMV(nn.Module):
     @torch.no_grad()
     def generate_batch(self, input_ids, pixel_values=None, image_grid_thw=None, pixel_values_videos=None,
                        video_grid_thw=None, max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
-                       top_k: int = 0, seeds=None, stop_ids=(), attention_mask=None) -> list[list[int]]:
+                       top_k: int = 0, seeds=None, stop_ids=(), attention_mask=None, logprobs: bool = False):
         """Decode B prompts at once (input_ids (B, T); prompts of different lengths LEFT-padded, with
         attention_mask (B, T) 0 on the padding) -> each row's new ids, cut after its first stop id. The images of
         all rows are concatenated in pixel_values in row order (K samples of one prompt: repeat it K times).
         Row b samples with seeds[b] (default b): its tokens do not depend on the other rows. The KV cache is
-        glmstack.inference's (per-row left padding never attended)."""
+        glmstack.inference's (per-row left padding never attended). `logprobs`: return (ids, log-probs), each
+        sampled token's log-prob under the transform it was sampled from (as inference.Engine's, for RL)."""
         B, T = input_ids.shape
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
         streams = RowStreams(list(seeds) if seeds is not None else list(range(B)))
@@ -182,17 +183,22 @@ class GLMV(nn.Module):
         logits = self(input_ids, pixel_values=pixel_values, image_grid_thw=image_grid_thw, position_ids=positions,
                       pixel_values_videos=pixel_values_videos, video_grid_thw=video_grid_thw, cache=cache).logits
         out: list[list[int]] = [[] for _ in range(B)]
+        out_lp: list[list[float]] = [[] for _ in range(B)]
+        lp_params = SamplingParams(temperature=temperature if not params.greedy else 1.0, top_p=top_p, top_k=top_k)
         done = [False] * B
         for step in range(max_new_tokens):
-            tokens = sample(logits[:, -1].float(), params, streams.keys(step)[:, 0])  # (B,)
+            last_BV = logits[:, -1].float()
+            tokens = sample(last_BV, params, streams.keys(step)[:, 0])  # (B,)
+            lp = torch.log_softmax(filter_logits(last_BV, lp_params), -1).gather(-1, tokens[:, None])[:, 0].tolist()
             for b, t in enumerate(tokens.tolist()):
                 if not done[b]:
                     out[b].append(t)
+                    out_lp[b].append(lp[b])
                     done[b] = t in stop_ids
             if all(done) or step == max_new_tokens - 1:
                 break
             logits = self(tokens.view(B, 1), position_ids=(next_pos + step).view(B, 1), cache=cache).logits
-        return out
+        return (out, out_lp) if logprobs else out
 
     # ---------------------------------------------------------------- accounting
     def num_params(self, part: str | None = None) -> int:

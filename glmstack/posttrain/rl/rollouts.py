@@ -129,13 +129,20 @@ class Rollouts:
             self.engine.compact = True
         with torch.no_grad():
             self.engine.model.load_state_dict(policy.state_dict())
-            if self.opts.rollout_noise and perturb:  # a controlled mismatch: the rollout weights are a perturbed copy
-                g = torch.Generator().manual_seed(stable_seed(self.seed, "noise", self.step))
-                for p in self.engine.model.parameters():
-                    if p.dim() >= 2:
-                        noise = torch.randn(p.shape, generator=g, dtype=torch.float32)
-                        p.add_((noise * self.opts.rollout_noise * p.float().std()).to(p.dtype))
+        if perturb:
+            self.perturb(self.engine.model)
         return time.perf_counter() - t0
+
+    @torch.no_grad()
+    def perturb(self, model) -> None:
+        """`rl.rollout_noise`: a controlled mismatch, the rollout weights a perturbed copy (seeded by seed, step)."""
+        if not self.opts.rollout_noise:
+            return
+        g = torch.Generator().manual_seed(stable_seed(self.seed, "noise", self.step))
+        for p in model.parameters():
+            if p.dim() >= 2:
+                noise = torch.randn(p.shape, generator=g, dtype=torch.float32)
+                p.add_((noise * self.opts.rollout_noise * p.float().std()).to(p.dtype))
 
     def generate(self, problems, group_size: int, temperature: float, tag) -> tuple[list, list[reward_lib.Sample]]:
         """All problems × group_size samples -> (engine results per row, reward Samples)."""
