@@ -143,7 +143,7 @@ def test_ppo_epochs_and_minibatches(tmp_path):
         torch.testing.assert_close(b["old_logp"][m], b["rollout_logp"][m], atol=1e-5, rtol=0)
     loss_fn = rl_loss(cfg.rl)
     opt = torch.optim.SGD(model.parameters(), lr=5.0)
-    clip = []
+    clip, kl = [], []
     for k in range(0, len(batches), cfg.grad_accum):
         opt.zero_grad()
         step_clip = 0.0
@@ -151,11 +151,13 @@ def test_ppo_epochs_and_minibatches(tmp_path):
             loss, stats = loss_fn(model, b, {})
             (loss / cfg.grad_accum).backward()
             step_clip += stats["clip_frac"] / cfg.grad_accum
+            kl.append(stats["ppo_kl"]) if k == 0 else None
         if k == 0:
             torch.testing.assert_close(loss, -b["advantages"].mean(), atol=1e-5, rtol=0)
         clip.append(step_clip)
         opt.step()
     assert clip[0] == 0.0 and max(clip[1:]) > 0
+    assert kl == [0.0] * cfg.grad_accum  # slime's invariant: the first update recomputes π_old bit for bit
     assert "reward" in batches[0]["stats"] and "reward" not in batches[cfg.grad_accum]["stats"]
 
 

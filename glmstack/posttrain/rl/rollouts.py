@@ -232,23 +232,21 @@ class Rollouts:
             lo, hi = len(prompt) - 1, len(seq) - 1
             mask[i, lo:hi] = 1.0
             rlp[i, lo:hi] = torch.tensor(lps, dtype=torch.float32)
-        out = {"input_ids": ids, "targets": tgt, "mask": mask, "rollout_logp": rlp, "advantages": adv}
-        if self.updates > 1:
-            out["old_logp"] = self.old_logprobs(ids, tgt)
-        return out
+        return {"input_ids": ids, "targets": tgt, "mask": mask, "rollout_logp": rlp, "advantages": adv}
 
     @torch.no_grad()
-    def old_logprobs(self, ids, tgt, chunk: int = 64):
+    def old_logprobs(self, batch: dict, groups: list[torch.Tensor]) -> torch.Tensor:
         """log π_θold of the targets from the TRAINER at the rollout weights (before any update of this batch),
-        under the rollout's sampling transform (losses.token_logprobs); `(B, L)`, on the CPU like the batch."""
+        under the rollout's sampling transform (losses.token_logprobs); `(B, L)`, on the CPU like the batch. One
+        forward per group of rows: the first update's micro-batches, so that its log-probs equal these bit for
+        bit (its PPO KL is exactly 0, as slime checks)."""
         device = next(dist.unwrap(self.policy).parameters()).device
-        parts = []
-        for k in range(0, len(ids), chunk):
-            logits = self.policy(ids[k : k + chunk].to(device)).logits.float()
-            lp = token_logprobs(logits, tgt[k : k + chunk].to(device), self.temperature, self.opts.top_p,
-                                self.opts.top_k)  # fmt: skip
-            parts.append(lp.cpu())
-        return torch.cat(parts)
+        out = torch.zeros_like(batch["rollout_logp"])
+        for idx in groups:
+            logits = self.policy(batch["input_ids"][idx].to(device)).logits.float()
+            out[idx] = token_logprobs(logits, batch["targets"][idx].to(device), self.temperature, self.opts.top_p,
+                                      self.opts.top_k).cpu()  # fmt: skip
+        return out
 
     def updates_of(self, batch: dict, stats: dict) -> list[dict]:
         """The micro-batches of every optimizer step of this rollout batch: `ppo_epochs` passes, each over
@@ -264,6 +262,8 @@ class Rollouts:
             if self.updates > 1:
                 g = torch.Generator().manual_seed(stable_seed(self.seed, "epoch", first, epoch))
                 order = torch.randperm(n, generator=g)
+            if self.updates > 1 and epoch == 0:
+                batch["old_logp"] = self.old_logprobs(batch, list(order.split(per)))
             for m in range(self.opts.minibatches):
                 rows = order[m * per_step : (m + 1) * per_step]
                 step_stats = stats if not out else {"temperature": self.temperature}

@@ -130,7 +130,10 @@ def rl_loss(opts: RLOptions):
         m = mask.sum().clamp(min=1)
         metrics = {"entropy": (ent_BT.detach() * mask).sum() / m,
                    "outside_nucleus_frac": float(((batch["mask"] > 0) & ~valid).sum()) / float(m),
-                   "mean_abs_logp_diff": float(((old - rollout).abs() * mask).sum() / m)}  # fmt: skip
+                   "mean_abs_logp_diff": float(((old - rollout).abs() * mask).sum() / m),
+                   # slime's ppo_kl: 0 at a batch's first update, bit for bit (rollouts.py computes π_old in the
+                   # first update's micro-batch shapes), and the drift of π_θ from π_old after it
+                   "ppo_kl": float(((old - logp_BT.detach()) * mask).sum() / m)}  # fmt: skip
         return loss, stats | metrics | batch["stats"]
 
     return loss_fn
