@@ -76,24 +76,26 @@ def test_micro_batch_mask_is_the_model_tokens(tmp_path, base_dir):
 
 
 def test_optimizer_reset_after_each_push(tmp_path, base_dir):
-    """K = 2: the state built by step 0 survives step 1 and is gone when step 2's push happens."""
+    """K = 2: the state built by step 0 survives step 1 and is gone when step 2's push happens; staleness counts
+    trainer steps, so step 1's samples (weights of step 0, no push between) are 1 step stale."""
     from glmstack.posttrain.rl.stage import rl_loss
     from glmstack.train.stage import model_and_optimizer
 
     cfg = tiny_cfg(tmp_path, base_dir, sync_every=2, tau=1)
     model, optimizer = model_and_optimizer(cfg)
     data = build(cfg, model, optimizer, str(base_dir))
-    loss_fn, sizes, versions = rl_loss(cfg.agentic), [], []
+    loss_fn, sizes, versions, stale = rl_loss(cfg.agentic), [], [], []
     for _ in range(3):
         batches = data.make_step()
         versions.append(data.runner.version)
+        stale.append(batches[0]["stats"]["staleness_max"])
         sizes.append(sum(len(o.state) for o in optimizer.optimizers.values()))
         for b in batches:
             loss, _ = loss_fn(model, b, {})
             (loss + 0 * sum(p.sum() for p in model.parameters())).backward()  # every parameter gets a state
         optimizer.step()
         optimizer.zero_grad()
-    assert versions == [0, 0, 2]
+    assert versions == [0, 0, 2] and stale == [0.0, 1.0, 0.0]
     assert sizes[0] == 0 and sizes[1] > 0 and sizes[2] == 0
     data.runner.close()
 

@@ -4,7 +4,8 @@ The loop (glmstack/train/loop.py) asks for `grad_accum` micro-batches per optimi
 first request of step s by
   1. every K = `sync_every` steps: pushing the policy's weights to the rollout workers as version s, and resetting
      the optimizer's state (GLM-5 §3.3: "resets the optimizer after each inference-engine weight update");
-  2. taking the next batch of groups from the runner (the staleness drop and failure rules apply there);
+  2. taking the next batch of groups from the runner (the staleness drop and failure rules apply there, staleness
+     in trainer steps: step s − the step whose weights generated the sample's first turn);
   3. advantage = reward − group mean; cutting the samples into equal micro-batches, padded to one length:
      `input_ids`/`targets` (B, L), `mask` (B, L) 1 on the model's own tokens only, `rollout_logp` (B, L) the
      engine's log-probs of those tokens, `advantages` (B,), `temperature`, `stats`.
@@ -66,7 +67,7 @@ class AgenticData:
             t0 = time.perf_counter()
             stats |= self.evaluate(self.policy)
             stats["time/eval_s"] = time.perf_counter() - t0
-        groups, rstats = self.runner.next_batch()
+        groups, rstats = self.runner.next_batch(self.step)
         self.last_groups = groups  # the step's trajectories (tests, inspection)
         now = time.perf_counter()
         flat = [t for g in groups for t in g]

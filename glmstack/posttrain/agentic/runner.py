@@ -1,12 +1,14 @@
 """The asynchronous rollout runner: workers generate continuously, the trainer takes batches as they accumulate.
 
 GLM-5 §3.3 (research/rl-recipe.md §1.3): the inference side never waits for the trainer; a batch trains once
-enough trajectories have accumulated; weights go to the workers every K updates (data.py pushes them); each
-sample records its weight versions and is dropped when the trainer's version w' − its first version w0 > tau.
+enough trajectories have accumulated; weights go to the workers every K updates (data.py pushes them, the version
+being the trainer step they come from); each sample records its weight versions and is dropped when the trainer's
+current step s − its first version w0 > tau: staleness counts trainer steps, so the K − 1 steps between pushes
+count too.
 
     runner = Runner(pool, sample, groups_per_step=2, group_size=8, tau=1, workers=2, inflight=2)
     runner.push(state_dict, version=0)
-    groups, stats = runner.next_batch()          # blocks until groups_per_step groups are ready
+    groups, stats = runner.next_batch(step=3)    # blocks until groups_per_step groups are ready
 
 Tasks get increasing ids; each id is one group (one spec × group_size episodes with seeds from the id). The ledger
 records what became of every id exactly once (trained | stale | dropped), so a result that arrives twice (a task
@@ -67,13 +69,15 @@ class Runner:
             del self.owner[task_id]
             self.results[task_id] = group
 
-    def next_batch(self) -> tuple[list[list], dict]:
-        t0 = time.perf_counter()
+    def next_batch(self, step: int | None = None) -> tuple[list[list], dict]:
+        """The next `groups_per_step` groups for trainer step `step` (default: the last pushed version), staleness
+        measured against it."""
+        t0, current = time.perf_counter(), self.version if step is None else step
         groups, why = [], Counter()
         while len(groups) < self.groups_per_step:
             if self.take in self.results:
                 group = self.results.pop(self.take)
-                kept, reasons = settle(group, self.group_size, self.version, self.tau)
+                kept, reasons = settle(group, self.group_size, current, self.tau)
                 why.update(reasons)
                 self.ledger[self.take] = "trained" if kept else ("stale" if reasons["stale"] else "dropped")
                 self.take += 1
@@ -86,7 +90,7 @@ class Runner:
             self._collect()
         if self.asynchronous:
             self._top_up(0)  # keep the workers busy while the trainer trains
-        staleness = [self.version - t.first_version for g in groups for t in g]
+        staleness = [current - t.first_version for g in groups for t in g]
         stats = {f"rollout/{k}": float(v) for k, v in why.items()} | {
             "time/wait_s": time.perf_counter() - t0, "staleness_mean": sum(staleness) / len(staleness),
             "staleness_max": float(max(staleness)), "rollout/restarts": float(self.pool.restarts),
