@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from glmstack.posttrain.rl.distill import DistillConfig, DistillOptions
-from glmstack.posttrain.rl.stage import RLOptions
+from glmstack.posttrain.rl.distill import DistillConfig, DistillOptions, distill_rl_options
 
 
 def distill() -> DistillConfig:
     teachers = [{"model": "speedrun/sft/model", "task": "tools"}, {"model": "speedrun/sft/model", "task": "chat"}]
     cfg = DistillConfig(run="speedrun", stage="distill", init_from="speedrun/sft/model", seq_len=512,
                         micro_batch_size=16, grad_accum=1, steps=30, distill=DistillOptions(teachers=teachers),
-                        rl=RLOptions(task="tools", samples_per_step=16, curriculum=[[0, 0, 1]], max_new_tokens=48,
-                                     heldout_n=32, eval_every=10, dynamic_sampling=False))  # fmt: skip
+                        rl=distill_rl_options(task="tools", samples_per_step=16, max_new_tokens=48,
+                                     heldout_n=32, eval_every=10))  # fmt: skip
     cfg.optim.lr = 3e-4
     cfg.schedule = dataclasses.replace(cfg.schedule, lr="constant", warmup_steps=0, mtp_weight=[[0, 0.0]],
                                        balance_rate=[[0, 0.0]], aux_loss_weight=0.0)  # fmt: skip

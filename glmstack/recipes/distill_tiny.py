@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from glmstack.posttrain.rl.distill import DistillConfig, DistillOptions
-from glmstack.posttrain.rl.stage import RLOptions
+from glmstack.posttrain.rl.distill import DistillConfig, DistillOptions, distill_rl_options
 
 
 def distill() -> DistillConfig:
     cfg = DistillConfig(run="tiny", stage="distill", model="tiny", seq_len=16, micro_batch_size=8, grad_accum=2,
                         steps=10, distill=DistillOptions(),
-                        rl=RLOptions(task="toy", samples_per_step=16, curriculum=[[0, 0, 1]], max_new_tokens=4,
-                                     heldout_n=8, eval_every=5, dynamic_sampling=False))  # fmt: skip
+                        rl=distill_rl_options(task="toy", samples_per_step=16, max_new_tokens=4,
+                                     heldout_n=8, eval_every=5))  # fmt: skip
     cfg.optim.lr = 3e-3
     cfg.schedule = dataclasses.replace(cfg.schedule, lr="constant", warmup_steps=0, mtp_weight=[[0, 0.0]],
                                        balance_rate=[[0, 0.0]], aux_loss_weight=0.0)  # fmt: skip

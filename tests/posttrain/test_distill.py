@@ -105,3 +105,27 @@ def test_server_teacher_equals_in_process_teacher(base_dir, tok):
     local, served = steps
     assert torch.equal(local["input_ids"], served["input_ids"]) and local["mask"].sum() > 0
     torch.testing.assert_close(served["teacher_logp"], local["teacher_logp"], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("setting,message", [
+    ("rl.curriculum=[[0, 0, 8]]", "rl.curriculum=[[0, 0, 8]]: distillation runs with [[0, 0, 1]]"),
+    ("rl.dynamic_sampling=true", "rl.dynamic_sampling=True: distillation runs with False"),
+    ('rl.rewards=[["format", 1.0]]', "rl.rewards=[['format', 1.0]]: distillation runs with []"),
+])  # fmt: skip
+def test_distill_refuses_rl_options_it_would_ignore(base_dir, tmp_path, capsys, setting, message):
+    args = ["distill", "distill_tiny", "--set", f"init_from={base_dir}", "--set", f"out_dir={tmp_path}",
+            "--set", f'distill.teachers=[{{"model": "{base_dir}", "task": "toy"}}]', "--set", setting]  # fmt: skip
+    assert cli(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_distill_needs_no_group_size_divisibility(base_dir, tmp_path):
+    """Its group is 1: 6 samples over 2 micro-batches is fine (reasoning RL's group of 8 would refuse it)."""
+    from glmstack.config import apply_overrides
+    from glmstack.posttrain.rl.distill import check
+    from glmstack.recipes.distill_tiny import distill
+
+    cfg = apply_overrides(distill(), [f"init_from={base_dir}", "rl.samples_per_step=6", "grad_accum=2",
+                                      f'distill.teachers=[{{"model": "{base_dir}", "task": "toy"}}]'])  # fmt: skip
+    check(cfg)

@@ -43,7 +43,7 @@ from glmstack.config import ConfigError
 from glmstack.posttrain.rl import rewards as reward_lib
 from glmstack.posttrain.rl.losses import token_logprobs
 from glmstack.posttrain.rl.rollouts import Rollouts, stable_seed
-from glmstack.posttrain.rl.stage import RLConfig
+from glmstack.posttrain.rl.stage import RLConfig, RLOptions
 from glmstack.train import dist
 
 TEACHER_KEYS = {"model": str, "task": str, "weight": (int, float), "level": int, "server": str}
@@ -54,8 +54,15 @@ class DistillOptions:
     teachers: list[dict] = field(default_factory=list)  # [{"model", "task", "weight" (1.0), "level" (0)}]
 
 
+def distill_rl_options(**kw) -> RLOptions:
+    """RLOptions as distillation uses them: one sample per prompt, no reward selection (the teacher's log-probs are
+    the signal), each teacher's prompts at its own level."""
+    return RLOptions(**({"curriculum": [[0, 0, 1]], "dynamic_sampling": False} | kw))
+
+
 @dataclass(kw_only=True)
 class DistillConfig(RLConfig):
+    rl: RLOptions = field(default_factory=distill_rl_options)
     distill: DistillOptions = field(default_factory=DistillOptions)
 
 
@@ -220,10 +227,26 @@ def build(cfg: DistillConfig, model, tokenizer) -> Distillation:
         raise ConfigError(f"distill: {e}") from None
 
 
+# rl options distillation cannot honour: (name, the value it runs with, why)
+NOT_FOR_DISTILL = (
+    ("curriculum", [[0, 0, 1]], "one sample per prompt, each teacher's prompts at its own level (distill.teachers' "
+                                "`level`)"),
+    ("dynamic_sampling", False, "no group rewards to select on: the teacher's log-probs are the advantage"),
+    ("dynamic_temperature", False, "the temperature sweep needs a reward plateau; distillation trains on none"),
+    ("rewards", [], "task rewards are watched (reward/<task>), never trained on"),
+)  # fmt: skip
+
+
 def check(cfg: DistillConfig) -> None:
+    from glmstack.posttrain.rl.stage import check_sampling
+
     if not isinstance(cfg, DistillConfig):
         raise ConfigError(f"the distill stage needs a DistillConfig (got {type(cfg).__name__})")
     o = cfg.rl
+    for name, value, why in NOT_FOR_DISTILL:
+        if getattr(o, name) != value:
+            raise ConfigError(f"rl.{name}={getattr(o, name)!r}: distillation runs with {value!r} ({why})")
+    check_sampling(cfg)
     if any(t.server for t in teachers_of(cfg)) and (o.temperature != 1.0 or o.top_p < 1.0 or o.top_k):
         raise ConfigError("a teacher server reports raw log-probs: use rl.temperature=1, top_p=1, top_k=0")
     if cfg.rl.loss == "gspo":
@@ -231,17 +254,16 @@ def check(cfg: DistillConfig) -> None:
     if cfg.rl.rollout_server:
         raise ConfigError("rl.rollout_server: distillation samples from the in-process student (a server keeps its "
                           "own weights)")  # fmt: skip
-    if cfg.rl.samples_per_step % cfg.grad_accum:
+    if cfg.rl.samples_per_step % (cfg.grad_accum * o.minibatches):
         raise ConfigError(f"rl.samples_per_step={cfg.rl.samples_per_step} does not split into grad_accum="
-                          f"{cfg.grad_accum} micro-batches")  # fmt: skip
+                          f"{cfg.grad_accum} x rl.minibatches={o.minibatches} micro-batches")  # fmt: skip
 
 
 def run_distill(cfg: DistillConfig, stop_at: int | None = None) -> dict:
     from glmstack.posttrain.rl.stage import run_rl
     from glmstack.train.stage import stage_dir
 
-    check(cfg)
-    result = run_rl(cfg, stop_at=stop_at, build_data=build)
+    result = run_rl(cfg, stop_at=stop_at, build_data=build, check_fn=check)
     if dist.rank() == 0 and "heldout" in result:
         (stage_dir(cfg) / "distill_summary.json").write_text(json.dumps(result["heldout"], indent=2) + "\n")
     return result

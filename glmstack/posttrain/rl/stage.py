@@ -140,6 +140,17 @@ def rl_loss(opts: RLOptions):
 
 
 # ---------------------------------------------------------------------------------------------------- stage
+def check_sampling(cfg: RLConfig) -> None:
+    """What every RL data stream needs (rl, distill): updates per batch, a sampling temperature, no batch warm-up."""
+    o = cfg.rl
+    if o.ppo_epochs < 1 or o.minibatches < 1:
+        raise ConfigError("rl.ppo_epochs and rl.minibatches must be >= 1")
+    if o.temperature <= 0:
+        raise ConfigError("rl.temperature must be > 0 (RL samples; the trainer divides its logits by it)")
+    if cfg.schedule.batch_warmup_start_tokens:
+        raise ConfigError("schedule.batch_warmup_start_tokens: RL batches are rollouts; no batch-size warm-up")
+
+
 def check(cfg: RLConfig) -> None:
     from glmstack.posttrain.rl.rollouts import check_divisible, stage_at
     from glmstack.posttrain.rl.tasks import TASKS
@@ -151,10 +162,7 @@ def check(cfg: RLConfig) -> None:
         raise ConfigError(
             f"rl.task: unknown task {o.task!r} (expected one of {', '.join(TASKS)}, reasoning_gym:<name>)"
         )
-    if o.ppo_epochs < 1 or o.minibatches < 1:
-        raise ConfigError("rl.ppo_epochs and rl.minibatches must be >= 1")
-    if o.temperature <= 0:
-        raise ConfigError("rl.temperature must be > 0 (RL samples; the trainer divides its logits by it)")
+    check_sampling(cfg)
     if not o.curriculum or any(len(r) not in (3, 4) for r in o.curriculum):
         raise ConfigError("rl.curriculum: give rows [from_step, level, group_size] or [..., hard_k]")
     for _, _, group, hard_k in (stage_at(o.curriculum, r[0]) for r in o.curriculum):
@@ -163,8 +171,6 @@ def check(cfg: RLConfig) -> None:
         problem = check_divisible(o.samples_per_step, int(group), cfg.grad_accum * o.minibatches)
         if problem:
             raise ConfigError(problem)
-    if cfg.schedule.batch_warmup_start_tokens:
-        raise ConfigError("schedule.batch_warmup_start_tokens: RL batches are rollouts; no batch-size warm-up")
 
 
 def load_tokenizer(cfg: RLConfig):
@@ -190,13 +196,14 @@ def build(cfg: RLConfig, model, tokenizer):
         raise ConfigError(f"rl: {e}") from None
 
 
-def run_rl(cfg: RLConfig, stop_at: int | None = None, build_data=build) -> dict:
+def run_rl(cfg: RLConfig, stop_at: int | None = None, build_data=build, check_fn=check) -> dict:
     """Model and optimiser as every stage builds them, rollouts as the data, the RL loss; then the held-out score
-    of the final weights (rl_summary.json), the dashboard plots and (with a tokenizer) an HF model folder."""
+    of the final weights (rl_summary.json), the dashboard plots and (with a tokenizer) an HF model folder.
+    `build_data` / `check_fn`: another data stream and its own checks (distill.py)."""
     from glmstack.train.loop import train
     from glmstack.train.stage import model_and_optimizer, stage_dir
 
-    check(cfg)
+    check_fn(cfg)
     model, optimizer = model_and_optimizer(cfg)
     tokenizer = load_tokenizer(cfg)
     data = build_data(cfg, model, tokenizer)  # Rollouts; distill.py passes its teachers' stream
