@@ -77,7 +77,7 @@ class VisionRollouts(Rollouts):
 
     def sync(self, perturb: bool = True) -> float:
         t0 = time.perf_counter()
-        state = dist.full_state_dict(self.policy) if dist.is_dist() else dist.unwrap(self.policy).state_dict()
+        state = self.full_state()
         if self.engine is None:
             self.engine = copy.deepcopy(dist.unwrap(self.policy)).to(getattr(torch, self.opts.rollout_dtype)).eval()
         with torch.no_grad():
@@ -86,12 +86,12 @@ class VisionRollouts(Rollouts):
             self.perturb(self.engine)
         return time.perf_counter() - t0
 
-    def generate(self, problems, group_size: int, temperature: float, tag):
+    def generate(self, problems, group_size: int, temperature: float, tag, first_row: int = 0):
         from glmstack.posttrain.rl.rollouts import stable_seed
 
         o, eos = self.opts, self.tokenizer.eos_ids
         rows_of = [problems[i // group_size] for i in range(len(problems) * group_size)]
-        seeds = [stable_seed(self.seed, tag, i) for i in range(len(rows_of))]
+        seeds = [stable_seed(self.seed, tag, first_row + i) for i in range(len(rows_of))]
         tokens, logps = [], []
         for k in range(0, len(rows_of), self.DECODE_ROWS):
             t, lp = self._decode(rows_of[k : k + self.DECODE_ROWS], seeds[k : k + self.DECODE_ROWS], temperature)
@@ -151,9 +151,13 @@ def check(cfg: VLRLConfig) -> None:
     if not cfg.init_from:
         raise ConfigError("init_from is required: the vision-language model folder to train (e.g. vl_tiny/sft/model)")
     if cfg.rl.ppo_epochs * cfg.rl.minibatches != 1:
-        raise ConfigError("rl.ppo_epochs / rl.minibatches: vl-rl takes one optimizer step per rollout batch (on-policy)")
+        raise ConfigError(
+            "rl.ppo_epochs / rl.minibatches: vl-rl takes one optimizer step per rollout batch (on-policy)"
+        )
     if cfg.rl.task != VisualQA.name:
-        raise ConfigError(f"rl.task={cfg.rl.task!r}: vl-rl trains on its visual QA task only (rl.task={VisualQA.name!r})")
+        raise ConfigError(
+            f"rl.task={cfg.rl.task!r}: vl-rl trains on its visual QA task only (rl.task={VisualQA.name!r})"
+        )
     if cfg.rl.rollout_server:
         raise ConfigError("rl.rollout_server: vl-rl rolls out in process only (its prompts carry pixels); unset it")
     # rl.task names posttrain/rl's text tasks; vl-rl's task is VisualQA, so check the rest with the default task

@@ -91,6 +91,8 @@ class DistConfig:
     dp: Literal["auto", "none", "ddp", "fsdp"] = "auto"  # data parallel under torchrun (auto: ddp if world > 1)
     expert_parallel: bool = False  # shard routed experts over ranks, all-to-all dispatch/combine
     ep: int = 0  # expert-parallel degree: ranks per expert group (0 = all ranks); divides the number of ranks
+    # DDP: let some parameters get no gradient in a step (RL's loss reads the logits only: the MTP layer is idle)
+    find_unused_parameters: bool = False
 
 
 @dataclass(kw_only=True)

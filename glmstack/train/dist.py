@@ -72,6 +72,15 @@ def sum_over_ranks(x: float) -> float:
     return mean_over_ranks(x) * world()
 
 
+def max_over_ranks(x: int) -> int:
+    """The largest of an integer over ranks (e.g. a padded length every rank must share)."""
+    if not is_dist():
+        return x
+    t = torch.tensor([x], dtype=torch.int64, device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
 def means_over_ranks(values: dict[str, float]) -> dict[str, float]:
     """Average every scalar of a dict over ranks in one all-reduce."""
     if not is_dist() or not values:
@@ -85,7 +94,8 @@ def means_over_ranks(values: dict[str, float]) -> dict[str, float]:
 # ---------------------------------------------------------------- wrapping
 
 
-def parallelize(model: nn.Module, dp: str, expert_parallel: bool = False, fill=None, ep: int = 0) -> nn.Module:
+def parallelize(model: nn.Module, dp: str, expert_parallel: bool = False, fill=None, ep: int = 0,
+                find_unused: bool = False) -> nn.Module:  # fmt: skip
     """Expert parallel (over groups of `ep` ranks; 0 = all), then DDP / FSDP2; returns what the loop calls (DDP
     wraps, the others modify in place).
 
@@ -116,7 +126,7 @@ def parallelize(model: nn.Module, dp: str, expert_parallel: bool = False, fill=N
 
         ignore = [n for n, p in model.named_parameters() if _is_ep(p)]
         DDP._set_params_and_buffers_to_ignore_for_model(model, ignore)  # expert shards differ by rank
-        return DDP(model)
+        return DDP(model, find_unused_parameters=find_unused)
     return model
 
 
@@ -238,20 +248,22 @@ def clip_grad_norm_(model: nn.Module, max_norm: float) -> float:
 # ---------------------------------------------------------------- state dicts
 
 
-def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+def full_state_dict(model: nn.Module, everywhere: bool = False) -> dict[str, torch.Tensor]:
     """Unsharded CPU state dict (collective: call on every rank). Only rank 0 keeps it (the others get {}), and
-    each sharded tensor is gathered one at a time, so no other rank ever holds the whole model."""
+    each sharded tensor is gathered one at a time, so no other rank ever holds the whole model; `everywhere`:
+    every rank keeps it (RL: each rank's rollout engine runs the whole policy)."""
     inner = unwrap(model)
     from glmstack.train.expert_parallel import gather_expert_state
 
+    keep = everywhere or rank() == 0
     state = {}
     for name, t in inner.state_dict().items():
         if _is_dtensor(t):
             t = t.full_tensor()
-        if rank() == 0:
-            state[name] = t.detach().cpu()
-    state = gather_expert_state(inner, state)
-    return state if rank() == 0 else {}
+        if keep:
+            state[name] = t.detach().cpu().clone()
+    state = gather_expert_state(inner, state, everywhere)
+    return state if keep else {}
 
 
 def load_full_state_dict(model: nn.Module, state: dict[str, torch.Tensor]) -> None:

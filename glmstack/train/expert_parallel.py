@@ -156,10 +156,18 @@ def reduce_expert_grads(model: nn.Module) -> None:
             offset += g.numel()
 
 
-def gather_expert_state(model: nn.Module, state: dict) -> dict:
+def gather_expert_state(model: nn.Module, state: dict, everywhere: bool = False) -> dict:
     """Put the full banks into rank 0's `state` in place of this rank's expert slices (collective over rank 0's
-    expert group, whose ranks hold every expert once; the others keep nothing)."""
+    expert group, whose ranks hold every expert once; the others keep nothing). `everywhere`: into every rank's
+    (an all-gather in each expert group)."""
     for name, m in _ep_modules(model):
+        if everywhere:
+            for p_name in ("gate_up_proj", "down_proj"):
+                local = getattr(m, p_name).detach().contiguous()
+                parts = [torch.empty_like(local) for _ in range(m.world)]
+                dist.all_gather(parts, local, group=m.group)
+                state[f"{name}.{p_name}"] = torch.cat(parts).cpu()
+            continue
         if m.mesh["replica"].get_local_rank() != 0:
             continue
         for p_name in ("gate_up_proj", "down_proj"):

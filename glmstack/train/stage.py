@@ -63,7 +63,8 @@ def build_model(cfg: TrainConfig, device: torch.device):
     its part (dist.materialize), so no rank ever holds the whole model: what lets a GLM-4.5-Air recipe start."""
     model, tensors = _meta_model(cfg, device)
     fill = lambda m: dist.materialize(m, device, tensors)
-    model = dist.parallelize(model, cfg.dist.dp, cfg.dist.expert_parallel, fill=fill, ep=cfg.dist.ep)
+    model = dist.parallelize(model, cfg.dist.dp, cfg.dist.expert_parallel, fill=fill, ep=cfg.dist.ep,
+                             find_unused=cfg.dist.find_unused_parameters)  # fmt: skip
     if cfg.compile == "on" or (cfg.compile == "auto" and device.type == "cuda"):
         compile_blocks(dist.unwrap(model))
     return model

@@ -28,7 +28,7 @@ from glmstack.posttrain.agentic.env import EnvOptions, env_class
 from glmstack.posttrain.agentic.episode import EpisodeOptions
 from glmstack.posttrain.rl.rollouts import stable_seed
 from glmstack.train import dist
-from glmstack.train.config import TrainConfig
+from glmstack.train.config import DistConfig, TrainConfig
 
 
 @dataclass(kw_only=True)
@@ -88,6 +88,7 @@ class RayOptions:
 
 @dataclass(kw_only=True)
 class AgenticConfig(TrainConfig):
+    dist: DistConfig = field(default_factory=lambda: DistConfig(find_unused_parameters=True))  # as RLConfig's
     runner: Literal["local", "ray"] = "local"
     ray: RayOptions = field(default_factory=RayOptions)
     agentic: AgenticOptions = field(default_factory=AgenticOptions)

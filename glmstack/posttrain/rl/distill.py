@@ -229,8 +229,8 @@ def build(cfg: DistillConfig, model, tokenizer) -> Distillation:
 
 # rl options distillation cannot honour: (name, the value it runs with, why)
 NOT_FOR_DISTILL = (
-    ("curriculum", [[0, 0, 1]], "one sample per prompt, each teacher's prompts at its own level (distill.teachers' "
-                                "`level`)"),
+    ("curriculum", [[0, 0, 1]], ("one sample per prompt, each teacher's prompts at its own level "
+                                 "(distill.teachers' `level`)")),
     ("dynamic_sampling", False, "no group rewards to select on: the teacher's log-probs are the advantage"),
     ("dynamic_temperature", False, "the temperature sweep needs a reward plateau; distillation trains on none"),
     ("rewards", [], "task rewards are watched (reward/<task>), never trained on"),

@@ -16,6 +16,13 @@ With PPO-style updates (`rl.ppo_epochs` × `rl.minibatches` optimizer steps per 
 `old_logp (B, L)`: the trainer's log-probs at the rollout weights, computed once before the first update; each epoch
 visits the samples in a fresh order (a pure function of seed, step and epoch) cut into `minibatches` steps.
 
+Several ranks (DDP / FSDP2 / expert parallel): `rl.samples_per_step` is the global batch. Every rank draws the
+step's prompts as one process would and takes its contiguous share of the groups, sampling each row with the seed
+of its global row index; every rank's rollout engine holds the whole policy (the unsharded state, gathered on
+each sync); batches are padded to one length over all ranks, so the loop weights every micro-batch alike and a
+step equals one process accumulating all ranks' micro-batches (tests/dist/test_rl_dist.py). Over-sampling rounds
+(dynamic sampling) draw per rank.
+
 Everything is a pure function of (seed, step): the prompts, the per-row sampling seeds and the held-out set, so the
 state (`state_dict`) is the step counter, the temperature, the reward history and the micro-batches of the current
 rollout batch not yet trained on (PPO-style updates), and a resumed run generates exactly what the uninterrupted one
@@ -85,6 +92,7 @@ class Rollouts:
         self.step, self.temperature, self.history = 0, float(opts.temperature), []
         self.queue: list[dict] = []
         self.engine = None
+        self.check_ranks()
         self.heldout = task.problems(split="test", n=opts.heldout_n, seed=seed, level=opts.heldout_level)
 
     # ------------------------------------------------------------------ the loop's protocol
@@ -104,6 +112,18 @@ class Rollouts:
         self.step, self.temperature = int(state["step"]), float(state["temperature"])
         self.history, self.queue = list(state["history"]), list(state.get("queue", []))
 
+    def check_ranks(self) -> None:
+        """The global batch must split into whole groups per rank and whole micro-batches per rank."""
+        from glmstack.config import ConfigError
+
+        W, o = dist.world(), self.opts
+        for _, _, group, _ in (stage_at(o.curriculum, r[0]) for r in o.curriculum):
+            per_rank = o.samples_per_step // W
+            if o.samples_per_step % (int(group) * W) or per_rank % (self.micro_batches * o.minibatches):
+                raise ConfigError(f"rl.samples_per_step={o.samples_per_step} must split into {W} ranks x whole groups "
+                                  f"of {int(group)}, each rank's share into grad_accum x rl.minibatches = "
+                                  f"{self.micro_batches * o.minibatches} micro-batches")  # fmt: skip
+
     @property
     def updates(self) -> int:
         """Optimizer steps per rollout batch."""
@@ -116,22 +136,34 @@ class Rollouts:
         from glmstack.inference import Engine
 
         t0 = time.perf_counter()
-        policy = dist.unwrap(self.policy)
         if self.opts.rollout_server:  # the server keeps its weights (remote.py)
             if self.engine is None:
                 from glmstack.posttrain.rl.remote import ServerEngine
 
                 self.engine = ServerEngine(self.opts.rollout_server, self.opts.server_model, self.tokenizer)
             return 0.0
+        state = self.full_state()
         if self.engine is None:
-            rollout_model = copy.deepcopy(policy).to(getattr(torch, self.opts.rollout_dtype))
+            rollout_model = self.plain_model(state).to(getattr(torch, self.opts.rollout_dtype))
             self.engine = Engine(rollout_model, self.tokenizer)
             self.engine.compact = True
         with torch.no_grad():
-            self.engine.model.load_state_dict(policy.state_dict())
+            self.engine.model.load_state_dict(state)
         if perturb:
             self.perturb(self.engine.model)
         return time.perf_counter() - t0
+
+    def full_state(self) -> dict:
+        """The policy's whole state on this rank (collective with several ranks: FSDP / expert shards gathered)."""
+        if dist.is_dist():
+            return dist.full_state_dict(self.policy, everywhere=True)
+        return dist.unwrap(self.policy).state_dict()
+
+    def plain_model(self, state: dict):
+        """A single-device copy of the policy holding `state` (its own tensors: the trainer's are not shared)."""
+        if dist.is_dist():
+            return dist.plain_copy(dist.unwrap(self.policy), state)
+        return copy.deepcopy(dist.unwrap(self.policy))
 
     @torch.no_grad()
     def perturb(self, model) -> None:
@@ -144,10 +176,11 @@ class Rollouts:
                 noise = torch.randn(p.shape, generator=g, dtype=torch.float32)
                 p.add_((noise * self.opts.rollout_noise * p.float().std()).to(p.dtype))
 
-    def generate(self, problems, group_size: int, temperature: float, tag) -> tuple[list, list[reward_lib.Sample]]:
-        """All problems × group_size samples -> (engine results per row, reward Samples)."""
+    def generate(self, problems, group_size: int, temperature: float, tag, first_row: int = 0):
+        """All problems × group_size samples -> (engine results per row, reward Samples); row i samples with the
+        seed of row first_row + i (its index in the global batch)."""
         prompts = [p.prompt_ids for p in problems for _ in range(group_size)]
-        seeds = [stable_seed(self.seed, tag, i) for i in range(len(prompts))]
+        seeds = [stable_seed(self.seed, tag, first_row + i) for i in range(len(prompts))]
         o = self.opts
         res = self.engine.generate(prompts, max_new_tokens=o.max_new_tokens, temperature=temperature, top_p=o.top_p,
                                    top_k=o.top_k, seeds=seeds, logprobs=True, stop_ids=self._stop_ids())  # fmt: skip
@@ -169,7 +202,8 @@ class Rollouts:
     def make_step(self) -> list[dict]:
         o = self.opts
         _, level, group, hard_k = map(int, stage_at(o.curriculum, self.step))
-        n_prompts = o.samples_per_step // group
+        W, rank = dist.world(), dist.rank()
+        n_prompts = o.samples_per_step // group // W  # this rank's groups
         evaluate = bool(o.eval_every and -self.step % o.eval_every < self.updates)  # a multiple in this batch's steps
         stats = {"time/sync_s": self.sync(perturb=not evaluate), "level": float(level), "group_size": float(group)}
         t0 = time.perf_counter()
@@ -187,11 +221,14 @@ class Rollouts:
             need = n_prompts - len(kept)
             if need <= 0:
                 break
-            ask = need if round_ == 0 else need * o.oversample
-            tag = (self.step, round_) if dist.world() == 1 else (self.step, round_, dist.rank())  # ranks differ
+            # round 0: the global draw, this rank's share of it; refills: each rank its own draw
+            tag = (self.step, round_) if round_ == 0 or W == 1 else (self.step, round_, rank)
+            ask = n_prompts * W if round_ == 0 else need * o.oversample
             problems = self.task.problems(split="train", n=ask, seed=stable_seed(self.seed, *tag), level=level)
+            first = rank * n_prompts if round_ == 0 else 0
+            problems = problems[first : first + n_prompts] if round_ == 0 else problems
             t0 = time.perf_counter()
-            rows, samples = self.generate(problems, group, self.temperature, tag)
+            rows, samples = self.generate(problems, group, self.temperature, tag, first * group)
             t1 = time.perf_counter()
             rew, means = reward_lib.total(samples, self.weights)
             t_roll, t_rew = t_roll + t1 - t0, t_rew + time.perf_counter() - t1
@@ -209,7 +246,7 @@ class Rollouts:
                 (kept if informative(values, hard_k) or not o.dynamic_sampling else spare).append(grp)
         kept = (kept + spare)[:n_prompts]  # not enough informative groups: fill with zero-gradient ones
         stats |= {"zero_var_frac": n_zero / max(n_groups, 1), "kept_informative": float(sum(
-            len({r for _, r, _ in g}) > 1 for g in kept)) / n_prompts,
+            len({r for _, r, _ in g}) > 1 for g in kept)) / max(n_prompts, 1),
             "time/rollout_s": t_roll, "time/reward_s": t_rew, "rollout_tok_per_s": new_tok / max(t_roll, 1e-9),
             "temperature": self.temperature}  # fmt: skip
         self.history.append(stats["reward"])
@@ -221,7 +258,7 @@ class Rollouts:
         flat = [s for g in groups for s in g]
         rew = torch.tensor([r for _, r, _ in flat])
         adv = group_advantages(rew, group, std_normalize=self.opts.std_normalize)
-        L = max(len(p) + len(t) for (p, t, _), _, _ in flat) - 1
+        L = dist.max_over_ranks(max(len(p) + len(t) for (p, t, _), _, _ in flat) - 1)  # one length on every rank
         n = len(flat)
         ids, tgt = torch.zeros(n, L, dtype=torch.long), torch.zeros(n, L, dtype=torch.long)
         mask, rlp = torch.zeros(n, L), torch.zeros(n, L)

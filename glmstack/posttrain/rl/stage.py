@@ -40,7 +40,7 @@ from glmstack.posttrain.rl.losses import (
     token_logprobs,  # fmt: skip
 )
 from glmstack.train import dist
-from glmstack.train.config import TrainConfig
+from glmstack.train.config import DistConfig, TrainConfig
 from glmstack.train.loop import VISION_INPUTS
 
 
@@ -92,6 +92,8 @@ class RLOptions:
 @dataclass(kw_only=True)
 class RLConfig(TrainConfig):
     rl: RLOptions = field(default_factory=RLOptions)
+    # the RL loss reads the logits only: under DDP the MTP layer gets no gradient
+    dist: DistConfig = field(default_factory=lambda: DistConfig(find_unused_parameters=True))
 
 
 # ---------------------------------------------------------------------------------------------------- loss
@@ -210,10 +212,11 @@ def run_rl(cfg: RLConfig, stop_at: int | None = None, build_data=build, check_fn
     folder = stage_dir(cfg)
     result = train(model=model, optimizer=optimizer, data=data, cfg=cfg, stage_dir=folder, loss_fn=rl_loss(cfg.rl),
                    stop_at=stop_at)  # fmt: skip
+    if result["stopped"] == "done":
+        data.sync(perturb=False)  # on every rank: gathering a sharded policy is collective
     if dist.rank() == 0 and result["stopped"] == "done":
         from glmstack.posttrain.rl.dashboard import plot_dashboard, summary
 
-        data.sync(perturb=False)
         result["heldout_acc"] = data.evaluate()
         if hasattr(data, "evaluate_all"):  # one held-out score per task (distillation: per teacher)
             result["heldout"] = data.evaluate_all()
