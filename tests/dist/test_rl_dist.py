@@ -1,10 +1,12 @@
-"""Multi-rank RL (issue 35): two gloo processes on CPU give the single-process run with the same global batch.
+"""Multi-rank RL (issue 35): two gloo processes on CPU give the single-process run with the same global batch,
+for reasoning RL (`glmstack rl`) and agentic RL (`glmstack agentic-rl`, synchronous runner).
 
 `rl.samples_per_step` is the global batch: each rank takes its contiguous share of the step's groups (the prompts
 one process would draw, the seeds of their global row indices), syncs the whole policy into its own rollout engine
 (gathered from FSDP2 shards), and pads to one length over all ranks, so the loop weights every micro-batch alike.
 The single-process reference accumulates the two ranks' micro-batches (grad_accum doubled): same rows, same
-order. Dynamic sampling is off: its refills draw per rank (rollouts.py's docstring).
+order. Dynamic sampling is off: its refills draw per rank (rollouts.py's docstring). Agentic: `groups_per_step`
+is global, rank r runs tasks r, r + 2, ... (runner.py), so the two ranks' groups are the single run's two groups.
 """
 
 import json
@@ -21,13 +23,13 @@ BASE = ["steps=3", "rl.samples_per_step=16", "rl.dynamic_sampling=false", "rl.ev
         "log.plots=false", "schedule.warmup_steps=0"]  # fmt: skip
 
 
-def _worker(rank, world, port, overrides):
+def _worker(rank, world, port, overrides, command=("rl", "rl_tiny")):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))  # fmt: skip
     import torch
 
     torch.set_num_threads(1)
-    assert glmstack(["rl", "rl_tiny", *_sets(overrides)]) == 0
+    assert glmstack([*command, *_sets(overrides)]) == 0
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 
@@ -36,8 +38,8 @@ def _sets(overrides: list[str]) -> list[str]:
     return [a for o in overrides for a in ("--set", o)]
 
 
-def _rows(out_dir):
-    rows = (out_dir / "tiny" / "rl" / "metrics.jsonl").read_text().splitlines()
+def _rows(out_dir, stage="rl"):
+    rows = (out_dir / "tiny" / stage / "metrics.jsonl").read_text().splitlines()
     return [json.loads(r) for r in rows]
 
 
@@ -56,3 +58,33 @@ def test_two_ranks_equal_one_process_with_the_global_batch(tmp_path, dp):
     s1 = json.loads((single / "tiny" / "rl" / "rl_summary.json").read_text())
     s2 = json.loads((two / "tiny" / "rl" / "rl_summary.json").read_text())
     assert s1["heldout_end"] == s2["heldout_end"] and s1["means"]["reward"] == pytest.approx(s2["means"]["reward"])
+
+
+def test_agentic_two_ranks_train_disjoint_tasks_equal_to_one_process(tmp_path):
+    from tests.posttrain.base import make_base
+
+    base = make_base(tmp_path / "base")
+    common = [
+        f"init_from={base}",
+        'agentic.envs=[["calculator", 1.0]]',
+        "agentic.asynchronous=false",
+        "agentic.groups_per_step=2",
+        "steps=2",
+        "dist.dp=ddp",
+        "agentic.entropy_coef=0.01",
+    ]  # a gradient from every token even where all rewards are equal
+    single = tmp_path / "single"
+    assert glmstack(["agentic-rl", "agentic_tiny", *_sets([*common, "grad_accum=2", f"out_dir={single}"])]) == 0
+    two = tmp_path / "two"
+    mp.spawn(_worker, args=(2, free_port(), [*common, "grad_accum=1", f"out_dir={two}"], ("agentic-rl", "agentic_tiny")),
+             nprocs=2, join=True)  # fmt: skip
+    ref, got = _rows(single, "agentic"), _rows(two, "agentic")
+    assert [r["step"] for r in got] == [r["step"] for r in ref] == [1, 2]
+    for a, b in zip(got, ref):
+        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-4 * b["grad_norm"], (got, ref)
+        assert a["reward"] == pytest.approx(b["reward"]) and b["grad_norm"] > 0, (got, ref)
+    summary = {k: json.loads((d / "tiny" / "agentic" / "agentic_summary.json").read_text()) for k, d in
+               (("single", single), ("two", two))}  # fmt: skip
+    assert summary["single"]["trained_tasks"] == [0, 1, 2, 3]
+    assert summary["two"]["trained_tasks"] == [0, 2]  # rank 0's; rank 1 trained 1 and 3 (same losses as one run)
+    assert summary["two"]["accepted_trajectories"] == summary["single"]["accepted_trajectories"] // 2

@@ -53,6 +53,9 @@ class AgenticData:
         self.runner.take = self.runner.next_id = int(state.get("next_task", 0))
 
     def weights(self) -> dict:
+        """The policy's whole state, a copy (collective with several ranks: FSDP / expert shards gathered)."""
+        if dist.is_dist():
+            return dist.full_state_dict(self.policy, everywhere=True)
         return {k: v.detach().cpu().clone() for k, v in dist.unwrap(self.policy).state_dict().items()}
 
     def make_step(self) -> list[dict]:
@@ -65,7 +68,7 @@ class AgenticData:
             stats["time/sync_s"] = time.perf_counter() - t0
         if self.evaluate is not None and self.eval_every and self.step % self.eval_every == 0:
             t0 = time.perf_counter()
-            stats |= self.evaluate(self.policy)
+            stats |= self.evaluate(self.weights())
             stats["time/eval_s"] = time.perf_counter() - t0
         groups, rstats = self.runner.next_batch(self.step)
         self.last_groups = groups  # the step's trajectories (tests, inspection)
@@ -80,7 +83,7 @@ class AgenticData:
 
     def micro(self, flat: list, stats: dict) -> list[dict]:
         adv = advantages([t.reward for t in flat], self.group_size)
-        n, L = len(flat), max(len(t.ids) for t in flat) - 1
+        n, L = len(flat), dist.max_over_ranks(max(len(t.ids) for t in flat) - 1)  # one length on every rank
         ids, tgt = torch.zeros(n, L, dtype=torch.long), torch.zeros(n, L, dtype=torch.long)
         mask, rlp = torch.zeros(n, L), torch.zeros(n, L)
         for i, t in enumerate(flat):

@@ -10,7 +10,9 @@ count too.
     runner.push(state_dict, version=0)
     groups, stats = runner.next_batch(step=3)    # blocks until groups_per_step groups are ready
 
-Tasks get increasing ids; each id is one group (one spec × group_size episodes with seeds from the id). The ledger
+Tasks get increasing ids; each id is one group (one spec × group_size episodes with seeds from the id). With
+several trainer ranks each runner takes its own ids: local id i is task i · world + rank everywhere outside the
+runner (spec, seeds, what the pool reports), so no two ranks train the same trajectories. The ledger
 records what became of every id exactly once (trained | stale | dropped), so a result that arrives twice (a task
 re-done after its worker died) is never counted twice, and none is lost: ids are handed to the trainer in order
 (a reorder buffer), so the batches of a run are a function of the weights each task saw, not of which worker
@@ -29,8 +31,9 @@ from glmstack.posttrain.agentic.groups import settle
 
 class Runner:
     def __init__(self, pool, sample, *, groups_per_step: int, group_size: int, tau: int, workers: int,
-                 inflight: int = 1, asynchronous: bool = True):  # fmt: skip
+                 inflight: int = 1, asynchronous: bool = True, rank: int = 0, world: int = 1):  # fmt: skip
         self.pool, self.sample = pool, sample  # sample(task_id) -> spec
+        self.rank, self.world = rank, world
         self.groups_per_step, self.group_size, self.tau = groups_per_step, group_size, tau
         self.workers, self.inflight, self.asynchronous = workers, inflight, asynchronous
         self.version = -1
@@ -51,7 +54,8 @@ class Runner:
         load = Counter(self.owner.values())
         w = min(range(self.workers), key=lambda k: load[k])
         self.owner[self.next_id] = w
-        self.pool.submit(w, self.next_id, self.sample(self.next_id))
+        task = self.next_id * self.world + self.rank  # the global task id: disjoint over ranks
+        self.pool.submit(w, task, self.sample(task))
         self.next_id += 1
 
     def _top_up(self, missing: int) -> None:
@@ -62,8 +66,9 @@ class Runner:
             self._submit_one()
 
     def _collect(self) -> None:
-        for task_id, group in self.pool.wait():
-            if task_id in self.ledger or task_id in self.results or task_id not in self.owner:
+        for task, group in self.pool.wait():
+            task_id, rank = divmod(task, self.world)
+            if rank != self.rank or task_id in self.ledger or task_id in self.results or task_id not in self.owner:
                 self.duplicates += 1
                 continue
             del self.owner[task_id]

@@ -142,20 +142,20 @@ def evaluate(worker, specs: list[dict], env: EnvOptions) -> dict:
     return out
 
 
-def held_out_eval(cfg: AgenticConfig, tokenizer_dir: str):
-    """evaluate(policy) -> {heldout_success, heldout_success_faults, per env}: the policy's current weights in an
-    in-process worker, without and with injected tool failures (`eval_fault_p`)."""
+def held_out_eval(cfg: AgenticConfig, model, tokenizer_dir: str):
+    """evaluate(state) -> {heldout_success, heldout_success_faults, per env}: the policy's whole state (the trainer's
+    current weights) in an in-process worker, without and with injected tool failures (`eval_fault_p`)."""
     from glmstack.posttrain.agentic.worker import RolloutWorker
 
     o = cfg.agentic
     specs = heldout(o, o.heldout_seed if o.heldout_seed >= 0 else cfg.seed)
     holder: dict = {}
 
-    def run(policy) -> dict:
+    def run(state: dict) -> dict:
         if "w" not in holder:
-            holder["w"] = RolloutWorker(copy.deepcopy(dist.unwrap(policy)), tokenizer_dir, o.episode, o.env, cfg.seed)
+            holder["w"] = RolloutWorker(plain_policy(model, state), tokenizer_dir, o.episode, o.env, cfg.seed)
         w = holder["w"]
-        w.set_weights(dist.unwrap(policy).state_dict(), -1)
+        w.set_weights(state, -1)
         plain = {**vars(o.env), "crash_p": 0.0, "group_faults": False}  # held-out episodes fail independently
         clean = evaluate(w, specs, EnvOptions(**plain | {"fault_p": 0.0}))
         faults = evaluate(w, specs, EnvOptions(**plain | {"fault_p": o.eval_fault_p}))
@@ -194,11 +194,18 @@ def check(cfg: AgenticConfig) -> None:
         raise ConfigError("agentic: workers, group_size, groups_per_step, sync_every and inflight must be >= 1")
 
 
-def make_pool(cfg: AgenticConfig, model, tokenizer_dir: str):
+def plain_policy(model, state: dict):
+    """A single-device CPU copy of the policy holding `state` (a sharded trainer's copy is a fresh GLM)."""
+    if dist.is_dist():
+        return dist.plain_copy(dist.unwrap(model), {k: v.clone() for k, v in state.items()})
+    return copy.deepcopy(dist.unwrap(model)).cpu()
+
+
+def make_pool(cfg: AgenticConfig, model, tokenizer_dir: str, state: dict):
     from glmstack.posttrain.agentic.pools import LocalPool, RayPool
 
     o = cfg.agentic
-    args = (copy.deepcopy(dist.unwrap(model)).cpu(), tokenizer_dir, o.episode, o.env, cfg.seed, o.workers, o.group_size)
+    args = (plain_policy(model, state), tokenizer_dir, o.episode, o.env, cfg.seed, o.workers, o.group_size)
     server = (o.rollout_server, o.server_model) if o.rollout_server else None
     if cfg.runner == "ray":
         return RayPool(*args, address=cfg.ray.address, num_cpus=cfg.ray.num_cpus, threads=cfg.ray.worker_threads,
@@ -210,14 +217,21 @@ def build(cfg: AgenticConfig, model, optimizer, tokenizer_dir: str):
     from glmstack.posttrain.agentic.data import AgenticData
     from glmstack.posttrain.agentic.runner import Runner
 
-    o = cfg.agentic
-    runner = Runner(make_pool(cfg, model, tokenizer_dir), sampler(o, cfg.seed), groups_per_step=o.groups_per_step,
-                    group_size=o.group_size, tau=o.tau, workers=o.workers, inflight=o.inflight,
-                    asynchronous=o.asynchronous)  # fmt: skip
-    return AgenticData(policy=model, optimizer=optimizer, runner=runner, group_size=o.group_size,
+    o, W = cfg.agentic, dist.world()
+    if o.groups_per_step % W or (o.groups_per_step // W * o.group_size) % cfg.grad_accum:
+        raise ConfigError(
+            f"agentic.groups_per_step={o.groups_per_step} (the global batch) must split over {W} ranks, "
+            f"each rank's {o.group_size}-trajectory groups into grad_accum={cfg.grad_accum} parts"
+        )
+    data = AgenticData(policy=model, optimizer=optimizer, runner=None, group_size=o.group_size,
                        micro_batches=cfg.grad_accum, sync_every=o.sync_every, temperature=o.episode.temperature,
-                       reset=o.reset_optimizer, evaluate=held_out_eval(cfg, tokenizer_dir) if o.heldout_n else None,
-                       eval_every=o.eval_every)  # fmt: skip
+                       reset=o.reset_optimizer, eval_every=o.eval_every,
+                       evaluate=held_out_eval(cfg, model, tokenizer_dir) if o.heldout_n else None)  # fmt: skip
+    data.runner = Runner(make_pool(cfg, model, tokenizer_dir, data.weights()), sampler(o, cfg.seed),
+                         groups_per_step=o.groups_per_step // W, group_size=o.group_size, tau=o.tau,
+                         workers=o.workers, inflight=o.inflight, asynchronous=o.asynchronous, rank=dist.rank(),
+                         world=W)  # fmt: skip
+    return data
 
 
 def run_agentic(cfg: AgenticConfig, stop_at: int | None = None) -> dict:
@@ -241,10 +255,12 @@ def run_agentic(cfg: AgenticConfig, stop_at: int | None = None) -> dict:
                        loss_fn=rl_loss(cfg.agentic), stop_at=stop_at)  # fmt: skip
     finally:
         data.runner.close()
+    state = data.weights() if result["stopped"] == "done" else {}  # on every rank: gathering shards is collective
     if dist.rank() == 0 and result["stopped"] == "done":
         if data.evaluate is not None:
-            result |= data.evaluate(model)
-        result["accepted_trajectories"] = data.runner.trajectories
+            result |= data.evaluate(state)
+        result["accepted_trajectories"] = data.runner.trajectories  # rank 0's
+        result["trained_tasks"] = [i * dist.world() + dist.rank() for i in data.runner.trained_ids]  # global ids
         (folder / "agentic_summary.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
         if cfg.log.plots:
             plot_dashboard(folder)
