@@ -59,6 +59,8 @@ class GenerationResult:
     # logprobs=True: log π(token) per new token under the transform it was sampled from (logits / temperature over
     # the top-k / top-p nucleus; greedy: temperature 1), as RL's ratios need (rl.losses.token_logprobs)
     logprobs: list[list[float]] | None = None
+    # the weight version each row was generated with, where the engine reports one (a rollout server does)
+    weight_versions: list[int | None] | None = None
 
 
 @dataclass

@@ -75,7 +75,7 @@ class VisionRollouts(Rollouts):
 
     DECODE_ROWS = 32  # rows decoded together (their KV caches and pixels at once)
 
-    def sync(self, perturb: bool = True) -> float:
+    def sync(self, perturb: bool = True, force: bool = False) -> float:
         t0 = time.perf_counter()
         state = self.full_state()
         if self.engine is None:
@@ -84,9 +84,21 @@ class VisionRollouts(Rollouts):
             self.engine.load_state_dict(state)
         if perturb:
             self.perturb(self.engine)
+        self.version = self.step
         return time.perf_counter() - t0
 
-    def generate(self, problems, group_size: int, temperature: float, tag, first_row: int = 0):
+    def prepare_eval(self) -> None:
+        """Held-out questions on the trainer's weights: the in-process copy itself when it holds them unperturbed,
+        else a fresh copy (rl.rollout_noise)."""
+        if not self.opts.rollout_noise:
+            self.eval_engine = self.engine
+            return
+        if self.eval_engine is None:
+            self.eval_engine = copy.deepcopy(self.engine)
+        with torch.no_grad():
+            self.eval_engine.load_state_dict(self.full_state())
+
+    def generate(self, problems, group_size: int, temperature: float, tag, first_row: int = 0, engine=None):
         from glmstack.posttrain.rl.rollouts import stable_seed
 
         o, eos = self.opts, self.tokenizer.eos_ids
@@ -94,7 +106,8 @@ class VisionRollouts(Rollouts):
         seeds = [stable_seed(self.seed, tag, first_row + i) for i in range(len(rows_of))]
         tokens, logps = [], []
         for k in range(0, len(rows_of), self.DECODE_ROWS):
-            t, lp = self._decode(rows_of[k : k + self.DECODE_ROWS], seeds[k : k + self.DECODE_ROWS], temperature)
+            t, lp = self._decode(rows_of[k : k + self.DECODE_ROWS], seeds[k : k + self.DECODE_ROWS], temperature,
+                                 engine or self.engine)  # fmt: skip
             tokens, logps = tokens + t, logps + lp
         rows, samples = [], []
         for p, toks, lps in zip(rows_of, tokens, logps):
@@ -103,20 +116,21 @@ class VisionRollouts(Rollouts):
             samples.append(reward_lib.Sample(meta=p.meta, tokens=toks, text=self.tokenizer.decode(toks[:-1] if stopped
                                              else toks), finish="stop" if stopped else "length",
                                              max_new_tokens=o.max_new_tokens, style=self.style))  # fmt: skip
+        self.staleness = (0.0, 0)  # synced every step, in process
         return rows, samples
 
-    def _decode(self, problems, seeds, temperature: float):
+    def _decode(self, problems, seeds, temperature: float, engine):
         """One batch of rows through GLMV.generate_batch: prompts left-padded, their images in row order."""
         from glmstack.multimodal.processor import Media
 
         o = self.opts
-        device = next(self.engine.parameters()).device
+        device = next(engine.parameters()).device
         T = max(len(p.prompt_ids) for p in problems)
         ids, mask = torch.zeros(len(problems), T, dtype=torch.long), torch.zeros(len(problems), T, dtype=torch.long)
         for b, p in enumerate(problems):
             ids[b, T - len(p.prompt_ids) :], mask[b, T - len(p.prompt_ids) :] = torch.tensor(p.prompt_ids), 1
         media = {k: v.to(device) for k, v in Media.concat([p.meta["media"] for p in problems]).model_inputs().items()}
-        return self.engine.generate_batch(ids.to(device), **media, max_new_tokens=o.max_new_tokens,
+        return engine.generate_batch(ids.to(device), **media, max_new_tokens=o.max_new_tokens,
                                           temperature=temperature, top_p=o.top_p, top_k=o.top_k, seeds=seeds,
                                           stop_ids=self.tokenizer.eos_ids, attention_mask=mask.to(device),
                                           logprobs=True)  # fmt: skip
@@ -160,6 +174,8 @@ def check(cfg: VLRLConfig) -> None:
         )
     if cfg.rl.rollout_server:
         raise ConfigError("rl.rollout_server: vl-rl rolls out in process only (its prompts carry pixels); unset it")
+    if cfg.rl.sync_every != 1:
+        raise ConfigError("rl.sync_every: vl-rl syncs its in-process copy every step (1)")
     # rl.task names posttrain/rl's text tasks; vl-rl's task is VisualQA, so check the rest with the default task
     check_rl(dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, task=type(cfg.rl)().task)))
 

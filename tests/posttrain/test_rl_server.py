@@ -32,3 +32,50 @@ def test_server_rollouts_equal_in_process_first_step(base_dir, tok):
     with torch.no_grad():
         a, b = loss_fn(model, local, {})[0], loss_fn(model, served, {})[0]
     assert abs(float(a) - float(b)) <= 1e-5
+
+
+def test_rl_through_a_server_trains_the_served_policy(tmp_path, base_dir, tok):
+    """`glmstack rl --set rl.rollout_server=URL` over 3 steps: the weights go to the server before every step (the
+    run's updates equal the in-process run's, which they could not with a frozen server from step 2 on), the
+    server ends on the exported model (version 3, its log-probs the model folder's), and the held-out score is
+    the exported weights' (the in-process run's)."""
+    import json
+
+    import httpx
+
+    from glmstack.cli import main as glmstack
+
+    common = ["--set", f"init_from={base_dir}", "--set", "steps=3", "--set", "rl.eval_every=0", "--set",
+              "rl.heldout_n=4", "--set", "log.plots=false", "--set", "schedule.warmup_steps=0"]  # fmt: skip
+    server = RunningServer(str(base_dir))
+    try:
+        assert glmstack(["rl", "rl_tiny", *common, "--set", f"out_dir={tmp_path / 'local'}"]) == 0
+        assert glmstack(["rl", "rl_tiny", *common, "--set", f"out_dir={tmp_path / 'remote'}", "--set",
+                         f"rl.rollout_server={server.url}", "--set", "rl.server_model=tiny"]) == 0  # fmt: skip
+        version = httpx.get(server.url + "/get_weight_version").json()["weight_version"]
+        probe = [5, 9, 17, 3, 4, 30, 21]
+        served = server_logprobs(server.url, probe)
+    finally:
+        server.stop()
+    rows = {k: [json.loads(x) for x in (tmp_path / k / "tiny" / "rl" / "metrics.jsonl").read_text().splitlines()]
+            for k in ("local", "remote")}  # fmt: skip
+    for a, b in zip(rows["local"], rows["remote"]):
+        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-4 * a["grad_norm"] and b["weight_version"] == b["step"] - 1
+    assert version == 3
+    exported = load_hf(str(tmp_path / "remote" / "tiny" / "rl" / "model"))
+    with torch.no_grad():
+        ids = torch.tensor([probe])
+        want = torch.log_softmax(exported(ids[:, :-1]).logits.float(), -1).gather(-1, ids[:, 1:, None])[0, :, 0]
+    torch.testing.assert_close(torch.tensor(served), want, atol=1e-4, rtol=0)
+    summary = {k: json.loads((tmp_path / k / "tiny" / "rl" / "rl_summary.json").read_text()) for k in rows}
+    assert summary["remote"]["heldout_end"] == summary["local"]["heldout_end"]
+
+
+def server_logprobs(url: str, ids: list[int]) -> list[float]:
+    """The server's log-prob of each token after the first (echo + logprobs, the scoring request)."""
+    from openai import OpenAI
+
+    r = OpenAI(base_url=url + "/v1", api_key="none").completions.create(
+        model="tiny", prompt=ids, max_tokens=1, echo=True, logprobs=0, temperature=0.0
+    )
+    return list(r.choices[0].logprobs.token_logprobs[1 : len(ids)])

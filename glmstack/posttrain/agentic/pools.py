@@ -15,32 +15,10 @@ actor in its place with the latest weights and re-submits each of its lost tasks
 from __future__ import annotations
 
 import copy
-import tempfile
 from collections import deque
 
 from glmstack.posttrain.agentic.worker import RolloutWorker
-
-
-class ServerWeights:
-    """The weight push to a rollout server (`agentic.rollout_server`): once per version, from the trainer's process,
-    through a file in a private folder (the server must read this disk, as SGLang's update_weights_from_disk)."""
-
-    def __init__(self, server: tuple[str, str] | None):
-        from glmstack.posttrain.rl.remote import ServerEngine
-
-        self.engine = ServerEngine(*server) if server else None
-        self.folder = tempfile.TemporaryDirectory(prefix="glmstack-weights-") if server else None
-
-    def push(self, state: dict, version: int) -> dict | None:
-        """What the workers get: the state itself, or None when the server took it."""
-        if self.engine is None:
-            return state
-        self.engine.push_weights(state, version, self.folder.name)
-        return None
-
-    def close(self) -> None:
-        if self.folder is not None:
-            self.folder.cleanup()
+from glmstack.posttrain.rl.remote import ServerWeights
 
 
 class LocalPool:

@@ -124,8 +124,9 @@ class Distillation(Rollouts):
     def make_step(self) -> list[dict]:
         o = self.opts
         evaluate = bool(o.eval_every and self.step % o.eval_every == 0)
-        stats = {"time/sync_s": self.sync(perturb=not evaluate)}
+        stats = {"time/sync_s": self.sync()}
         if evaluate:
+            self.prepare_eval()
             scores = self.evaluate_all()
             stats |= scores | {"heldout_acc": sum(scores.values()) / len(scores)}
         counts = split_counts(o.samples_per_step, [t.weight for t, _, _ in self.teachers])
@@ -185,7 +186,8 @@ class Distillation(Rollouts):
         """Greedy held-out score of every teacher's task: {"heldout/<task>": score}."""
         out = {}
         for (teacher, task, _), problems in zip(self.teachers, self.heldouts):
-            _, samples = self.generate(problems, 1, temperature, ("heldout", teacher.task, self.step))
+            _, samples = self.generate(problems, 1, temperature, ("heldout", teacher.task, self.step),
+                                       engine=self.eval_engine)  # fmt: skip
             values, _ = reward_lib.total(samples, [(r, 1.0) for r in task.rewards])
             out[f"heldout/{teacher.task}"] = sum(values) / max(len(values), 1)
         return out

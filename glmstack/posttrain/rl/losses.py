@@ -67,8 +67,9 @@ def distill_advantages(teacher_logp: torch.Tensor, student_logp: torch.Tensor) -
 # ----------------------------------------------------------------------------------------- log-probs
 
 
-def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0, top_p: float = 1.0,
-                   top_k: int = 0) -> torch.Tensor:
+def token_logprobs(
+    logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0
+) -> torch.Tensor:
     """log π(tokens) under the rollout's sampling transform: logits / temperature restricted to the same top-k /
     top-p nucleus the sampler used (glmstack.inference.sampling.filter_logits, the one definition both sides share),
     so that ratios against the rollout engine compare like with like (slime computes trainer log-probs the same way).
@@ -148,9 +149,21 @@ def mismatch_weight(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mismatch
     raise ValueError(f"mismatch must be one of {MISMATCH}, got {mismatch!r}")
 
 
-def policy_loss(logp, old_logp, advantages, mask, *, rollout_logp=None, eps_low: float = 0.2, eps_high: float = 0.28,
-                reduction: str = "sample", mismatch: str = "none", mismatch_low: float = 0.5,
-                mismatch_high: float = 2.0, max_len: int | None = None) -> tuple[torch.Tensor, dict]:
+def policy_loss(
+    logp,
+    old_logp,
+    advantages,
+    mask,
+    *,
+    rollout_logp=None,
+    eps_low: float = 0.2,
+    eps_high: float = 0.28,
+    reduction: str = "sample",
+    mismatch: str = "none",
+    mismatch_low: float = 0.5,
+    mismatch_high: float = 2.0,
+    max_len: int | None = None,
+) -> tuple[torch.Tensor, dict]:
     """GRPO / PPO clipped surrogate with clip-higher and an optional mismatch correction (GLM-5 Eq. 1).
 
         r_t = exp(logp_t − old_logp_t)
@@ -166,8 +179,12 @@ def policy_loss(logp, old_logp, advantages, mask, *, rollout_logp=None, eps_low:
     unclipped = -ratio * adv
     clipped = -ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv
     per_token = torch.maximum(unclipped, clipped)
-    stats = {"clip_frac": _masked_mean(clipped > unclipped, mask), "ratio_mean": _masked_mean(ratio.detach(), mask),
-             "mismatch_masked_frac": 0.0, "mean_abs_logp_diff": 0.0}
+    stats = {
+        "clip_frac": _masked_mean(clipped > unclipped, mask),
+        "ratio_mean": _masked_mean(ratio.detach(), mask),
+        "mismatch_masked_frac": 0.0,
+        "mean_abs_logp_diff": 0.0,
+    }
     if rollout_logp is not None:
         stats["mean_abs_logp_diff"] = _masked_mean((old_logp - rollout_logp).abs(), mask)
     if mismatch != "none":
@@ -179,8 +196,17 @@ def policy_loss(logp, old_logp, advantages, mask, *, rollout_logp=None, eps_low:
     return reduce(per_token, mask, reduction, max_len), stats
 
 
-def dis_loss(logp, rollout_logp, advantages, mask, *, eps_low: float, eps_high: float,
-             reduction: str = "sample", max_len: int | None = None) -> tuple[torch.Tensor, dict]:
+def dis_loss(
+    logp,
+    rollout_logp,
+    advantages,
+    mask,
+    *,
+    eps_low: float,
+    eps_high: float,
+    reduction: str = "sample",
+    max_len: int | None = None,
+) -> tuple[torch.Tensor, dict]:
     """GLM-5's direct double-sided importance sampling (Eqs. 3–5), against the rollout engine's log-probs only
     (no θ_old recompute):
 
@@ -197,8 +223,17 @@ def dis_loss(logp, rollout_logp, advantages, mask, *, eps_low: float, eps_high: 
     return reduce(per_token, mask, reduction, max_len), stats
 
 
-def cispo_loss(logp, old_logp, advantages, mask, *, eps_low: float = 1.0, eps_high: float = 0.28,
-               reduction: str = "token", max_len: int | None = None) -> tuple[torch.Tensor, dict]:
+def cispo_loss(
+    logp,
+    old_logp,
+    advantages,
+    mask,
+    *,
+    eps_low: float = 1.0,
+    eps_high: float = 0.28,
+    reduction: str = "token",
+    max_len: int | None = None,
+) -> tuple[torch.Tensor, dict]:
     """CISPO (MiniMax-M1): ℓ_t = −sg[clip(r_t, 1 − eps_low, 1 + eps_high)] · A_t · logp_t — the ratio is clipped as a
     weight, never as a gradient cut-off, so every token keeps a gradient (eps_low = 1: one-sided, as the paper)."""
     ratio = torch.exp(logp.detach() - old_logp.detach())
@@ -208,8 +243,9 @@ def cispo_loss(logp, old_logp, advantages, mask, *, eps_low: float = 1.0, eps_hi
     return reduce(per_token, mask, reduction, max_len), stats
 
 
-def gspo_loss(logp, old_logp, advantages, mask, *, eps_low: float = 3e-4,
-              eps_high: float = 4e-4) -> tuple[torch.Tensor, dict]:
+def gspo_loss(
+    logp, old_logp, advantages, mask, *, eps_low: float = 3e-4, eps_high: float = 4e-4
+) -> tuple[torch.Tensor, dict]:
     """GSPO: one ratio per sequence, s_i = exp(mean_t (logp − old_logp) over its trained tokens), then the clipped
     surrogate per sequence, averaged over sequences. `advantages` `[B]`. Default clip range: the GSPO paper's."""
     m = mask.to(logp.dtype)
@@ -220,9 +256,17 @@ def gspo_loss(logp, old_logp, advantages, mask, *, eps_low: float = 3e-4,
     return loss, {"clip_frac": float((clipped > unclipped).float().mean()), "ratio_mean": float(s_B.detach().mean())}
 
 
-def regularised(loss: torch.Tensor, mask: torch.Tensor, *, entropy_BT: torch.Tensor | None = None,
-                entropy_coef: float = 0.0, kl_BT: torch.Tensor | None = None, kl_coef: float = 0.0,
-                reduction: str = "sample", max_len: int | None = None) -> torch.Tensor:
+def regularised(
+    loss: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    entropy_BT: torch.Tensor | None = None,
+    entropy_coef: float = 0.0,
+    kl_BT: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    reduction: str = "sample",
+    max_len: int | None = None,
+) -> torch.Tensor:
     """loss − entropy_coef · H̄ + kl_coef · KL̄, both reduced like the policy loss (slime's total loss). Off by default:
     GLM-4.5/5 remove the KL term; GLM-5's agentic RL adds a small entropy bonus."""
     if entropy_coef and entropy_BT is not None:

@@ -7,15 +7,17 @@ go out concurrently, so the server's continuous batching serves them together.
 
 Servers report raw log-probs (before temperature / top-k / top-p; vLLM's default, ours too), which are the sampling
 distribution's only at temperature 1 without top-k / top-p; other settings are refused rather than silently
-compared against the wrong distribution. The server keeps its own weights: there is no weight push over the
-OpenAI API, so a server run is exactly on-policy for its first step (what the parity test checks) and uses the
-server's fixed policy after that, unless the trainer pushes its weights with `push_weights` (our server's and SGLang's
-POST /update_weights_from_disk; the agentic runner does, issue 18). `score` asks a server for the log-probs of given
-tokens (a distillation teacher).
+compared against the wrong distribution. There is no weight push over the OpenAI API itself: the trainer pushes
+its weights with `push_weights` (our server's and SGLang's POST /update_weights_from_disk, through a file on a disk
+both read: `ServerWeights`), every `rl.sync_every` / `agentic.sync_every` steps. Each response's `weight_version`
+(our server reports the version of the weights that generated it) is kept per row, so staleness is the
+sampler's, not the trainer's belief; a server that reports none (vLLM) is taken at the pushed version. `score`
+asks a server for the log-probs of given tokens (a distillation teacher).
 """
 
 from __future__ import annotations
 
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
@@ -65,7 +67,7 @@ class ServerEngine:
                                                extra_body=extra)  # fmt: skip
             c = r.choices[0]
             ids = list(c.model_extra.get("token_ids") or c.token_ids)
-            return ids, list(c.logprobs.token_logprobs), c.finish_reason
+            return ids, list(c.logprobs.token_logprobs), c.finish_reason, (r.model_extra or {}).get("weight_version")
 
         with ThreadPoolExecutor(self.concurrency) as pool:
             rows = list(pool.map(one, range(len(prompts))))
@@ -75,7 +77,8 @@ class ServerEngine:
             eos = set(self.tokenizer.eos_ids)
             text = [self.tokenizer.decode([t for t in ids if t not in eos]) for ids in tokens]
         return GenerationResult(tokens=tokens, text=text, finish_reason=[r[2] for r in rows],
-                                logprobs=[r[1] for r in rows] if logprobs else None, seeds=list(seeds))  # fmt: skip
+                                logprobs=[r[1] for r in rows] if logprobs else None, seeds=list(seeds),
+                                weight_versions=[r[3] for r in rows])  # fmt: skip
 
     def score(self, sequences: list[list[int]]) -> list[list[float]]:
         """Raw log π(tokens[t] | tokens[:t]) for t >= 1 of each sequence: one echo + logprobs request each (the
@@ -89,3 +92,23 @@ class ServerEngine:
         with ThreadPoolExecutor(self.concurrency) as pool:
             return list(pool.map(one, sequences))
 
+
+class ServerWeights:
+    """The weight push to a rollout server (`rl.rollout_server`, `agentic.rollout_server`): once per version, from
+    the trainer's process, through a file in a private folder (the server must read this disk, as SGLang's
+    update_weights_from_disk, and allow that folder: `glmstack serve --enable-weight-updates --weights-root`)."""
+
+    def __init__(self, server: tuple[str, str] | None, tokenizer=None):
+        self.engine = ServerEngine(*server, tokenizer) if server else None
+        self.folder = tempfile.TemporaryDirectory(prefix="glmstack-weights-") if server else None
+
+    def push(self, state: dict, version: int) -> dict | None:
+        """What in-process workers get: the state itself, or None when the server took it."""
+        if self.engine is None:
+            return state
+        self.engine.push_weights(state, version, self.folder.name)
+        return None
+
+    def close(self) -> None:
+        if self.folder is not None:
+            self.folder.cleanup()

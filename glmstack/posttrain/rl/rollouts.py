@@ -91,7 +91,8 @@ class Rollouts:
             reward_lib.get(name)
         self.step, self.temperature, self.history = 0, float(opts.temperature), []
         self.queue: list[dict] = []
-        self.engine = None
+        self.engine = self.eval_engine = self.publish = None
+        self.version: int | None = None  # the trainer step whose weights the rollout engine holds
         self.check_ranks()
         self.heldout = task.problems(split="test", n=opts.heldout_n, seed=seed, level=opts.heldout_level)
 
@@ -130,28 +131,54 @@ class Rollouts:
         return self.opts.ppo_epochs * self.opts.minibatches
 
     # ------------------------------------------------------------------ the rollout engine
-    def sync(self, perturb: bool = True) -> float:
-        """Copy the trainer's weights into the rollout model (made on first use, in `rl.rollout_dtype`); `perturb`:
-        then add `rl.rollout_noise` (held-out evaluation syncs without it: it scores the trained weights)."""
+    def sync(self, perturb: bool = True, force: bool = False) -> float:
+        """Push the trainer's weights to the rollout engine when due (every `rl.sync_every` steps, or `force`): into
+        the in-process copy (made on first use, in `rl.rollout_dtype`; `perturb`: then `rl.rollout_noise`), or to
+        the rollout server (rank 0 writes them where the server reads, POST /update_weights_from_disk). The version
+        is the trainer step the weights come from."""
         from glmstack.inference import Engine
 
         t0 = time.perf_counter()
-        if self.opts.rollout_server:  # the server keeps its weights (remote.py)
-            if self.engine is None:
-                from glmstack.posttrain.rl.remote import ServerEngine
-
-                self.engine = ServerEngine(self.opts.rollout_server, self.opts.server_model, self.tokenizer)
+        if not (force or self.version is None or self.step - self.version >= self.opts.sync_every):
             return 0.0
         state = self.full_state()
-        if self.engine is None:
-            rollout_model = self.plain_model(state).to(getattr(torch, self.opts.rollout_dtype))
-            self.engine = Engine(rollout_model, self.tokenizer)
-            self.engine.compact = True
-        with torch.no_grad():
-            self.engine.model.load_state_dict(state)
-        if perturb:
-            self.perturb(self.engine.model)
+        if self.opts.rollout_server:
+            from glmstack.posttrain.rl.remote import ServerWeights
+
+            if self.engine is None:
+                self.publish = ServerWeights((self.opts.rollout_server, self.opts.server_model), self.tokenizer)
+                self.engine = self.publish.engine
+            if dist.rank() == 0:
+                self.publish.push(state, self.step)
+            dist.barrier()  # no rank generates before the server runs the new weights
+        else:
+            if self.engine is None:
+                rollout_model = self.plain_model(state).to(getattr(torch, self.opts.rollout_dtype))
+                self.engine = Engine(rollout_model, self.tokenizer)
+                self.engine.compact = True
+            with torch.no_grad():
+                self.engine.model.load_state_dict(state)
+            if perturb:
+                self.perturb(self.engine.model)
+        self.version = self.step
         return time.perf_counter() - t0
+
+    def prepare_eval(self) -> None:
+        """Held-out evaluation scores the trainer's current weights, the ones exported: the rollout copy when it
+        holds exactly them (synced this step, fp32, unperturbed), else an in-process copy loaded now (a server's,
+        a perturbed, bf16 or older copy is never what is scored). Collective with several ranks."""
+        from glmstack.inference import Engine
+
+        o = self.opts
+        if not o.rollout_server and self.version == self.step and o.rollout_dtype == "float32" and not o.rollout_noise:
+            self.eval_engine = self.engine
+            return
+        state = self.full_state()
+        if self.eval_engine is None or self.eval_engine is self.engine:
+            self.eval_engine = Engine(self.plain_model(state), self.tokenizer)
+            self.eval_engine.compact = True
+        with torch.no_grad():
+            self.eval_engine.model.load_state_dict(state)
 
     def full_state(self) -> dict:
         """The policy's whole state on this rank (collective with several ranks: FSDP / expert shards gathered)."""
@@ -176,14 +203,17 @@ class Rollouts:
                 noise = torch.randn(p.shape, generator=g, dtype=torch.float32)
                 p.add_((noise * self.opts.rollout_noise * p.float().std()).to(p.dtype))
 
-    def generate(self, problems, group_size: int, temperature: float, tag, first_row: int = 0):
+    def generate(self, problems, group_size: int, temperature: float, tag, first_row: int = 0, engine=None):
         """All problems × group_size samples -> (engine results per row, reward Samples); row i samples with the
-        seed of row first_row + i (its index in the global batch)."""
+        seed of row first_row + i (its index in the global batch). `engine`: the rollout engine by default."""
         prompts = [p.prompt_ids for p in problems for _ in range(group_size)]
         seeds = [stable_seed(self.seed, tag, first_row + i) for i in range(len(prompts))]
         o = self.opts
-        res = self.engine.generate(prompts, max_new_tokens=o.max_new_tokens, temperature=temperature, top_p=o.top_p,
-                                   top_k=o.top_k, seeds=seeds, logprobs=True, stop_ids=self._stop_ids())  # fmt: skip
+        res = (engine or self.engine).generate(prompts, max_new_tokens=o.max_new_tokens, temperature=temperature,
+                                               top_p=o.top_p, top_k=o.top_k, seeds=seeds, logprobs=True,
+                                               stop_ids=self._stop_ids())  # fmt: skip
+        if engine is None:
+            self.check_versions(res.weight_versions)
         samples = []
         for i, toks in enumerate(res.tokens):
             text = res.text[i] if res.text is not None else ""
@@ -192,6 +222,18 @@ class Rollouts:
                                              style=self.style))  # fmt: skip
         rows = [(prompts[i], res.tokens[i], res.logprobs[i]) for i in range(len(prompts))]
         return rows, samples
+
+    def check_versions(self, reported: list | None) -> None:
+        """The sampler's own weight versions (a server reports one per response) against the staleness bound
+        `rl.tau` in trainer steps; ours otherwise. A rollout older than that means the server did not take the
+        pushed weights: an error, never silently off-policy data."""
+        versions = [self.version if v is None else int(v) for v in (reported or [None])]
+        stale = [self.step - v for v in versions]
+        self.staleness = (sum(stale) / len(stale), max(stale))
+        if max(stale) > self.opts.tau:
+            raise RuntimeError(f"rl: rollouts at step {self.step} came from weight version {min(versions)}, more than "
+                               f"rl.tau={self.opts.tau} steps old (the last push was version {self.version}): the "
+                               "rollout server did not take the pushed weights")  # fmt: skip
 
     def _stop_ids(self):
         if self.tokenizer is not None:
@@ -205,17 +247,16 @@ class Rollouts:
         W, rank = dist.world(), dist.rank()
         n_prompts = o.samples_per_step // group // W  # this rank's groups
         evaluate = bool(o.eval_every and -self.step % o.eval_every < self.updates)  # a multiple in this batch's steps
-        stats = {"time/sync_s": self.sync(perturb=not evaluate), "level": float(level), "group_size": float(group)}
+        stats = {"time/sync_s": self.sync(), "level": float(level), "group_size": float(group)}
         t0 = time.perf_counter()
         if evaluate:
+            self.prepare_eval()
             stats["heldout_acc"] = self.evaluate()
             stats["heldout_acc_sampled"] = self.evaluate(self.temperature)  # at the rollout temperature
         if o.dynamic_temperature and plateaued(self.history, o.plateau_window, o.plateau_tol):
             self.temperature = self.sweep_temperature()
             self.history = []
         stats["time/eval_s"] = time.perf_counter() - t0
-        if evaluate and o.rollout_noise:
-            stats["time/sync_s"] += self.sync()
         kept, spare, t_roll, t_rew, n_groups, n_zero, new_tok = [], [], 0.0, 0.0, 0, 0, 0
         for round_ in range(1 + o.oversample_rounds):
             need = n_prompts - len(kept)
@@ -248,7 +289,8 @@ class Rollouts:
         stats |= {"zero_var_frac": n_zero / max(n_groups, 1), "kept_informative": float(sum(
             len({r for _, r, _ in g}) > 1 for g in kept)) / max(n_prompts, 1),
             "time/rollout_s": t_roll, "time/reward_s": t_rew, "rollout_tok_per_s": new_tok / max(t_roll, 1e-9),
-            "temperature": self.temperature}  # fmt: skip
+            "temperature": self.temperature, "weight_version": float(self.version),
+            "staleness_mean": self.staleness[0], "staleness_max": float(self.staleness[1])}  # fmt: skip
         self.history.append(stats["reward"])
         self.step += self.updates
         return self.updates_of(self.batch(kept, group, stats), stats)
@@ -317,14 +359,16 @@ class Rollouts:
 
     # ------------------------------------------------------------------ held-out evaluation
     def evaluate(self, temperature: float = 0.0, n: int | None = None) -> float:
-        """Held-out accuracy of the rollout weights (greedy by default): the task reward averaged."""
+        """Held-out accuracy of the trainer's current weights (greedy by default; prepare_eval loads them): the
+        task reward averaged."""
         problems = self.heldout[: n or len(self.heldout)]
-        _, samples = self.generate(problems, 1, temperature, ("heldout", self.step))
+        _, samples = self.generate(problems, 1, temperature, ("heldout", self.step), engine=self.eval_engine)
         task_rewards = [(r, 1.0) for r in self.task.rewards]
         rew, _ = reward_lib.total(samples, task_rewards)
         return sum(rew) / max(len(rew), 1)
 
     def sweep_temperature(self) -> float:
+        self.prepare_eval()
         scores = {t: self.evaluate(t) for t in self.opts.temperatures if t >= self.temperature}
         return pick_temperature(scores | {self.temperature: self.evaluate(self.temperature)})
 

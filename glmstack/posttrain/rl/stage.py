@@ -81,6 +81,8 @@ class RLOptions:
     rollout_noise: float = 0.0  # a controlled mismatch: rollout weights + noise · std(weight) (per step)
     rollout_server: str = ""  # an OpenAI-compatible server's URL (remote.py) instead of the in-process engine
     server_model: str = "glmstack"  # the `model` field sent to it
+    sync_every: int = 1  # push the trainer's weights to the rollout engine / server every K trainer steps
+    tau: int = 0  # staleness bound in trainer steps: a rollout from older weights is an error (>= sync_every - 1)
     eval_every: int = 5  # steps between held-out evaluations (greedy), 0 = only at the start and end
     heldout_n: int = 64  # held-out problems
     heldout_level: int = 0  # their difficulty level
@@ -165,6 +167,9 @@ def check(cfg: RLConfig) -> None:
             f"rl.task: unknown task {o.task!r} (expected one of {', '.join(TASKS)}, reasoning_gym:<name>)"
         )
     check_sampling(cfg)
+    if o.sync_every < 1 or o.tau < o.sync_every - 1:
+        raise ConfigError(f"rl.sync_every={o.sync_every} must be >= 1 and rl.tau={o.tau} >= sync_every - 1 (rollouts "
+                          "between two pushes are up to sync_every - 1 steps old)")  # fmt: skip
     if not o.curriculum or any(len(r) not in (3, 4) for r in o.curriculum):
         raise ConfigError("rl.curriculum: give rows [from_step, level, group_size] or [..., hard_k]")
     for _, _, group, hard_k in (stage_at(o.curriculum, r[0]) for r in o.curriculum):
@@ -212,8 +217,9 @@ def run_rl(cfg: RLConfig, stop_at: int | None = None, build_data=build, check_fn
     folder = stage_dir(cfg)
     result = train(model=model, optimizer=optimizer, data=data, cfg=cfg, stage_dir=folder, loss_fn=rl_loss(cfg.rl),
                    stop_at=stop_at)  # fmt: skip
-    if result["stopped"] == "done":
-        data.sync(perturb=False)  # on every rank: gathering a sharded policy is collective
+    if result["stopped"] == "done":  # on every rank: gathering a sharded policy is collective
+        data.sync(perturb=False, force=True)  # the rollout engine / server ends on the trained weights too
+        data.prepare_eval()  # the weights being exported
     if dist.rank() == 0 and result["stopped"] == "done":
         from glmstack.posttrain.rl.dashboard import plot_dashboard, summary
 
