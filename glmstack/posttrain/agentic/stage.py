@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Literal
 
 from glmstack.config import ConfigError
-from glmstack.posttrain.agentic.env import EnvOptions, env_class
+from glmstack.posttrain.agentic.env import EnvOptions
+from glmstack.posttrain.agentic.envs import env_class
 from glmstack.posttrain.agentic.episode import EpisodeOptions
 from glmstack.posttrain.rl.rollouts import stable_seed
 from glmstack.train import dist
