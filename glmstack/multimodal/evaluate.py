@@ -34,7 +34,7 @@ def read_items(path: Path, n: int | None = None) -> list[dict]:
 
 
 def heldout_items(cfg) -> list[dict]:
-    from glmstack.multimodal.stage import vqa_folder
+    from glmstack.multimodal.config import vqa_folder
 
     return read_items(vqa_folder(cfg) / "test.jsonl", cfg.vl.eval_n)
 
