@@ -8,7 +8,7 @@ The graph is read from the source (ast), not by importing, so it sees every `imp
   not edges.
 - Layers, lowest first (ARCHITECTURE.md "Layers"): base (config, errors, atomic, tokenizer, chat, sandbox) <-
   model (model, optim, data) <- engine (inference) <- trainer (train) <- stages (posttrain, multimodal, eval,
-  serve) <- commands (recipes, report, speedrun, ablate, cli, bench_cli, and every package's `cli.py`). A module
+  serve) <- commands (recipes, report, speedrun, ablate, cli, stage_cli, bench_cli, and every package's `cli.py`). A module
   may import its own layer and the layers below. Every import counts here too, except those inside a top-level
   `main` / `*_main` function: that function is the module's command (what cli.py's table calls), so it is
   command-layer code and may name a recipe or the stage runner.
@@ -33,7 +33,7 @@ LAYERS = (
     ("trainer", ("glmstack.train",)),
     ("stages", ("glmstack.posttrain", "glmstack.multimodal", "glmstack.eval", "glmstack.serve")),
     ("commands", ("glmstack.recipes", "glmstack.report", "glmstack.speedrun", "glmstack.ablate", "glmstack.cli",
-                  "glmstack.bench_cli")),
+                  "glmstack.stage_cli", "glmstack.bench_cli")),
 )  # fmt: skip
 COMMANDS = len(LAYERS) - 1
 

@@ -4,9 +4,10 @@ import torch
 from safetensors.torch import load_file
 
 from glmstack.model import ModelConfig, load_hf
+from glmstack.recipes import load_config
 from glmstack.train import checkpoint
 from glmstack.train.metrics import read_metrics
-from glmstack.train.stage import load_config, run
+from glmstack.train.stage import run
 from glmstack.train.synthetic import SyntheticLM
 
 FAST = [

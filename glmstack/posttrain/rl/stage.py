@@ -232,7 +232,7 @@ def run_rl(cfg: RLConfig, stop_at: int | None = None, build_data=build, check_fn
 
 
 def main(argv: list[str] | None = None) -> int:
-    from glmstack.train.stage import main_for
+    from glmstack.stage_cli import main_for
 
     return main_for("rl", __doc__.splitlines()[0], argv, run_fn=run_rl)
 
