@@ -26,7 +26,7 @@ from glmstack.optim import build_optimizer
 from glmstack.train import checkpoint, dist
 from glmstack.train.config import TrainConfig, problems
 from glmstack.train.loop import device_of, pretrain_loss, train
-from glmstack.train.synthetic import SyntheticLM
+from glmstack.train.markov_stream import SyntheticLM
 
 # ModelConfig fields a later stage may change on loaded weights: the RoPE base and context length (GLM-4.5
 # mid-training) and the model's training-only fields (MTP/aux weights, GLM-5's DSA stage, ...); any other

@@ -22,7 +22,7 @@ from glmstack.data.blank_infilling import (
 )
 from glmstack.model import GLM, ModelConfig
 from glmstack.model.glm_options import deepnorm_alpha, deepnorm_beta, prefix_lm_mask
-from glmstack.train.synthetic import SyntheticLM
+from glmstack.train.markov_stream import SyntheticLM
 
 M, S, E = 90, 91, 92  # [MASK], <sop>, <eop> for the hand-made case
 X = [11, 12, 13, 14, 15, 16]  # x1 .. x6
