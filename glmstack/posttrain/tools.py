@@ -1,7 +1,8 @@
 """The two tools of the synthetic SFT sets and `glmstack chat --run-tools`: a calculator and a Python interpreter.
 
 What: `TOOLS` (OpenAI tool definitions), `FAULTS` (the failure texts agentic RL injects), `execute(name,
-arguments) -> str` (the tool message content) and `validate_call(call, tools) -> str | None` (why a parsed tool call does not satisfy its tool's JSON schema).
+arguments) -> str` (the tool message content) and `validate_call(call, tools) -> str | None` (why a parsed tool
+call does not satisfy its tool's JSON schema).
 The python tool runs the code in glmstack.sandbox (isolated process, time and memory limits) and returns its stdout
 (or its error), as GLM's agentic SFT data has the model read real tool output (GLM-4.5 §3.1). The calculator
 evaluates + - * / // % ** and parentheses on numbers through the AST: no eval().

@@ -11,15 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from glmstack.data.blank_infilling import (
-    BlankConfig,
-    BlankInfilling,
-    build_sample,
-    fill_blanks,
-    gmask_span,
-    mask_spans,
-    sentence_spans,
-)
+from glmstack.data.blank_infilling import (BlankConfig, BlankInfilling, build_sample, fill_blanks, gmask_span,
+                                           mask_spans, sentence_spans)
 from glmstack.model import GLM, ModelConfig
 from glmstack.model.glm_options import deepnorm_alpha, deepnorm_beta, prefix_lm_mask
 from glmstack.train.markov_stream import SyntheticLM

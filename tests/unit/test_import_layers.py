@@ -8,10 +8,10 @@ The graph is read from the source (ast), not by importing, so it sees every `imp
   not edges.
 - Layers, lowest first (ARCHITECTURE.md "Layers"): base (config, errors, atomic, tokenizer, chat, sandbox) <-
   model (model, optim, data) <- engine (inference) <- trainer (train) <- stages (posttrain, multimodal, eval,
-  serve) <- commands (recipes, report, speedrun, ablate, cli, stage_cli, bench_cli, and every package's `cli.py`). A module
-  may import its own layer and the layers below. Every import counts here too, except those inside a top-level
-  `main` / `*_main` function: that function is the module's command (what cli.py's table calls), so it is
-  command-layer code and may name a recipe or the stage runner.
+  serve) <- commands (recipes, report, speedrun, ablate, cli, stage_cli, bench_cli, and every package's
+  `cli.py`). A module may import its own layer and the layers below. Every import counts here too, except those
+  inside a top-level `main` / `*_main` function: that function is the module's command (what cli.py's table
+  calls), so it is command-layer code and may name a recipe or the stage runner.
 
     python tests/unit/test_import_layers.py     # prints the cycles and wrong-way imports, if any
 """

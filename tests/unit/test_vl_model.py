@@ -8,15 +8,8 @@ import torch
 from glmstack.errors import CheckpointError, ConfigError
 from glmstack.inference.vision import generate, generate_batch
 from glmstack.model import GLM
-from glmstack.model.vision import (
-    GLMV,
-    VisionInputError,
-    VLConfig,
-    expand_placeholders,
-    load_vl_hf,
-    rope_index,
-    save_vl_hf,
-)
+from glmstack.model.vision import (GLMV, VLConfig, VisionInputError, expand_placeholders, load_vl_hf, rope_index,
+                                   save_vl_hf)
 
 
 def _model(preset="tiny-glm4.5v", seed=0, **over):
