@@ -13,7 +13,8 @@ import argparse
 import json
 from pathlib import Path
 
-from glmstack.train.stage import load_config, run
+from glmstack.recipes import load_config
+from glmstack.train.stage import run
 
 
 def one(out: Path, name: str, steps: int, rate: float) -> list[dict]:

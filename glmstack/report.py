@@ -26,6 +26,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from glmstack.train.metrics import read_metrics
+from glmstack.train.plots import draw_curves
 
 STAGES = ("pretrain", "midtrain", "sft", "rl")  # drawn on one step axis, in this order
 LAYER_BALANCE = "moe/max_over_mean/"  # the loop's per-MoE-layer max/mean expert load (glmstack/train/balance.py)
@@ -66,28 +67,6 @@ def imbalance(row: dict) -> float | None:
 
 def _stage_rows(run_dir: Path) -> dict[str, list[dict]]:
     return {s: read_metrics(run_dir / s / "metrics.jsonl") for s in STAGES}
-
-
-def draw_curves(path: Path, title: str, xlabel: str, ylabel: str, curves, boundaries=(), logy=False) -> bool:
-    """Draw `curves` [(label, xs, ys, style)] into `path`; False (nothing drawn) when every curve is empty."""
-    curves = [c for c in curves if c[1]]
-    if not curves:
-        return False
-    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=100)
-    for label, xs, ys, style in curves:
-        ax.plot(xs, ys, style, label=label, markersize=3)
-    for x, name in boundaries:
-        ax.axvline(x, color="grey", linestyle=":", linewidth=1)
-        ax.text(x, ax.get_ylim()[1], f" {name}", va="top", fontsize=8, color="grey")
-    if logy:
-        ax.set_yscale("log")
-    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return True
 
 
 def plot_training(run_dir: Path, plots: Path) -> list[str]:

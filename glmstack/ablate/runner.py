@@ -111,7 +111,7 @@ def make_plan(claims: list[Claim], seeds: int, budget_minutes: float | None, sec
 
 def stage_config(stage: Stage, *, seed: int, steps: int, out_dir: Path, init_from: str = "", data: Path | None = None):
     """The stage's TrainConfig: the recipe function, the stage's sized overrides, then the runner's own fields."""
-    from glmstack.train.stage import load_config
+    from glmstack.recipes import load_config
 
     own = {"out_dir": str(out_dir), "run": f"seed{seed}", "stage": f"{stage.name}_{steps}", "seed": seed,
            "ckpt.every": 0, "ckpt.keep_last": 1, "log.progress": False, "log.plots": False}

@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from glmstack.data.doc import Doc
 from glmstack.data.mathgen import problem_set
 from glmstack.data.mixture import unit_hash
 from glmstack.data.repo import repo_document
-from glmstack.data.sources import Doc
 
 # skipped stdlib folders: tests are huge and repetitive; the rest are vendored or platform-specific
 SKIP_PACKAGES = {

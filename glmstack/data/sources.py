@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from glmstack.data.doc import Doc
+
 # extension -> language; a folder file outside this table is read as plain text (kind "text")
 CODE_EXTENSIONS = {
     ".py": "python",
@@ -62,32 +64,6 @@ class EmptyInputError(ValueError):
 
 class CorruptSourceError(ValueError):
     """A compressed source file is truncated or corrupt; the message names the file and the last good line."""
-
-
-@dataclass
-class Doc:
-    id: str  # stable across runs: source name + position, or the record's own id
-    text: str
-    source: str  # the SourceConfig name; percentiles and the summary table are per source
-    kind: str = "text"  # text | code | math | repo: decides FIM, code filters and SemDeDup
-    lang: str = ""  # programming language for code ("python"), empty for prose
-    path: str = ""  # file path inside its repo for code
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict:
-        return {
-            "id": self.id,
-            "text": self.text,
-            "source": self.source,
-            "kind": self.kind,
-            "lang": self.lang,
-            "path": self.path,
-            "meta": self.meta,
-        }
-
-    @classmethod
-    def from_json(cls, d: dict) -> Doc:
-        return cls(**d)
 
 
 @dataclass(kw_only=True)

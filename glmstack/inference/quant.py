@@ -11,6 +11,7 @@ Why: decoding reads every active weight once per step, so weight bytes are its c
     scale_inv per block, config.json `quantization_config` {"quant_method": "fp8", "fmt": "e4m3",
     "weight_block_size": [128, 128], "activation_scheme": "dynamic"}). torch has no block-scaled fp8 GEMM on CPU,
     so a layer dequantizes its weight per call (a storage format here: half the bytes of bf16, slower decode).
+    The FP8 format itself is the model's (glmstack/model/quantized.py: load_hf reads released FP8 folders).
 What is quantized: the decoder blocks' linear layers (q/k/v/o, dense MLP, shared expert) and the routed experts,
 in the trunk and the MTP layers; embeddings, LM head, router, norms and the MTP layer's eh_proj stay as they are
 (as in the released FP8 checkpoints). GQA models only (MLA's absorbed attention reads its weights directly).
@@ -28,67 +29,26 @@ Shape legend: N output features, K input features, E experts, F expert width, T 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from glmstack.errors import GlmstackError
-from glmstack.model.attention import Attention
-from glmstack.model.moe import MoE
+# the FP8 format is the model's (released checkpoints are stored in it; model/hf.py loads them), so it lives in
+# glmstack.model.quantized; these names stay importable from here
+from glmstack.model.quantized import (  # noqa: F401
+    FP8_BLOCK,
+    FP8_CONFIG,
+    FP8_MAX,
+    FP8Linear,
+    QuantError,
+    QuantExpert,
+    QuantExperts,
+    fp8_dequantize,
+    fp8_quantize,
+    fp8_skeleton_,
+    quant_targets,
+)
 
 SCHEMES = ("int4", "fp8")
-FP8_BLOCK = 128
-FP8_MAX = 448.0  # largest finite e4m3fn value
 INT4_GROUP = 128
-FP8_CONFIG = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
-
-
-class QuantError(GlmstackError):
-    """A model or scheme quantize_ cannot handle; the message says which (`glmstack` prints it as one line)."""
-
-
-# ---------------------------------------------------------------- FP8 (block-wise e4m3)
-def fp8_quantize(w_NK: torch.Tensor, block: int = FP8_BLOCK):
-    """-> (w8 (N, K) float8_e4m3fn, scale_inv (ceil(N/b), ceil(K/b)) fp32) with w ~= w8 * scale_inv per block."""
-    N, K = w_NK.shape
-    n, k = -(-N // block), -(-K // block)
-    padded = F.pad(w_NK.float(), (0, k * block - K, 0, n * block - N))
-    blocks = padded.view(n, block, k, block)
-    scale_nk = (blocks.abs().amax(dim=(1, 3)) / FP8_MAX).clamp_min(1e-12)
-    w8 = (blocks / scale_nk[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).view(n * block, k * block)[:N, :K]
-    return w8.to(torch.float8_e4m3fn).contiguous(), scale_nk
-
-
-def fp8_dequantize(w8_NK: torch.Tensor, scale_nk: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
-    N, K = w8_NK.shape
-    s_NK = scale_nk.repeat_interleave(FP8_BLOCK, 0)[:N].repeat_interleave(FP8_BLOCK, 1)[:, :K]
-    return (w8_NK.float() * s_NK).to(dtype)
-
-
-class FP8Linear(nn.Module):
-    """nn.Linear with an e4m3 weight and block scales, under the released checkpoints' names."""
-
-    def __init__(self, in_features: int, out_features: int, bias: bool, device=None, bias_dtype=torch.float32):
-        super().__init__()
-        self.in_features, self.out_features = in_features, out_features
-        n, k = -(-out_features // FP8_BLOCK), -(-in_features // FP8_BLOCK)
-        self.register_buffer("weight", torch.empty(out_features, in_features, dtype=torch.float8_e4m3fn, device=device))
-        self.register_buffer("weight_scale_inv", torch.empty(n, k, dtype=torch.float32, device=device))
-        self.bias = nn.Parameter(torch.empty(out_features, dtype=bias_dtype, device=device), False) if bias else None
-
-    @classmethod
-    @torch.no_grad()
-    def from_weight(cls, w_NK: torch.Tensor, bias: torch.Tensor | None = None) -> FP8Linear:
-        out = cls(w_NK.shape[1], w_NK.shape[0], bias is not None, w_NK.device, w_NK.dtype)
-        out.weight, out.weight_scale_inv = fp8_quantize(w_NK)
-        if bias is not None:
-            out.bias.copy_(bias)
-        return out
-
-    def dequantize(self, dtype=torch.float32) -> torch.Tensor:
-        return fp8_dequantize(self.weight, self.weight_scale_inv, dtype)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.dequantize(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
 
 
 # ---------------------------------------------------------------- INT4 (group-wise, weight-only)
@@ -146,52 +106,7 @@ class Int4Linear(nn.Module):
         return y if self.bias is None else y + self.bias.to(x.dtype)
 
 
-# ---------------------------------------------------------------- experts and the whole model
-class _Expert(nn.Module):
-    def __init__(self, gate_proj: nn.Module, up_proj: nn.Module, down_proj: nn.Module):
-        super().__init__()
-        self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
-
-    def forward(self, x_TD):
-        return self.down_proj(F.silu(self.gate_proj(x_TD)) * self.up_proj(x_TD))
-
-
-class QuantExperts(nn.ModuleList):
-    """moe.Experts as one quantized SwiGLU per expert (`experts.{e}.gate_proj`, as the released checkpoints name
-    them); forward runs only the experts some token chose, in experts_sorted's order."""
-
-    def forward(self, x_TD, topk_idx_TK, topk_w_TK):
-        K = topk_idx_TK.shape[1]
-        flat_N = topk_idx_TK.reshape(-1)
-        order_N = flat_N.argsort(stable=True)
-        counts = torch.bincount(flat_N, minlength=len(self)).tolist()  # host sync: free on CPU
-        tok_N = order_N // K
-        x_ND, wk_N1 = x_TD[tok_N], topk_w_TK.reshape(-1)[order_N, None]
-        outs, s = [], 0
-        for e, c in enumerate(counts):
-            if c:
-                outs.append(self[e](x_ND[s : s + c]) * wk_N1[s : s + c].to(x_TD.dtype))
-            s += c
-        return torch.zeros_like(x_TD).index_add_(0, tok_N, torch.cat(outs))
-
-
-def _targets(model):
-    """(module, attribute name, nn.Linear) of every linear layer to quantize, and (MoE, Experts) of every bank."""
-    linears, banks = [], []
-    for block in list(model.layers) + [m.block for m in model.mtp]:
-        attn = block.self_attn
-        if not isinstance(attn, Attention):
-            raise QuantError(f"quantize_: {type(attn).__name__} (MLA) is not supported; GQA models only")
-        linears += [(attn, n, getattr(attn, n)) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
-        mlp = block.mlp
-        dense = mlp.shared_experts if isinstance(mlp, MoE) else mlp
-        if dense is not None:
-            linears += [(dense, n, getattr(dense, n)) for n in ("gate_proj", "up_proj", "down_proj")]
-        if isinstance(mlp, MoE):
-            banks.append(mlp)
-    return linears, banks
-
-
+# ---------------------------------------------------------------- the whole model
 @torch.no_grad()
 def quantize_(model, scheme: str, group_size: int = INT4_GROUP):
     """Quantize `model`'s decoder weights in place to "int4" or "fp8" (module docstring); returns the model."""
@@ -205,50 +120,19 @@ def quantize_(model, scheme: str, group_size: int = INT4_GROUP):
     def make(w_NK, bias=None):
         return FP8Linear.from_weight(w_NK, bias) if scheme == "fp8" else Int4Linear(w_NK, bias, group_size)
 
-    linears, banks = _targets(model)
+    linears, banks = quant_targets(model)
     for parent, name, lin in linears:
         setattr(parent, name, make(lin.weight, lin.bias))
     for moe in banks:
         gu_EFD, down_EDF = moe.experts.gate_up_proj, moe.experts.down_proj
         F_ = down_EDF.shape[2]
         moe.experts = QuantExperts(
-            _Expert(make(gu[:F_]), make(gu[F_:]), make(dn)) for gu, dn in zip(gu_EFD, down_EDF)
+            QuantExpert(make(gu[:F_]), make(gu[F_:]), make(dn)) for gu, dn in zip(gu_EFD, down_EDF)
         )
     if scheme == "fp8":  # save_hf writes it into config.json: a released-style FP8 folder
         model.cfg.hf_metadata["quantization_config"] = dict(FP8_CONFIG)
     model.quant_scheme = scheme
     return model
-
-
-def fp8_skeleton_(model, names=None) -> None:
-    """Swap in empty FP8 layers on a meta-built model, for load_hf to fill from a released FP8 folder. names: the
-    folder's tensor names; then only the layers it stores in FP8 (those with a `weight_scale_inv`) are swapped, so
-    a checkpoint that keeps some of them in bf16 (e.g. its MTP layer) loads as it is."""
-    from glmstack.model.hf import _hf_prefix
-
-    qc = model.cfg.hf_metadata.get("quantization_config") or {}
-    if qc.get("quant_method") != "fp8" or list(qc.get("weight_block_size", [])) != [FP8_BLOCK, FP8_BLOCK]:
-        raise QuantError(f"quantization_config {qc}: only fp8 with weight_block_size [128, 128] is supported")
-    path = {id(m): p for p, m in model.named_modules()}
-
-    def stored_fp8(module, suffix: str) -> bool:
-        hf = _hf_prefix(f"{path[id(module)]}.{suffix}", model.cfg.num_hidden_layers)
-        return names is None or hf in names
-
-    linears, banks = _targets(model)
-    for parent, name, lin in linears:
-        if stored_fp8(lin, "weight_scale_inv"):
-            dt = lin.weight.dtype
-            setattr(parent, name, FP8Linear(lin.in_features, lin.out_features, lin.bias is not None, "meta", dt))
-    for moe in banks:
-        if not stored_fp8(moe.experts, "0.gate_proj.weight_scale_inv"):
-            continue
-        E, D, F_ = moe.experts.down_proj.shape
-        dt = moe.experts.down_proj.dtype
-        moe.experts = QuantExperts(
-            _Expert(*(FP8Linear(k, n, False, "meta", dt) for k, n in ((D, F_), (D, F_), (F_, D)))) for _ in range(E)
-        )
-    model.quant_scheme = "fp8"
 
 
 def is_quantized(model) -> bool:

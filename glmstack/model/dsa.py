@@ -35,6 +35,7 @@ from torch import nn
 
 from glmstack.model.gemm import Linear
 from glmstack.model.indexer_loss import indexer_kl, topk_recall
+from glmstack.model.rope import apply_rope
 
 MODES = ("dense", "select", "warmup", "sparse")
 # training stage -> indexer mode; `frozen` and `warmup` also change which parameters train (apply_dsa_stage)
@@ -128,8 +129,6 @@ class Indexer(nn.Module):
         self.last_recall: float | None = None
 
     def _rope(self, x, cos_sin, unsqueeze: bool):
-        from glmstack.model.mla import apply_rope  # mla imports this module; import late to avoid a cycle
-
         cos, sin = cos_sin
         if unsqueeze:
             cos, sin = cos[:, :, None], sin[:, :, None]

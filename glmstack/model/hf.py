@@ -37,6 +37,7 @@ from safetensors.torch import save_file
 from glmstack.errors import CheckpointError
 from glmstack.model.config import ModelConfig
 from glmstack.model.model import GLM
+from glmstack.model.quantized import QuantError, fp8_skeleton_
 
 INDEX_NAME = "model.safetensors.index.json"
 # dtype names as config.json (`dtype` / `torch_dtype`) and the CLIs' --dtype spell them
@@ -160,10 +161,9 @@ def load_hf(folder: str | os.PathLike, dtype: torch.dtype | None = None, device=
         dtype = DTYPES.get(cfg.hf_metadata.get("dtype") or cfg.hf_metadata.get("torch_dtype"), torch.float32)
     model = GLM(cfg, dtype=dtype)
     if cfg.hf_metadata.get("quantization_config"):  # a released-style FP8 folder: keep the weights as stored
-        from glmstack.inference.quant import QuantError, fp8_skeleton_
-
+        names, n_layers = set(checkpoint_files(folder)), cfg.num_hidden_layers
         try:
-            fp8_skeleton_(model, set(checkpoint_files(folder)))
+            fp8_skeleton_(model, lambda ours: _hf_prefix(ours, n_layers) in names)
         except QuantError as e:
             raise CheckpointError(f"{folder / 'config.json'}: {e}") from None
     tensors = checkpoint_tensors(model, folder)  # checked here, before anything is allocated
@@ -322,7 +322,7 @@ def _hf_tensor(state, ours: str, idx: tuple, dtype) -> torch.Tensor:
 
 
 def _keep_as_is(t: torch.Tensor, ours: str) -> bool:
-    """FP8 weights and their block scales (inference/quant.py) are written in their own dtypes."""
+    """FP8 weights and their block scales (model/quantized.py) are written in their own dtypes."""
     return t.dtype == torch.float8_e4m3fn or ours.endswith("weight_scale_inv")
 
 

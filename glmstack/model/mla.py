@@ -37,22 +37,9 @@ from glmstack.model.gemm import Linear
 from glmstack.model.attention import causal_mask
 from glmstack.model.dsa import Indexer, is_full_indexer_layer, sparse_mask
 from glmstack.model.layers import RMSNorm
+from glmstack.model.rope import apply_rope
 
-# ---------------------------------------------------------------------------------------------------- RoPE
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave: bool = True) -> torch.Tensor:
-    """Rotate the last dim of x (..., R) by cos/sin broadcastable to (..., R/2) (one angle per pair).
-
-    interleave=True rotates pairs (x0,x1),(x2,x3),... and writes [evens | odds] (GLM-5 / HF layout);
-    interleave=False is NeoX half-split (pairs (x_i, x_{i+R/2})).
-    """
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    if interleave:
-        x1, x2 = x[..., 0::2], x[..., 1::2]
-    else:
-        x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+# ---------------------------------------------------------------------------------------------------- attention
 
 
 def eager_attention(q_BHTd, k_BHSd, v_BHSv, mask_B1TS, scale: float) -> torch.Tensor:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from glmstack.inference.vision import generate as vl_generate
 from glmstack.multimodal.encode import encode_multimodal, image_source
 
 
@@ -34,7 +35,7 @@ def read_items(path: Path, n: int | None = None) -> list[dict]:
 
 
 def heldout_items(cfg) -> list[dict]:
-    from glmstack.multimodal.stage import vqa_folder
+    from glmstack.multimodal.config import vqa_folder
 
     return read_items(vqa_folder(cfg) / "test.jsonl", cfg.vl.eval_n)
 
@@ -53,8 +54,8 @@ def answer(model, tokenizer, processor, messages, style: str = "glm-4.5", max_ne
                             add_generation_prompt=True)  # fmt: skip
     device = next(model.parameters()).device
     inputs = {k: v.to(device) for k, v in enc.media.model_inputs().items()}
-    new = model.generate(torch.tensor(enc.ids, device=device), max_new_tokens=max_new_tokens,
-                         temperature=temperature, seed=seed, stop_ids=tokenizer.eos_ids, **inputs)  # fmt: skip
+    new = vl_generate(model, torch.tensor(enc.ids, device=device), max_new_tokens=max_new_tokens,
+                      temperature=temperature, seed=seed, stop_ids=tokenizer.eos_ids, **inputs)  # fmt: skip
     text_ids = new[:-1] if new and new[-1] in tokenizer.eos_ids else new
     return tokenizer.decode(text_ids), new
 

@@ -120,7 +120,8 @@ class VisionRollouts(Rollouts):
         return rows, samples
 
     def _decode(self, problems, seeds, temperature: float, engine):
-        """One batch of rows through GLMV.generate_batch: prompts left-padded, their images in row order."""
+        """One batch of rows through inference.vision's generate_batch: prompts left-padded, images in row order."""
+        from glmstack.inference.vision import generate_batch
         from glmstack.multimodal.processor import Media
 
         o = self.opts
@@ -130,10 +131,10 @@ class VisionRollouts(Rollouts):
         for b, p in enumerate(problems):
             ids[b, T - len(p.prompt_ids) :], mask[b, T - len(p.prompt_ids) :] = torch.tensor(p.prompt_ids), 1
         media = {k: v.to(device) for k, v in Media.concat([p.meta["media"] for p in problems]).model_inputs().items()}
-        return engine.generate_batch(ids.to(device), **media, max_new_tokens=o.max_new_tokens,
-                                          temperature=temperature, top_p=o.top_p, top_k=o.top_k, seeds=seeds,
-                                          stop_ids=self.tokenizer.eos_ids, attention_mask=mask.to(device),
-                                          logprobs=True)  # fmt: skip
+        return generate_batch(engine, ids.to(device), **media, max_new_tokens=o.max_new_tokens,
+                              temperature=temperature, top_p=o.top_p, top_k=o.top_k, seeds=seeds,
+                              stop_ids=self.tokenizer.eos_ids, attention_mask=mask.to(device),
+                              logprobs=True)  # fmt: skip
 
     def batch(self, groups: list, group: int, stats: dict) -> dict:
         """posttrain/rl's rollout batch plus each row's index, so its micro-batches can collect their rows' pixels."""

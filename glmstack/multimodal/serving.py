@@ -120,7 +120,7 @@ class VisionBatch(_Batch):
     """The scheduler's running batch for a VisionEngine: a new row's prefill is the full multimodal forward (its
     pixels through the ViT, 3D RoPE positions), its next token sits at the next_position rope_index gives (the same
     on all three axes, so decoding is the text model's 1D step: GLMV.generate's rule). Rows are left-padded as
-    GLMV.generate_batch lays them out, so each computes what it would alone."""
+    inference.vision.generate_batch lays them out, so each computes what it would alone."""
 
     @torch.inference_mode()
     def _prefill(self, new: list[Job]):

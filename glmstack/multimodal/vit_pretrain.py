@@ -171,23 +171,24 @@ def evaluate_heads(pretrainer: VisionPretrainer, processor, n: int, seed: int = 
 def run_vit(cfg, stop_at: int | None = None) -> dict:
     """The stage: build the GLMV as the first chat stage would (tokenizer trained on the set's texts), train the
     ViT + adapter + heads on the one loop, export the GLMV's folder, score the heads."""
-    from glmstack.multimodal import stage
+    from glmstack.multimodal import stage_setup as setup
+    from glmstack.multimodal.config import stage_dir
     from glmstack.multimodal.data import read_multimodal
     from glmstack.optim import build_optimizer
     from glmstack.train.loop import device_of, train
     from glmstack.train.stage import seed_everything
 
-    folder = stage.stage_dir(cfg)
+    folder = stage_dir(cfg)
     folder.mkdir(parents=True, exist_ok=True)
     seed_everything(cfg.seed)
-    records = read_multimodal(stage.data_files(cfg), log=print)
-    tokenizer = stage.load_tokenizer(cfg, records)
-    model = stage.build_model(cfg, tokenizer, device_of(cfg))
-    stage.freeze(model, "vision")
+    records = read_multimodal(setup.data_files(cfg), log=print)
+    tokenizer = setup.load_tokenizer(cfg, records)
+    model = setup.build_model(cfg, tokenizer, device_of(cfg))
+    setup.freeze(model, "vision")
     pretrainer = VisionPretrainer(model, seed=cfg.seed)
     trainable = sum(p.numel() for p in pretrainer.parameters() if p.requires_grad)
     print(f"{cfg.stage}: {trainable:,} parameters train (the ViT, the adapter, the attribute heads)", flush=True)
-    processor = stage.processor_for(cfg, model)
+    processor = setup.processor_for(cfg, model)
     data = AttributeStream(processor, batch_size=cfg.micro_batch_size, seed=cfg.seed)
     optimizer, _ = build_optimizer(pretrainer, cfg.optim)
     result = train(model=pretrainer, optimizer=optimizer, data=data, cfg=cfg, stage_dir=folder,
@@ -195,7 +196,7 @@ def run_vit(cfg, stop_at: int | None = None) -> dict:
     if result["stopped"] != "done":
         return result
     model.requires_grad_(True)
-    result["model"] = str(stage.export(model, tokenizer, processor, folder / "model", cfg.vl.chat_style))
+    result["model"] = str(setup.export(model, tokenizer, processor, folder / "model", cfg.vl.chat_style))
     if cfg.vl.eval_n:
         scores = evaluate_heads(pretrainer, processor, cfg.vl.eval_n, seed=cfg.seed)
         Path(folder / "eval.json").write_text(json.dumps(scores, indent=2) + "\n")

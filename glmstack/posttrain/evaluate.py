@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from glmstack.posttrain.rollout import rollout, turn_checks
+from glmstack.posttrain.multiturn import rollout, turn_checks
 from glmstack.posttrain.synthetic import SETS, generate, prompt_of, verify
 from glmstack.posttrain.tools import validate_call
 

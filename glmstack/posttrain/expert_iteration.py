@@ -43,8 +43,7 @@ def expert_set(cfg) -> str:
 
 
 def expert_iteration(
-    recipe: str,
-    overrides: list[str],
+    load_config,
     n_sample: int,
     n_eval: int,
     rejection=None,
@@ -52,19 +51,21 @@ def expert_iteration(
     seeds: list[int] | None = None,
 ) -> dict:
     """Experts -> samples -> one merged model per seed in `seeds` (default: the recipe's seed) -> scores:
-    {set: {"expert": score, "merged": {seed: score}, "kept": {seed: merged / expert}}}."""
+    {set: {"expert": score, "merged": {seed: score}, "kept": {seed: merged / expert}}}. `load_config(stage,
+    overrides)` is the recipe's TrainConfig of `stage` with the `key=value` overrides (main() binds the recipe
+    name: resolving a recipe is the command's part, glmstack.recipes.load_config)."""
     from glmstack.posttrain.evaluate import items_of, load_engine
     from glmstack.posttrain.rejection import RejectionConfig, rejection_sample
     from glmstack.posttrain.sft import run_sft
     from glmstack.posttrain.sft_data import write_jsonl
     from glmstack.posttrain.synthetic import generate
-    from glmstack.train.stage import load_config, stage_dir
+    from glmstack.train.stage import stage_dir
 
     # tiny sets: keep every solved prompt; a cooler temperature keeps a small model's format intact
     rejection = rejection or RejectionConfig(drop_shortest=0.0, temperature=0.6)
     models, sets, files = {}, {}, []
     for name in EXPERTS:
-        cfg = load_config(recipe, f"sft_{name}", overrides)
+        cfg = load_config(f"sft_{name}", [])
         sets[name], models[name] = expert_set(cfg), Path(stage_dir(cfg)) / "model"
         if not (models[name] / "config.json").exists():
             print(f"== expert {name}: SFT on {sets[name]}", flush=True)
@@ -80,7 +81,7 @@ def expert_iteration(
             path.with_suffix(".report.json").write_text(json.dumps(report, indent=2) + "\n")
             print(f"   kept {report['kept']} of {report['samples']}: dropped {report['dropped']}", flush=True)
         files.append(str(path))
-    base = load_config(recipe, "sft_merged", overrides)
+    base = load_config("sft_merged", [])
     out = Path(stage_dir(base)).parent
     # every model on the same n_eval held-out prompts of each expert's set, greedy; the table is rewritten after
     # each merged seed, so a long run shows the finished seeds
@@ -90,7 +91,7 @@ def expert_iteration(
         # the first seed's model is <run>/expert_merged; others <run>/expert_merged_seed<S> (same data files)
         stage = base.stage if seed == base.seed else f"{base.stage}_seed{seed}"
         mix = json.dumps(base.sft.data + files * rs_weight)
-        cfg = load_config(recipe, "sft_merged", overrides + [f"seed={seed}", f"stage={stage}", f"sft.data={mix}"])
+        cfg = load_config("sft_merged", [f"seed={seed}", f"stage={stage}", f"sft.data={mix}"])
         model = Path(stage_dir(cfg)) / "model"
         if not (model / "config.json").exists():
             print(f"== merged model, seed {seed}: SFT on {cfg.sft.data}", flush=True)
@@ -129,6 +130,8 @@ def _pct(x: float | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from glmstack.recipes import load_config
+
     ap = argparse.ArgumentParser(prog="glmstack expert-iteration", description=__doc__.splitlines()[0])
     ap.add_argument("recipe", help="recipe module with sft_reasoning/sft_tools/sft_chat/sft_merged stages")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -147,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"glmstack expert-iteration: --seeds {args.seeds!r}: expected integers like 0,1,2", file=sys.stderr)
         return 2
     try:
-        expert_iteration(args.recipe, args.overrides, args.n_sample, args.n_eval, rs_weight=args.rs_weight,
-                         seeds=seeds)  # fmt: skip
+        load = lambda stage, extra: load_config(args.recipe, stage, args.overrides + extra)
+        expert_iteration(load, args.n_sample, args.n_eval, rs_weight=args.rs_weight, seeds=seeds)
     except ConfigError as e:
         print(f"glmstack expert-iteration: {e}", file=sys.stderr, flush=True)
         return 2

@@ -21,7 +21,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from glmstack.posttrain.rollout import Trajectory, rollout, turn_checks
+from glmstack.posttrain.multiturn import Trajectory, rollout, turn_checks
 from glmstack.posttrain.synthetic import SETS, generate, verify
 from glmstack.posttrain.tools import validate_call
 

@@ -178,7 +178,7 @@ def export(checkpoint: Path, folder: Path, tokenizer, chat_style: str) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from glmstack.train.stage import main_for
+    from glmstack.stage_cli import main_for
 
     return main_for("sft", __doc__.splitlines()[0], argv, run_fn=run_sft)
 

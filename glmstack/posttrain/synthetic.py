@@ -7,7 +7,7 @@ Sets (GLM-4.5's three experts at toy scale, research/post-training-recipe.md §5
               are what glmstack.sandbox really printed when the set was generated.
   chat        multi-turn chat under a system prompt that names the assistant; questions from small fact tables
   tools_recovery  (not in SETS: opt in with "synthetic:tools_recovery") the tools set's tasks where the first call
-              (or the first two) fails with one of agentic RL's injected tool failures (posttrain.agentic.env.FAULTS)
+              (or the first two) fails with one of agentic RL's injected tool failures (posttrain.tools.FAULTS)
               and the assistant calls again, reads the result and answers: recovery behaviour agentic RL with fault
               injection can then reinforce (docs/agentic.md, session 6)
   compare     the larger / smaller of two or three one-digit numbers ("Which is the largest of 3, 8 and 5?"); the
@@ -32,7 +32,7 @@ import re
 import zlib
 from pathlib import Path
 
-from glmstack.posttrain.tools import CALCULATOR, PYTHON, TOOLS, calculate, run_python
+from glmstack.posttrain.tools import CALCULATOR, FAULTS, PYTHON, TOOLS, calculate, run_python
 
 SETS = ("arithmetic", "tools", "chat", "compare")
 OPT_IN_SETS = ("tools_recovery",)  # generated only when named: `sft-data` and the SFT recipes' defaults leave them out
@@ -167,8 +167,6 @@ def recovery_record(rng: random.Random, thinking: bool, outputs: dict[str, str])
     """A tools-set conversation whose first call (a quarter of the time the first two) returned an injected
     failure; the assistant repeats the same call until it runs. Only the assistant's turns are trained (the
     failure texts are tool messages, context)."""
-    from glmstack.posttrain.agentic.env import FAULTS
-
     rec = tool_record(rng, thinking, outputs)
     question, call, result, answer = rec["messages"]
     tool = rec["meta"]["tool"]

@@ -1,7 +1,8 @@
 """The two tools of the synthetic SFT sets and `glmstack chat --run-tools`: a calculator and a Python interpreter.
 
-What: `TOOLS` (OpenAI tool definitions), `execute(name, arguments) -> str` (the tool message content) and
-`validate_call(call, tools) -> str | None` (why a parsed tool call does not satisfy its tool's JSON schema).
+What: `TOOLS` (OpenAI tool definitions), `FAULTS` (the failure texts agentic RL injects), `execute(name,
+arguments) -> str` (the tool message content) and `validate_call(call, tools) -> str | None` (why a parsed tool
+call does not satisfy its tool's JSON schema).
 The python tool runs the code in glmstack.sandbox (isolated process, time and memory limits) and returns its stdout
 (or its error), as GLM's agentic SFT data has the model read real tool output (GLM-4.5 §3.1). The calculator
 evaluates + - * / // % ** and parentheses on numbers through the AST: no eval().
@@ -40,6 +41,12 @@ PYTHON = {
     },
 }
 TOOLS = [CALCULATOR, PYTHON]
+# What a tool returns when it fails instead of running: agentic RL injects these (agentic/env.py, `fault_p`) and
+# the SFT recovery set (synthetic.py, tools_recovery) trains on them, so both read them here.
+FAULTS = {
+    "timeout": "Error: the {name} tool timed out after 10 s.",
+    "error": "Error: the {name} service is temporarily unavailable. Try again.",
+}
 
 _OPS = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,

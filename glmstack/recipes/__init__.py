@@ -2,6 +2,8 @@
 
 A recipe module defines one function per stage it supports (pretrain, midtrain, ...); a recipe copies and
 modifies a base rather than growing flags. `glmstack pretrain tiny` calls `glmstack.recipes.tiny.pretrain()`.
+
+    cfg = load_config("tiny", "pretrain", ["optim.lr=3e-4"])     # recipe function + --set overrides
 """
 
 from __future__ import annotations
@@ -9,7 +11,8 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from glmstack.config import ConfigError
+from glmstack.config import ConfigError, apply_overrides
+from glmstack.train.config import TrainConfig
 
 
 def names() -> list[str]:
@@ -25,3 +28,11 @@ def recipe_function(recipe: str, stage: str):
     if not callable(fn):
         raise ConfigError(f"recipe {recipe!r} has no {stage}() stage")
     return fn
+
+
+def load_config(recipe: str, stage: str, overrides: list[str]) -> TrainConfig:
+    """`glmstack.recipes.<recipe>.<stage>()` with `key=value` overrides applied (unknown keys list valid ones)."""
+    cfg = recipe_function(recipe, stage)()
+    if not isinstance(cfg, TrainConfig):
+        raise ConfigError(f"recipe {recipe}.{stage}() returned {type(cfg).__name__}, expected TrainConfig")
+    return apply_overrides(cfg, overrides)

@@ -2,7 +2,7 @@
 
 The GLM-4.5 shape at the smallest size where its parts still act: one dense layer then one MoE layer (8 routed
 experts, top-2, one shared expert, sigmoid router with the loss-free bias), QK-Norm, partial RoPE, one MTP layer,
-Muon + AdamW with a warm-up + cosine lr; synthetic Markov-chain data (glmstack/train/synthetic.py, branching 4,
+Muon + AdamW with a warm-up + cosine lr; synthetic Markov-chain data (glmstack/train/markov_stream.py, branching 4,
 so ln 4 = 1.386 is the floor of the loss). A step takes ~0.1 s on one quiet CPU core, so a claim with three arms
 and three seeds runs in minutes. Claims change it only through overrides; `ablate_gpu` is the larger version.
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from glmstack.multimodal.stage import VLOptions, VLTrainConfig
+from glmstack.multimodal.config import VLOptions, VLTrainConfig
 
 RUN = "vl_tiny"
 VISION = {"patch_size": 4, "image_size": 64, "hidden_size": 64, "num_heads": 4, "intermediate_size": 128}

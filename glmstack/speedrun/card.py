@@ -114,7 +114,7 @@ def conversation_samples(run: Run, folder: Path) -> list[dict]:
     """The final model on a held-out tool prompt and an arithmetic prompt, thinking on: every turn it wrote (the
     tool really runs, glmstack.posttrain.tools) rendered as the chat would show it."""
     from glmstack.posttrain.evaluate import held_out
-    from glmstack.posttrain.rollout import rollout
+    from glmstack.posttrain.multiturn import rollout
 
     items = [next(it for it in held_out(s, 8, run.seed) if it["enable_thinking"]) for s in ("tools", "arithmetic")]
     trajs = rollout(_engine(run, folder), items, STYLE, max_new_tokens=MAX_NEW_TOKENS)

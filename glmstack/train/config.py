@@ -54,7 +54,7 @@ class ScheduleConfig:
 class DataConfig:
     """What a training stage reads (shards are built by `glmstack data`, configured by data.PipelineConfig)."""
 
-    kind: Literal["synthetic", "shards"] = "synthetic"  # synthetic = glmstack/train/synthetic.py
+    kind: Literal["synthetic", "shards"] = "synthetic"  # synthetic = glmstack/train/markov_stream.py
     path: str = ""  # token shard folder (kind=shards); source weights are fixed when the shards are built
     packing: Literal["concat", "best_fit"] = "concat"  # pretrain concat, midtrain best-fit (kind=shards: documents)
     val_path: str = ""  # validation shards; "" = a held-out synthetic/shard stream
@@ -188,7 +188,7 @@ def loader_options(kind: str, packing: str) -> set[str]:
     import inspect
 
     if kind == "synthetic":
-        from glmstack.train.synthetic import SyntheticLM as loader
+        from glmstack.train.markov_stream import SyntheticLM as loader
 
         classes = [loader]
     else:

@@ -132,8 +132,8 @@ def read_metrics(path: str | Path) -> list[dict]:
 
 def plot(folder: str | Path) -> list[Path]:
     """One PNG per PLOTS panel under folder/plots/, from folder/metrics.jsonl; returns the files written. Drawn by
-    the run report's plotter (glmstack.report.draw_curves), so a stage and a run look the same."""
-    from glmstack.report import draw_curves
+    the one plotter (glmstack.train.plots.draw_curves), so a stage and a run look the same."""
+    from glmstack.train.plots import draw_curves
 
     folder = Path(folder)
     rows = read_metrics(folder / "metrics.jsonl")

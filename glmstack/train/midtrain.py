@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import sys
 
-from glmstack.train.stage import main_for
-
 
 def main(argv: list[str] | None = None) -> int:
+    # the command (recipe name -> config) is the commands' layer: training code does not import the recipes
+    from glmstack.stage_cli import main_for
+
     return main_for("midtrain", __doc__.splitlines()[0], argv)
 
 

@@ -1,49 +1,38 @@
-"""What every training stage does around the loop: config from a recipe + overrides, model, data, optimiser.
+"""What every training stage does around the loop: model, data, optimiser, from a resolved TrainConfig.
 
 pretrain.py and midtrain.py are thin: they name their stage and (midtrain) what it changes; SFT and RL reuse
-`build_model` / `run` with their own data and loss functions. Reads top to bottom:
+`build_model` / `run` with their own data and loss functions. The config comes from the command side (a recipe +
+`--set` overrides: glmstack.recipes.load_config, run by glmstack/stage_cli.py), never from here: training code does
+not import the recipes (issue 35). Reads top to bottom:
 
-    cfg = load_config("tiny", "pretrain", ["optim.lr=3e-4"])     # recipe function + --set overrides
+    cfg = load_config("tiny", "pretrain", ["optim.lr=3e-4"])     # from glmstack.recipes
     result = run(cfg)                                            # model -> parallelize -> optimiser -> train
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import itertools
 import json
 import random
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from glmstack.config import ConfigError, apply_overrides, diff_fields
-from glmstack.errors import GlmstackError, one_line
+from glmstack.config import ConfigError, diff_fields
 from glmstack.model.config import TRAINING_FIELDS
 from glmstack.optim import build_optimizer
 from glmstack.train import checkpoint, dist
 from glmstack.train.config import TrainConfig, problems
 from glmstack.train.loop import device_of, pretrain_loss, train
-from glmstack.train.synthetic import SyntheticLM
+from glmstack.train.markov_stream import SyntheticLM
 
 # ModelConfig fields a later stage may change on loaded weights: the RoPE base and context length (GLM-4.5
 # mid-training) and the model's training-only fields (MTP/aux weights, GLM-5's DSA stage, ...); any other
 # difference would not match the checkpoint's tensors.
 STAGE_MAY_CHANGE = ("rope_theta", "max_position_embeddings", *TRAINING_FIELDS)
 resolve_checkpoint = checkpoint.resolve  # init_from -> checkpoint folder (posttrain/sft.py imports this name)
-
-
-def load_config(recipe: str, stage: str, overrides: list[str]) -> TrainConfig:
-    """`glmstack.recipes.<recipe>.<stage>()` with `key=value` overrides applied (unknown keys list valid ones)."""
-    from glmstack.recipes import recipe_function
-
-    cfg = recipe_function(recipe, stage)()
-    if not isinstance(cfg, TrainConfig):
-        raise ConfigError(f"recipe {recipe}.{stage}() returned {type(cfg).__name__}, expected TrainConfig")
-    return apply_overrides(cfg, overrides)
 
 
 def stage_dir(cfg: TrainConfig) -> Path:
@@ -199,41 +188,3 @@ def run(cfg: TrainConfig, *, loss_fn=pretrain_loss, stop_at: int | None = None, 
         val_batches=val_batches,
         stop_at=stop_at,
     )
-
-
-def parse_args(argv: list[str] | None, stage: str, description: str) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog=f"glmstack {stage}", description=description)
-    p.add_argument("recipe", help="recipe module under glmstack/recipes (e.g. tiny)")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config field, e.g. --set optim.lr=3e-4 (repeatable)",
-    )
-    p.add_argument("--resume", default=None, help="auto (default: continue from latest), never, or a step folder")
-    p.add_argument("--stop-at", type=int, default=None, help="stop this process at this step (with a checkpoint)")
-    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    return p.parse_args(argv)
-
-
-def main_for(stage: str, description: str, argv: list[str] | None, run_fn=None) -> int:
-    """The body of `glmstack pretrain|midtrain <recipe>`: bad input is one clear line and exit code 2."""
-    args = parse_args(argv, stage, description)
-    try:
-        overrides = args.overrides + ([f"ckpt.resume={args.resume}"] if args.resume else [])
-        cfg = load_config(args.recipe, stage, overrides)
-        if args.print_config:
-            from glmstack.config import to_json
-
-            print(to_json(cfg))
-            return 0
-        result = (run_fn or run)(cfg, stop_at=args.stop_at)
-    except GlmstackError as e:  # a config field, a checkpoint or shard file: one line, no traceback
-        print(one_line(f"glmstack {stage}", e), file=sys.stderr, flush=True)
-        return 2
-    if dist.rank() == 0:
-        print(f"{stage} finished: {result}", flush=True)
-    dist.shutdown()
-    return 0 if result["stopped"] in ("done", "stop_at") else 1

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from tiny_runs import TINY, free_port
 
-from glmstack.train.stage import load_config, run
+from glmstack.recipes import load_config
+from glmstack.train.stage import run
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]

@@ -27,7 +27,8 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file
 from tiny_runs import TINY, free_port
 
-from glmstack.train.stage import load_config, run
+from glmstack.recipes import load_config
+from glmstack.train.stage import run
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 STEPS = 4

@@ -26,8 +26,9 @@ def _free_port() -> int:
 def _worker(rank, port, overrides, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
+    from glmstack.recipes import load_config
     from glmstack.train import dist
-    from glmstack.train.stage import build_model, load_config
+    from glmstack.train.stage import build_model
 
     dist.init_from_env("cpu")
     model = build_model(load_config("tiny", "pretrain", overrides), torch.device("cpu"))
@@ -56,7 +57,7 @@ MODES = {
 @pytest.mark.parametrize("mode", list(MODES))
 def test_sharded_init_is_the_unsharded_init(tmp_path, mode):
     from glmstack.model import GLM, ModelConfig
-    from glmstack.train.stage import load_config
+    from glmstack.recipes import load_config
 
     cfg = load_config("tiny", "pretrain", MODES[mode])
     reference = GLM(ModelConfig.preset(cfg.model, **cfg.model_overrides)).init_weights(seed=cfg.seed)
@@ -75,7 +76,7 @@ def test_sharded_init_is_the_unsharded_init(tmp_path, mode):
 def test_sharded_load_is_load_hf(tmp_path):
     """init_from an HF folder under expert parallel + FSDP2 gives load_hf's tensors."""
     from glmstack.model import GLM, ModelConfig, load_hf, save_hf
-    from glmstack.train.stage import load_config
+    from glmstack.recipes import load_config
 
     cfg = load_config("tiny", "pretrain", [])
     source = GLM(ModelConfig.preset(cfg.model, **cfg.model_overrides)).init_weights(seed=123)

@@ -15,7 +15,8 @@ import pytest
 import torch.multiprocessing as mp
 from tiny_runs import TINY, free_port
 
-from glmstack.train.stage import load_config, run
+from glmstack.recipes import load_config
+from glmstack.train.stage import run
 
 pytestmark = pytest.mark.dist
 STEPS = 4

@@ -132,7 +132,8 @@ def test_engine_on_cuda_equals_naive_and_speculative_equals_greedy():
 
 
 def test_pretrain_on_cuda_logs_mfu(tmp_path):
-    from glmstack.train.stage import load_config, run
+    from glmstack.recipes import load_config
+    from glmstack.train.stage import run
 
     overrides = [f"out_dir={tmp_path}", "steps=3", "seq_len=128", "micro_batch_size=4", "log.progress=false",
                  "log.plots=false", "log.val_every=0", "schedule.batch_warmup_tokens=0", "device=cuda"]

@@ -20,6 +20,7 @@ from glmstack.config import apply_overrides
 from glmstack.data.shards import ShardWriter
 from glmstack.errors import CheckpointError, ConfigError, GlmstackError, TokenizerError
 from glmstack.model import GLM, ModelConfig, load_hf, save_hf
+from glmstack.recipes import load_config
 from glmstack.tokenizer import Tokenizer
 from glmstack.train import checkpoint, stage
 from glmstack.train.metrics import Metrics, read_metrics
@@ -113,7 +114,7 @@ def test_checkpoint_without_mtp_loads_with_a_warning(tmp_path):
     with pytest.raises(CheckpointError, match="num_nextn_predict_layers=0"):  # strict by default
         load_hf(folder)
     # training from it (init_from): MTP freshly initialised, said so; the trunk is the checkpoint's
-    run_cfg = stage.load_config("tiny", "pretrain", [f"init_from={folder}", f"out_dir={tmp_path / 'runs'}",
+    run_cfg = load_config("tiny", "pretrain", [f"init_from={folder}", f"out_dir={tmp_path / 'runs'}",
                                                      "steps=1", "log.val_every=0", "log.plots=false",
                                                      "log.progress=false", "ckpt.every=0"])
     model = stage.build_model(run_cfg, torch.device("cpu"))
@@ -127,7 +128,7 @@ def test_config_values_checked_when_built():
     assert "model_overrides: unknown ModelConfig field(s) hiden_size" in out and "hidden_size" in out
     out = cli("pretrain", "tiny", "--set", 'data.options={"bogus": 1}')
     assert "data.options: unknown key(s) bogus" in out and "branching" in out
-    base = stage.load_config("tiny", "pretrain", [])
+    base = load_config("tiny", "pretrain", [])
     for override, message in [
         ("data.packing=foo", "data.packing: 'foo' is not one of"),
         ("data.packing=best_fit", "needs data.kind=shards"),  # synthetic data has no documents to pack
@@ -155,7 +156,7 @@ def test_shard_vocab_larger_than_the_model(tmp_path):
     out = cli("pretrain", "tiny", *[a for o in overrides for a in ("--set", o)])
     assert "index.json: the shards' tokenizer has 1000 ids but the model's vocab_size is 512" in out
     with pytest.raises(ConfigError, match="vocab_size"):
-        stage.check_inputs(stage.load_config("tiny", "pretrain", overrides))
+        stage.check_inputs(load_config("tiny", "pretrain", overrides))
 
 
 # ---------------------------------------------------------------- resume
@@ -180,14 +181,14 @@ def test_half_written_metrics_line_and_stale_partial_saves(tmp_path):
     """A kill mid-write leaves half a metrics.jsonl line and `..tmp_step_N.tmp-<pid>`: resume reads past the first
     and the stage start deletes the second."""
     common = [f"out_dir={tmp_path}", "log.val_every=0", "log.plots=false", "log.progress=false", "ckpt.every=1"]
-    stage.run(stage.load_config("tiny", "pretrain", common + ["steps=2"]))
+    stage.run(load_config("tiny", "pretrain", common + ["steps=2"]))
     stage_dir = tmp_path / "tiny" / "pretrain"
     with open(stage_dir / "metrics.jsonl", "a") as f:
         f.write('{"step": 3, "loss": 4.')
     partial = [stage_dir / "..tmp_step_0000003.tmp-4242", stage_dir / ".tmp_step_0000003"]
     for p in partial:
         (p / "trainer_state").mkdir(parents=True)
-    result = stage.run(stage.load_config("tiny", "pretrain", common + ["steps=3"]))
+    result = stage.run(load_config("tiny", "pretrain", common + ["steps=3"]))
     assert result["stopped"] == "done"
     assert [r["step"] for r in read_metrics(stage_dir / "metrics.jsonl")] == [1, 2, 3]
     assert not any(p.exists() for p in partial)

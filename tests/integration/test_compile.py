@@ -10,8 +10,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from glmstack.recipes import load_config
 from glmstack.train import checkpoint
-from glmstack.train.stage import load_config, run
+from glmstack.train.stage import run
 
 pytestmark = pytest.mark.slow
 FAST = [

@@ -7,8 +7,9 @@ import torch
 from safetensors.torch import load_file
 
 from glmstack.config import ConfigError
+from glmstack.recipes import load_config
 from glmstack.train import checkpoint
-from glmstack.train.stage import load_config, run
+from glmstack.train.stage import run
 
 FAST = [
     "seq_len=32",

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from glmstack.train.stage import load_config, run
+from glmstack.recipes import load_config
+from glmstack.train.stage import run
 
 pytest.importorskip("wandb")
 BLOCK = 32 * 1024

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from glmstack.posttrain.agentic.env import make_env
+from glmstack.posttrain.agentic.envs import make_env
 from glmstack.posttrain.rl.rewards import Sample, get
 from glmstack.sandbox import isolation
 from glmstack.sandbox.warm import warm_available

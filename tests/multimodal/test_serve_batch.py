@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from glmstack.inference.sampling import SamplingParams
+from glmstack.inference.vision import generate
 from glmstack.multimodal.serving import VisionEngine, VisionScheduler
 from glmstack.serve.scheduler import Finished, Job, Token
 from multimodal.conftest import QUESTION, square
@@ -31,8 +32,8 @@ def chats():
 
 def alone(engine: VisionEngine, messages, temperature: float, seed: int, budget: int) -> list[int]:
     enc = engine.render_prompt(messages, None, "glm-4.5", enable_thinking=False)
-    return engine.model.generate(torch.tensor(enc.ids), max_new_tokens=budget, temperature=temperature, seed=seed,
-                                 stop_ids=engine.tokenizer.eos_ids, **enc.media.model_inputs())  # fmt: skip
+    return generate(engine.model, torch.tensor(enc.ids), max_new_tokens=budget, temperature=temperature, seed=seed,
+                    stop_ids=engine.tokenizer.eos_ids, **enc.media.model_inputs())  # fmt: skip
 
 
 @pytest.mark.parametrize("max_running", [5, 2])  # all at once; two at a time (rows leave, others join)

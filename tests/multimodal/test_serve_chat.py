@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from serve_fixture import RunningServer
 
 from glmstack.cli import main as glmstack
+from glmstack.inference.vision import generate
 from glmstack.multimodal.images import to_data_url
 from glmstack.multimodal.serving import VisionEngine
 from multimodal.conftest import QUESTION, square, vqa_chat
@@ -30,8 +31,8 @@ def greedy(folder, colour_or_messages) -> str:
     eng = VisionEngine.load(folder)
     msgs = vqa_chat(colour_or_messages, answer=False) if isinstance(colour_or_messages, str) else colour_or_messages
     enc = eng.render_prompt(msgs, None, "glm-4.5", enable_thinking=False)
-    new = eng.model.generate(torch.tensor(enc.ids), max_new_tokens=16, stop_ids=eng.tokenizer.eos_ids,
-                             **enc.media.model_inputs())  # fmt: skip
+    new = generate(eng.model, torch.tensor(enc.ids), max_new_tokens=16, stop_ids=eng.tokenizer.eos_ids,
+                   **enc.media.model_inputs())  # fmt: skip
     return eng.tokenizer.decode([t for t in new if t not in eng.tokenizer.eos_ids])
 
 

@@ -83,7 +83,7 @@ def test_entropy_bonus_is_coef_times_mean_entropy_and_raises_it(base_dir):
 
 
 def test_python_level_1_is_a_wider_task_space_solved_in_the_sandbox():
-    from glmstack.posttrain.agentic.env import make_env
+    from glmstack.posttrain.agentic.envs import make_env
     from glmstack.posttrain.agentic.envs.tools import NEW_WORDS, PythonEnv
     from tests.posttrain.test_agentic_envs import call, play, say
 

@@ -10,7 +10,8 @@ import random
 import pytest
 
 from glmstack.chat import render
-from glmstack.posttrain.agentic.env import EnvCrash, EnvOptions, make_env
+from glmstack.posttrain.agentic.env import EnvCrash, EnvOptions
+from glmstack.posttrain.agentic.envs import make_env
 from glmstack.posttrain.agentic.groups import advantages, settle
 from glmstack.posttrain.agentic.trajectory import Trajectory, continuation_ids
 from glmstack.posttrain.tools import calculate

@@ -9,7 +9,8 @@ import random
 
 import pytest
 
-from glmstack.posttrain.agentic.env import FAULTS, EnvOptions, Reward, make_env
+from glmstack.posttrain.agentic.env import FAULTS, EnvOptions, Reward
+from glmstack.posttrain.agentic.envs import make_env
 from glmstack.posttrain.agentic.envs.tools import CalculatorEnv, wide_calculator_task
 from glmstack.posttrain.sft_data import encode_record, normalize
 from glmstack.posttrain.synthetic import OPT_IN_SETS, SETS, generate, verify

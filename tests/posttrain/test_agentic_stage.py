@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from glmstack.model.hf import load_hf
-from glmstack.posttrain.agentic.env import EnvOptions, env_class
+from glmstack.posttrain.agentic.env import EnvOptions
+from glmstack.posttrain.agentic.envs import env_class
 from glmstack.posttrain.agentic.episode import EpisodeOptions, run_group
 from glmstack.posttrain.agentic.stage import build, run_agentic
 from glmstack.posttrain.agentic.worker import RolloutWorker

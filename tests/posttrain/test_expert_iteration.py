@@ -5,7 +5,7 @@ import pytest
 
 from glmstack.config import ConfigError
 from glmstack.posttrain.expert_iteration import EXPERTS, expert_set, main, table
-from glmstack.train.stage import load_config
+from glmstack.recipes import load_config
 
 
 def test_merged_model_gets_every_experts_sets_and_steps():

@@ -1,7 +1,7 @@
 """Rejection-sampling filters on hand-made trajectories: truncated, repetitive, format-invalid, wrong, kept."""
 
+from glmstack.posttrain.multiturn import Trajectory
 from glmstack.posttrain.rejection import repetitive, why_rejected
-from glmstack.posttrain.rollout import Trajectory
 from glmstack.posttrain.synthetic import generate
 from glmstack.posttrain.tools import TOOLS
 

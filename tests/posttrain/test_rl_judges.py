@@ -1,16 +1,21 @@
-"""Model-based rewards: `rm:<folder>` scores what the reward model scores, and drives a real `glmstack rl` step;
-`judge:<url>` asks our own OpenAI-compatible server (uvicorn on 127.0.0.1, the official `openai` client)."""
+"""Model-based rewards: `rm:<folder>` scores what the reward model scores (without an autograd graph), and drives
+a real `glmstack rl` step; `judge:<url>` asks our own OpenAI-compatible server (uvicorn on 127.0.0.1, the official
+`openai` client) and a stand-in GLM server that thinks unless told not to."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import pytest
 import torch
 
 from glmstack.chat import render
 from glmstack.model import ModelConfig
-from glmstack.posttrain.rl import rewards
+from glmstack.posttrain.rl import judges, rewards
 from glmstack.posttrain.rl.judges import parse_score
 from glmstack.posttrain.rl.rollouts import Rollouts
 from glmstack.posttrain.rl.stage import RLOptions
@@ -47,6 +52,21 @@ def test_rm_reward_is_the_models_score(rm_folder, tok):
     assert got[0] != got[1]
 
 
+def test_rm_reward_scores_without_autograd(rm_folder):
+    """The scorer runs under no_grad (issue 35: @torch.no_grad() decorated the factory, so every score built a graph
+    through the reward model)."""
+    fn = rewards.get(f"rm:{rm_folder}")
+    rm, _ = judges._load(str(rm_folder))
+    seen = []
+    hook = rm.register_forward_hook(lambda m, args, out: seen.append((torch.is_grad_enabled(), out[0].requires_grad)))
+    try:
+        assert torch.is_grad_enabled()
+        fn([sample("The answer is 5.")])
+    finally:
+        hook.remove()
+    assert seen == [(False, False)]
+
+
 def test_rl_step_uses_the_rm_reward(rm_folder, base_dir, tok):
     from glmstack.model import load_hf
 
@@ -62,12 +82,67 @@ def test_rl_step_uses_the_rm_reward(rm_folder, base_dir, tok):
 def test_parse_score():
     assert parse_score("7") == 0.7 and parse_score("Score: 10/10") == 1.0 and parse_score(" 3.5 points") == 0.35
     assert parse_score("no idea") is None and parse_score("42") is None and parse_score("") is None
+    # the reasoning is not the answer: 2 + 3 inside <think> is not a score, an unclosed <think> has no answer
+    assert parse_score("<think>2 + 3 = 5, right.</think>8") == 0.8 and parse_score("2 + 3 is 5.</think> 6") == 0.6
+    assert parse_score("<think>2 + 3 is") is None
+
+
+class GLMJudge(BaseHTTPRequestHandler):
+    """A stand-in for a GLM model behind vLLM / SGLang / `glmstack serve`: thinking is on unless the request's
+    chat_template_kwargs turn it off, the reasoning (with numbers in it) comes before the score in `content`, and
+    max_tokens cuts the reply, counted in words. `stubborn` servers reason whatever the request says."""
+
+    REASONING = "The question asks for 2 + 3 . The answer says 5 , which is right , so 9 out of 10 ."
+    stubborn = False
+    requests: ClassVar[list] = []  # the request bodies (each test makes its own subclass)
+
+    def do_GET(self):  # /v1/models
+        self._send({"object": "list", "data": [{"id": "glm", "object": "model", "created": 0, "owned_by": "t"}]})
+
+    def do_POST(self):  # /v1/chat/completions
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).requests.append(body)
+        thinking = self.stubborn or (body.get("chat_template_kwargs") or {}).get("enable_thinking", True)
+        words = (["<think>", *self.REASONING.split(), "</think>"] if thinking else []) + ["9"]
+        cut = body.get("max_tokens") or len(words)
+        message = {"role": "assistant", "content": " ".join(words[:cut])}
+        choice = {"index": 0, "message": message, "finish_reason": "length" if len(words) > cut else "stop"}
+        self._send({"id": "c", "object": "chat.completion", "created": 0, "model": "glm", "choices": [choice]})
+
+    def _send(self, obj: dict):
+        data = json.dumps(obj).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("stubborn", [False, True])
+def test_judge_turns_thinking_off_and_reads_the_answer(stubborn):
+    """A GLM judge thinks by default: the reward asks with thinking off and room for the answer, and reads the score
+    after any reasoning (issue 35: max_tokens=8 and thinking on left every score 0 or a number from the reasoning)."""
+    handler = type("Judge", (GLMJudge,), {"stubborn": stubborn, "requests": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        fn = judges.judge(f"http://127.0.0.1:{server.server_address[1]}")
+        assert fn([sample("The answer is 5."), sample("5")]) == [0.9, 0.9]
+        assert fn.stats["judge_unparsed"] == 0.0
+        asked = handler.requests[-1]
+        assert asked["chat_template_kwargs"] == {"enable_thinking": False} and asked["max_tokens"] >= 64
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_judge_asks_an_openai_compatible_server(base_dir):
     server = RunningServer(str(base_dir))
     try:
-        fn = rewards.get(f"judge:{server.url}|tiny")
+        fn = rewards.get(f"judge:{server.url}|tiny")  # our server takes chat_template_kwargs (a 400 otherwise)
         values = fn([sample("The answer is 5."), sample("Paris.", "What is the capital of France?")])
         assert len(values) == 2 and all(0.0 <= v <= 1.0 for v in values)
         assert 0.0 <= fn.stats["judge_unparsed"] <= 1.0  # a random tiny model rarely writes a number

@@ -12,8 +12,8 @@ from glmstack.model import load_hf
 from glmstack.posttrain import sft
 from glmstack.posttrain.synthetic import generate
 from glmstack.posttrain.tools import TOOLS
+from glmstack.recipes import load_config
 from glmstack.tokenizer import Tokenizer
-from glmstack.train.stage import load_config
 
 pytestmark = pytest.mark.slow
 

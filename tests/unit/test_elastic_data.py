@@ -9,7 +9,7 @@ import pytest
 
 from glmstack.data.loader import PackedLoader, PretrainLoader
 from glmstack.data.shards import ShardWriter
-from glmstack.train.synthetic import SyntheticLM
+from glmstack.train.markov_stream import SyntheticLM
 
 B = 2  # rows per micro-batch
 

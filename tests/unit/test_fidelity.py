@@ -7,10 +7,10 @@ import torch
 from glmstack.config import ConfigError
 from glmstack.model import GLM, ModelConfig
 from glmstack.optim.schedules import accum_steps, values_at
-from glmstack.recipes import names, recipe_function
+from glmstack.recipes import load_config, names, recipe_function
 from glmstack.train.config import ScheduleConfig
 from glmstack.train.loop import _micro_batches, pretrain_loss
-from glmstack.train.stage import load_config, run
+from glmstack.train.stage import run
 
 FAST = ["micro_batch_size=2", "seq_len=16", "log.progress=false", "log.plots=false", "log.val_every=0",
         "ckpt.every=0", "schedule.batch_warmup_tokens=0"]

@@ -15,7 +15,7 @@ from glmstack.data.blank_infilling import (BlankConfig, BlankInfilling, build_sa
                                            mask_spans, sentence_spans)
 from glmstack.model import GLM, ModelConfig
 from glmstack.model.glm_options import deepnorm_alpha, deepnorm_beta, prefix_lm_mask
-from glmstack.train.synthetic import SyntheticLM
+from glmstack.train.markov_stream import SyntheticLM
 
 M, S, E = 90, 91, 92  # [MASK], <sop>, <eop> for the hand-made case
 X = [11, 12, 13, 14, 15, 16]  # x1 .. x6
@@ -169,7 +169,8 @@ def test_options_stay_out_of_a_default_config_json():
 
 
 def test_glm2021_recipe_trains_on_the_one_loop(tmp_path):
-    from glmstack.train.stage import load_config, run
+    from glmstack.recipes import load_config
+    from glmstack.train.stage import run
 
     cfg = load_config("glm2021", "pretrain", [
         "steps=3", "seq_len=32", "micro_batch_size=2", f"out_dir={tmp_path}", "log.progress=false",
@@ -183,7 +184,7 @@ def test_glm2021_recipe_trains_on_the_one_loop(tmp_path):
 
 def test_bad_blank_options_are_one_config_error():
     from glmstack.config import ConfigError
-    from glmstack.train.stage import load_config
+    from glmstack.recipes import load_config
 
     with pytest.raises(ConfigError, match="data.options.blank_infilling: .*bogus"):
         load_config("glm2021", "pretrain", ['data.options={"blank_infilling": {"weights": {"bogus": 1}}}'])

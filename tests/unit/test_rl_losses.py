@@ -1,6 +1,7 @@
 """The RL objectives against hand-computed values and gradients (glmstack/posttrain/rl/losses.py)."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -112,6 +113,30 @@ def test_cispo_keeps_gradient_of_clipped_tokens():
     loss.backward()
     torch.testing.assert_close(logp.grad, torch.tensor([[-1.28, -1.0]]) / 2)
     assert stats["clip_frac"] == 0.5
+
+
+def test_rl_loss_passes_eps_to_cispo():
+    """rl.eps_low / rl.eps_high reach CISPO's clip (issue 35: rl_loss called cispo_loss with its defaults, so the
+    two settings below gave the same loss)."""
+    from glmstack.posttrain.rl.stage import RLOptions, rl_loss
+
+    torch.manual_seed(0)
+    policy = torch.nn.Embedding(5, 5)
+    model = lambda ids, **_: SimpleNamespace(logits=policy(ids))
+    ids, targets, mask = torch.randint(0, 5, (2, 4)), torch.randint(0, 5, (2, 4)), torch.ones(2, 4)
+    logp = L.token_logprobs(policy(ids).float(), targets).detach()
+    old = logp + torch.tensor([[0.5, -0.5, 1.0, -1.0]] * 2)  # ratios e^-0.5, e^0.5, e^-1, e^1
+    adv = torch.tensor([1.0, -1.0])
+    batch = {"input_ids": ids, "targets": targets, "temperature": 1.0, "mask": mask, "old_logp": old,
+             "rollout_logp": logp, "advantages": adv, "stats": {}}  # fmt: skip
+
+    def loss(eps_low, eps_high):
+        got = rl_loss(RLOptions(loss="cispo", eps_low=eps_low, eps_high=eps_high))(model, batch, {})[0]
+        want = L.cispo_loss(logp, old, adv, mask, eps_low=eps_low, eps_high=eps_high)[0]
+        assert got.item() == pytest.approx(want.item())
+        return got.item()
+
+    assert loss(0.2, 0.28) != pytest.approx(loss(1.0, 5.0))
 
 
 def test_gspo_sequence_ratio():

@@ -5,9 +5,10 @@ import json
 import pytest
 import torch
 
+from glmstack.recipes import load_config
 from glmstack.train import balance, checkpoint
 from glmstack.train.loop import pretrain_loss
-from glmstack.train.stage import load_config, run
+from glmstack.train.stage import run
 
 FAST = [
     "seq_len=16",

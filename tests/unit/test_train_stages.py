@@ -4,10 +4,11 @@ import torch
 from safetensors.torch import load_file
 
 from glmstack.model import ModelConfig, load_hf
+from glmstack.recipes import load_config
 from glmstack.train import checkpoint
+from glmstack.train.markov_stream import SyntheticLM
 from glmstack.train.metrics import read_metrics
-from glmstack.train.stage import load_config, run
-from glmstack.train.synthetic import SyntheticLM
+from glmstack.train.stage import run
 
 FAST = [
     "micro_batch_size=2",

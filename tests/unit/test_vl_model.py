@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from glmstack.errors import CheckpointError, ConfigError
+from glmstack.inference.vision import generate, generate_batch
 from glmstack.model import GLM
 from glmstack.model.vision import (GLMV, VLConfig, VisionInputError, expand_placeholders, load_vl_hf, rope_index,
                                    save_vl_hf)
@@ -90,7 +91,7 @@ def test_rope_index_3d_positions_and_packing():
 def test_generate_equals_full_recompute(preset):
     model = _model(preset, seed=2)
     ids, pixels, grid = _image_prompt(model.cfg, (1, 4, 4))
-    got = model.generate(ids, pixel_values=pixels, image_grid_thw=grid, max_new_tokens=6)
+    got = generate(model, ids, pixel_values=pixels, image_grid_thw=grid, max_new_tokens=6)
     seq = ids
     with torch.no_grad():
         for _ in range(6):
@@ -193,9 +194,9 @@ def test_generate_batch_rows_are_independent():
     """K sampled rows of one prompt at once: row b's tokens are what generate(seed=seeds[b]) gives alone."""
     model = _model(seed=3)
     ids, pixels, grid = _image_prompt(model.cfg, (1, 4, 4))
-    rows = model.generate_batch(ids.expand(3, -1), pixel_values=pixels.repeat(3, 1), image_grid_thw=grid.repeat(3, 1),
+    rows = generate_batch(model, ids.expand(3, -1), pixel_values=pixels.repeat(3, 1), image_grid_thw=grid.repeat(3, 1),
                                 max_new_tokens=5, temperature=1.0, seeds=[7, 8, 9])
-    alone = [model.generate(ids, pixel_values=pixels, image_grid_thw=grid, max_new_tokens=5, temperature=1.0,
+    alone = [generate(model, ids, pixel_values=pixels, image_grid_thw=grid, max_new_tokens=5, temperature=1.0,
                             seed=s) for s in (7, 8, 9)]
     assert rows == alone and len({tuple(r) for r in rows}) > 1
 
@@ -277,8 +278,8 @@ def test_generate_batch_left_padded_prompts(preset):
     ids = torch.cat([img_ids, torch.cat([torch.zeros(1, T - 4, dtype=torch.long), text_ids], dim=1)])
     mask = torch.ones_like(ids)
     mask[1, :T - 4] = 0
-    rows = model.generate_batch(ids, pixel_values=pixels, image_grid_thw=grid, attention_mask=mask, max_new_tokens=5)
-    assert rows[0] == model.generate(img_ids, pixel_values=pixels, image_grid_thw=grid, max_new_tokens=5)
-    assert rows[1] == model.generate(text_ids, max_new_tokens=5)
+    rows = generate_batch(model, ids, pixel_values=pixels, image_grid_thw=grid, attention_mask=mask, max_new_tokens=5)
+    assert rows[0] == generate(model, img_ids, pixel_values=pixels, image_grid_thw=grid, max_new_tokens=5)
+    assert rows[1] == generate(model, text_ids, max_new_tokens=5)
     with pytest.raises(VisionInputError, match="LEFT padding"):
-        model.generate_batch(ids, pixel_values=pixels, image_grid_thw=grid, attention_mask=mask.flip(1))
+        generate_batch(model, ids, pixel_values=pixels, image_grid_thw=grid, attention_mask=mask.flip(1))

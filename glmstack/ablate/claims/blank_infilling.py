@@ -24,7 +24,7 @@ BASE = {"seq_len": 32, "micro_batch_size": 8, "optim.lr": 3e-3, "optim.muon": Tr
 
 def heldout_docs(seed: int, n_docs: int = 32, length: int = 24) -> np.ndarray:
     """Validation-stream documents of the Markov chain the arm trained on (the chain is seeded by the run seed)."""
-    from glmstack.train.synthetic import SyntheticLM
+    from glmstack.train.markov_stream import SyntheticLM
 
     val = SyntheticLM(vocab_size=MICRO["vocab_size"], seq_len=length - 1, batch_size=n_docs, seed=seed, split="val",
                       reserved_ids=5)

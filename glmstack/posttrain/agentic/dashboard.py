@@ -27,7 +27,7 @@ PANELS = {
 
 
 def plot_dashboard(folder: str | Path) -> list[Path]:
-    from glmstack.report import draw_curves
+    from glmstack.train.plots import draw_curves
 
     folder = Path(folder)
     rows = read_metrics(folder / "metrics.jsonl")
@@ -94,7 +94,7 @@ def plot_compare(settings: dict[str, list[Path]], out: Path, key: str = "reward"
     against the number of updates, as the table counts them, with the end from agentic_summary.json."""
     import json
 
-    from glmstack.report import draw_curves
+    from glmstack.train.plots import draw_curves
 
     curves = []
     for name, folders in settings.items():

@@ -1,6 +1,6 @@
 """The environment interface of agentic RL, and what every tool environment shares.
 
-    env = make_env("calculator", EnvOptions(fault_p=0.2), seed=7)
+    env = make_env("calculator", EnvOptions(fault_p=0.2), seed=7)   # glmstack.posttrain.agentic.envs
     messages, tools = env.reset(spec)               # spec: a JSON dict from env.sample(rng, split)
     step = env.step(assistant_message)              # -> Step(messages=[tool or user messages], done)
     reward = env.reward()                           # -> Reward(value, success, parts)
@@ -23,7 +23,6 @@ What `ToolEnv` adds, from GLM-4.5 §3.3 / GLM-5 §3.3 (research/rl-recipe.md §1
 from __future__ import annotations
 
 import abc
-import importlib
 import json
 import random
 import zlib
@@ -31,13 +30,9 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import ClassVar
 
-from glmstack.posttrain.tools import validate_call
+from glmstack.posttrain.tools import FAULTS, validate_call
 
 TEST_EVERY = 5  # one task in TEST_EVERY is held out (by a hash of its key)
-FAULTS = {
-    "timeout": "Error: the {name} tool timed out after 10 s.",
-    "error": "Error: the {name} service is temporarily unavailable. Try again.",
-}
 
 
 class EnvCrash(RuntimeError):
@@ -208,30 +203,3 @@ ENVS: dict[str, type[Env]] = {}
 def register(cls: type[Env]) -> type[Env]:
     ENVS[cls.name] = cls
     return cls
-
-
-def env_class(name: str) -> type[Env]:
-    """A built-in environment by name, or your own `Env` subclass by import path ("package.module:Class"; Ray
-    actors import it by the same path)."""
-    if ":" in name:
-        return _imported(name)
-    from glmstack.posttrain.agentic import envs  # noqa: F401 (registers the environments)
-
-    if name not in ENVS:
-        raise ValueError(f"unknown environment {name!r} (expected one of {', '.join(sorted(ENVS))})")
-    return ENVS[name]
-
-
-def _imported(path: str) -> type[Env]:
-    module, _, attr = path.partition(":")
-    try:
-        cls = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"environment {path!r} cannot be imported ({e})") from None
-    if not (isinstance(cls, type) and issubclass(cls, Env)):
-        raise ValueError(f"environment {path!r} is not an Env subclass")  # noqa: TRY004 (check() reports ValueError)
-    return cls
-
-
-def make_env(name: str, opts: EnvOptions | None = None, seed: int = 0) -> Env:
-    return env_class(name)(opts, seed)

@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from glmstack.chat import parse
-from glmstack.posttrain.agentic.env import EnvCrash, EnvOptions, make_env
+from glmstack.posttrain.agentic.env import EnvCrash, EnvOptions
+from glmstack.posttrain.agentic.envs import make_env
 from glmstack.posttrain.agentic.trajectory import Trajectory, continuation_ids
 from glmstack.posttrain.rl.rollouts import stable_seed
 

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Literal
 
 from glmstack.config import ConfigError
-from glmstack.posttrain.agentic.env import EnvOptions, env_class
+from glmstack.posttrain.agentic.env import EnvOptions
+from glmstack.posttrain.agentic.envs import env_class
 from glmstack.posttrain.agentic.episode import EpisodeOptions
 from glmstack.posttrain.rl.rollouts import stable_seed
 from glmstack.train import dist
@@ -273,7 +274,7 @@ def run_agentic(cfg: AgenticConfig, stop_at: int | None = None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from glmstack.train.stage import main_for
+    from glmstack.stage_cli import main_for
 
     return main_for("agentic", __doc__.splitlines()[0], argv, run_fn=run_agentic)
 

@@ -46,7 +46,7 @@ def derived(rows: list[dict]) -> list[dict]:
 
 
 def plot_dashboard(folder: str | Path) -> list[Path]:
-    from glmstack.report import draw_curves
+    from glmstack.train.plots import draw_curves
 
     folder = Path(folder)
     rows = derived(read_metrics(folder / "metrics.jsonl"))
@@ -147,7 +147,7 @@ def compare(groups: dict[str, list[str]], plot_path: str | None = None, upto: in
         curves.append((name, _seed_mean(rewards), _seed_mean(norms), (steps, _seed_mean([[a for _, a in h]
                                                                                        for h in heldout]))))  # fmt: skip
     if plot_path:
-        from glmstack.report import draw_curves
+        from glmstack.train.plots import draw_curves
 
         path = Path(plot_path)
         for i, what in ((1, "reward"), (2, "grad_norm")):

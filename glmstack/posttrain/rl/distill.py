@@ -310,7 +310,7 @@ def eval_main(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`glmstack distill <recipe> ...` trains; `glmstack distill eval MODEL ...` scores the teachers' tasks."""
-    from glmstack.train.stage import main_for
+    from glmstack.stage_cli import main_for
 
     if argv and argv[0] == "eval":
         return eval_main(argv[1:])

@@ -11,9 +11,12 @@ names here), so `rl.rewards` mixes them with rule rewards:
                   prompt + parsed reply rendered in the sample's chat style, scored at the last token; the raw
                   score (unbounded; GRPO's group normalisation makes its scale irrelevant)
   judge:<url>     any OpenAI-compatible chat endpoint (ours: `glmstack serve`; vLLM, SGLang, hosted APIs) asked
-                  JUDGE_PROMPT at temperature 0; the first number of its reply in [0, 10], divided by 10; a reply
-                  without one scores 0 (counted in the `judge_unparsed` figure of the last call). The API key comes
-                  from $GLMSTACK_JUDGE_API_KEY (none needed for a local server).
+                  JUDGE_PROMPT at temperature 0 with thinking off (`chat_template_kwargs.enable_thinking=false`,
+                  what GLM servers and `glmstack serve` take: a GLM judge thinks by default and would spend a small
+                  budget reasoning) and JUDGE_MAX_TOKENS; the first number of its answer in [0, 10], divided by
+                  10, any `<think>` part ignored (a server that reasons anyway); a reply without one scores 0
+                  (counted in the `judge_unparsed` figure of the last call). The API key comes from
+                  $GLMSTACK_JUDGE_API_KEY (none needed for a local server).
 
 The prompt is the problem's chat messages (`meta["messages"]`) or its one user question (`meta["question"]`).
 """
@@ -33,6 +36,10 @@ JUDGE_PROMPT = (
     "Question:\n{question}\n\nAnswer:\n{answer}"
 )
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+# The reply is a number with thinking off; the budget leaves room for a server that reasons anyway (issue 35: with
+# 8 tokens a GLM judge, thinking on by default, never reached its answer and every score was 0).
+JUDGE_MAX_TOKENS = 1024
+NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
 
 
 def prompt_messages(meta: dict) -> list[dict]:
@@ -59,7 +66,6 @@ def _load(folder: str):
     return load_rm(folder), Tokenizer.load(folder)
 
 
-@torch.no_grad()
 def reward_model(folder: str, batch_size: int = 32):
     """The `rm:<folder>` reward: samples -> the reward model's scalar per sample."""
     from glmstack.chat import render
@@ -68,6 +74,7 @@ def reward_model(folder: str, batch_size: int = 32):
     rm, tok = _load(folder)
     pad = tok.token_id("<|endoftext|>")
 
+    @torch.no_grad()  # a reward is a number: no autograd graph through the reward model
     def score(samples) -> list[float]:
         rows = [tok.encode(render(prompt_messages(s.meta) + [reply_message(s)], None, style=s.style,
                                   enable_thinking=False)) for s in samples]  # fmt: skip
@@ -82,16 +89,26 @@ def reward_model(folder: str, batch_size: int = 32):
 
 
 # ---------------------------------------------------------------------------------------------- judge
+def answer_part(text: str) -> str:
+    """A reply without its reasoning: what follows the last `</think>` (also when the template opened `<think>`
+    itself); nothing when a `<think>` was never closed (the budget ran out while reasoning)."""
+    text = text or ""
+    if "</think>" in text:
+        return text.rsplit("</think>", 1)[1]
+    return text.split("<think>", 1)[0]
+
+
 def parse_score(text: str) -> float | None:
-    """The first number of a judge's reply on the 0-10 scale -> [0, 1]; None when there is none or it is off-scale."""
-    m = _NUMBER.search(text or "")
+    """The first number of a judge's answer (reasoning ignored) on the 0-10 scale -> [0, 1]; None when there is
+    none or it is off-scale."""
+    m = _NUMBER.search(answer_part(text))
     if m is None:
         return None
     value = float(m.group())
     return value / 10 if 0 <= value <= 10 else None
 
 
-def judge(spec: str, concurrency: int = 8):
+def judge(spec: str, concurrency: int = 8, max_tokens: int = JUDGE_MAX_TOKENS):
     """The `judge:<url>[|model]` reward: one chat completion per sample, concurrently."""
     from openai import OpenAI
 
@@ -103,9 +120,10 @@ def judge(spec: str, concurrency: int = 8):
     def one(sample) -> float:
         question = "\n".join(str(m.get("content") or "") for m in prompt_messages(sample.meta) if m["role"] == "user")
         answer = reply_message(sample).get("content") or ""
-        r = client.chat.completions.create(model=model, temperature=0.0, max_tokens=8, messages=[
-            {"role": "user", "content": JUDGE_PROMPT.format(question=question, answer=answer)}])  # fmt: skip
-        return parse_score(r.choices[0].message.content or "")
+        r = client.chat.completions.create(model=model, temperature=0.0, max_tokens=max_tokens, extra_body=NO_THINKING,
+                                           messages=[{"role": "user", "content": JUDGE_PROMPT.format(
+                                               question=question, answer=answer)}])  # fmt: skip
+        return parse_score(r.choices[0].message.content or "")  # reasoning_content (a reasoning parser's) unread
 
     def score(samples) -> list[float]:
         with ThreadPoolExecutor(concurrency) as pool:

@@ -135,7 +135,7 @@ def code(samples: list[Sample]) -> list[float]:
 
 @register("format")
 def format_ok(samples: list[Sample]) -> list[float]:
-    from glmstack.posttrain.rollout import MARKUP
+    from glmstack.posttrain.multiturn import MARKUP
 
     out = []
     for s in samples:

@@ -65,7 +65,7 @@ class RLOptions:
     mismatch: Literal["none", "tis", "icepop"] = "icepop"  # train/inference correction (GLM-5: IcePop, β = 2)
     mismatch_low: float = 0.5  # 1/β
     mismatch_high: float = 2.0  # β
-    eps_low: float = 0.2  # clip-higher (DAPO; GLM-5)
+    eps_low: float = 0.2  # clip-higher (DAPO; GLM-5); also dis's and cispo's (MiniMax-M1's cispo: eps_low=1)
     eps_high: float = 0.28
     reduction: Literal["sample", "token"] = "sample"  # GLM-5: per-sample mean; GLM-4.5 code RL: token mean
     std_normalize: bool = True  # GRPO advantage / group std (GLM-5 Eq. 1); False = Dr.GRPO's R − mean
@@ -126,7 +126,8 @@ def rl_loss(opts: RLOptions):
             loss, stats = dis_loss(logp_BT, rollout, adv, mask, eps_low=opts.eps_low, eps_high=opts.eps_high,
                                    reduction=opts.reduction)  # fmt: skip
         elif opts.loss == "cispo":
-            loss, stats = cispo_loss(logp_BT, old, adv, mask, reduction=opts.reduction)
+            loss, stats = cispo_loss(logp_BT, old, adv, mask, eps_low=opts.eps_low, eps_high=opts.eps_high,
+                                     reduction=opts.reduction)  # fmt: skip
         else:
             loss, stats = gspo_loss(logp_BT, old, adv, mask)
         ent_BT = entropy(logits_BTV, temp)
@@ -238,7 +239,7 @@ def run_rl(cfg: RLConfig, stop_at: int | None = None, build_data=build, check_fn
 
 
 def main(argv: list[str] | None = None) -> int:
-    from glmstack.train.stage import main_for
+    from glmstack.stage_cli import main_for
 
     return main_for("rl", __doc__.splitlines()[0], argv, run_fn=run_rl)
 

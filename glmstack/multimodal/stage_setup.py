@@ -1,0 +1,114 @@
+"""What every vision-language stage does around the loop (vl-train's align and sft stages in stage.py, the ViT
+stage in vit_pretrain.py, vl-rl): its data files, tokenizer, model, processor, which parameters learn, and the model
+folder it exports. The VL counterpart of glmstack/train/stage.py; with these in stage.py, stage.py and
+vit_pretrain.py imported each other (issue 35).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from glmstack.config import ConfigError
+from glmstack.multimodal.config import SYNTHETIC_VQA, VLTrainConfig, stage_dir, vqa_folder
+
+ADAPTER = ("visual.downsample.", "visual.merger.")  # GLM-4.1V's MLP adapter: the 2x2 merge and the merger MLP
+
+
+def data_files(cfg: VLTrainConfig) -> list[Path]:
+    """The record files; synthetic:vqa is written once per run (every stage of the run reads the same files)."""
+    from glmstack.multimodal import vqa
+
+    paths = []
+    for entry in cfg.vl.data:
+        if entry != SYNTHETIC_VQA:
+            paths.append(Path(entry))
+            continue
+        folder = vqa_folder(cfg)
+        if not (folder / "train.jsonl").exists():
+            vqa.write(folder, cfg.vl.synthetic_n, seed=cfg.seed, test_n=max(cfg.vl.eval_n, 1))
+        paths.append(folder / "train.jsonl")
+    return paths
+
+
+def load_tokenizer(cfg: VLTrainConfig, records: list[dict]):
+    """`vl.tokenizer`, else init_from's, else a BPE trained on the records' texts (saved in the stage folder)."""
+    from glmstack.tokenizer import Tokenizer
+    from glmstack.train.checkpoint import resolve
+
+    if cfg.vl.tokenizer or cfg.init_from:
+        folder = Path(cfg.vl.tokenizer) if cfg.vl.tokenizer else resolve(cfg.init_from, cfg.out_dir)
+        if not (folder / "tokenizer.json").exists():
+            raise ConfigError(f"no tokenizer.json in {folder} (set vl.tokenizer=FOLDER)")
+        return Tokenizer.load(folder)
+    from glmstack.chat.schema import visible_text
+
+    texts = [visible_text(m.get("content")) for r in records for m in r["messages"]]
+    tok = Tokenizer.train(texts * 4, vocab_size=cfg.vl.tokenizer_vocab)
+    tok.save(stage_dir(cfg) / "tokenizer", chat_style=cfg.vl.chat_style)
+    return tok
+
+
+def processor_for(cfg: VLTrainConfig, model):
+    from glmstack.multimodal.processor import VisionProcessor
+
+    vc = model.cfg.vision_config
+    return VisionProcessor(min_pixels=cfg.vl.min_pixels, max_pixels=cfg.vl.max_pixels, patch_size=vc.patch_size,
+                           temporal_patch_size=vc.temporal_patch_size, merge_size=vc.spatial_merge_size)  # fmt: skip
+
+
+def build_model(cfg: VLTrainConfig, tokenizer, device: torch.device):
+    """init_from's GLMV, or a fresh seeded one from the preset whose vocabulary and vision token ids are the
+    tokenizer's."""
+    from glmstack.model.vision import GLMV, VLConfig, load_vl_hf, token_ids
+    from glmstack.train.checkpoint import resolve
+
+    if cfg.init_from:
+        return load_vl_hf(resolve(cfg.init_from, cfg.out_dir), dtype=torch.float32, device=device)
+    overrides = dict(cfg.vl.model_overrides)
+    text = {"vocab_size": tokenizer.vocab_size, **overrides.pop("text_config", {})}
+    try:
+        vl_cfg = VLConfig.preset(cfg.vl.model_preset, **token_ids(tokenizer), text_config=text, **overrides)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"vl.model_preset / vl.model_overrides: {e}") from None
+    return GLMV(vl_cfg).init_weights(seed=cfg.seed, device=device)
+
+
+def freeze(model, train: str) -> int:
+    """requires_grad per `vl.train`; returns the number of trainable parameters."""
+    def learns(name: str) -> bool:
+        if train == "adapter":
+            return name.startswith(ADAPTER)
+        if train == "vision":
+            return name.startswith("visual.")
+        if train == "language":
+            return name.startswith("language_model.")
+        return True
+
+    for name, p in model.named_parameters():
+        p.requires_grad_(learns(name))
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def export(model, tokenizer, processor, folder: Path, chat_style: str) -> Path:
+    """The model folder a later stage, `glmstack chat --image` and `glmstack serve` read: HF weights, tokenizer with
+    the chat template, preprocessor_config.json; written beside, then renamed into place."""
+    import shutil
+
+    from glmstack.chat.render import official_template
+    from glmstack.model.vision import save_vl_hf
+
+    tmp = folder.with_name(f".{folder.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_vl_hf(model, tmp)
+    tokenizer.save(tmp, chat_style=chat_style)
+    config_path = tmp / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = official_template(chat_style)
+    config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+    processor.save(tmp)
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.rename(folder)
+    return folder
