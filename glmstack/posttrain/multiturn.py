@@ -1,6 +1,6 @@
 """Multi-turn rollouts in GLM's chat format: generate, parse, run the tool calls, generate again.
 
-What: `rollout(engine, items, style, ...) -> [Trajectory]` for items {"messages", "tools", "enable_thinking"}. Each
+What: `rollout(engine, items, style, ...) -> [Conversation]` for items {"messages", "tools", "enable_thinking"}. Each
 round renders every unfinished conversation with the generation prompt, generates the batch with the inference
 engine, parses each completion (glmstack.chat.parse) into an assistant message and, when it calls tools, runs them
 (glmstack.posttrain.tools: the python tool in the sandbox) and appends the results; a trajectory ends at an
@@ -22,7 +22,7 @@ MARKUP = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "<a
 
 
 @dataclass
-class Trajectory:
+class Conversation:
     item: dict  # the prompt item
     messages: list[dict] = field(default_factory=list)  # new turns: assistant messages and tool results
     texts: list[str] = field(default_factory=list)  # raw completion of each assistant turn
@@ -56,8 +56,8 @@ def turn_checks(text: str, finish: str, message: dict, thinking: bool) -> dict[s
 
 
 def rollout(engine, items: list[dict], style: str, *, max_new_tokens: int = 128, max_rounds: int = 3,
-            temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, batch_size: int = 32) -> list[Trajectory]:  # fmt: skip
-    trajs = [Trajectory(item) for item in items]
+            temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, batch_size: int = 32) -> list[Conversation]:  # fmt: skip
+    trajs = [Conversation(item) for item in items]
     live = list(range(len(trajs)))
     for round_ in range(max_rounds):
         if not live:
@@ -90,7 +90,7 @@ def rollout(engine, items: list[dict], style: str, *, max_new_tokens: int = 128,
     return trajs
 
 
-def _prompt(t: Trajectory, style: str) -> str:
+def _prompt(t: Conversation, style: str) -> str:
     it = t.item
     return render(list(it["messages"]) + t.messages, it.get("tools"), style=style,
                   enable_thinking=it.get("enable_thinking", True), add_generation_prompt=True)  # fmt: skip

@@ -21,7 +21,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from glmstack.posttrain.multiturn import Trajectory, rollout, turn_checks
+from glmstack.posttrain.multiturn import Conversation, rollout, turn_checks
 from glmstack.posttrain.synthetic import SETS, generate, verify
 from glmstack.posttrain.tools import validate_call
 
@@ -52,7 +52,7 @@ def repetitive(text: str, n: int = 4, max_share: float = 0.5, min_repeats: int =
     return count >= min_repeats and count * n / len(grams) > max_share
 
 
-def why_rejected(t: Trajectory) -> str | None:
+def why_rejected(t: Conversation) -> str | None:
     """The first filter a trajectory fails, or None when it is kept."""
     if any(f != "stop" for f in t.finish) or not t.replies or t.replies[-1].get("tool_calls"):
         return "truncated"
@@ -78,7 +78,7 @@ def rejection_sample(engine, items: list[dict], style: str, cfg: RejectionConfig
     kw = {"max_new_tokens": cfg.max_new_tokens, "max_rounds": cfg.max_rounds, "temperature": cfg.temperature,
           "top_p": cfg.top_p}  # fmt: skip
     trajs = rollout(engine, [it for it in items for _ in range(cfg.k)], style, seed=cfg.seed, **kw)
-    by_prompt: dict[str, list[Trajectory]] = {}
+    by_prompt: dict[str, list[Conversation]] = {}
     for t in trajs:
         by_prompt.setdefault(_key(t.item), []).append(t)
     hard = [
@@ -88,7 +88,7 @@ def rejection_sample(engine, items: list[dict], style: str, cfg: RejectionConfig
         for t in rollout(engine, [it for it in hard for _ in range(cfg.hard_k)], style, seed=cfg.seed + 7919, **kw):
             by_prompt[_key(t.item)].append(t)
     drops: Counter = Counter()
-    kept: dict[str, list[Trajectory]] = {}
+    kept: dict[str, list[Conversation]] = {}
     for key, ts in by_prompt.items():
         seen = set()
         for t in ts:

@@ -1,13 +1,13 @@
 """Rejection-sampling filters on hand-made trajectories: truncated, repetitive, format-invalid, wrong, kept."""
 
-from glmstack.posttrain.multiturn import Trajectory
+from glmstack.posttrain.multiturn import Conversation
 from glmstack.posttrain.rejection import repetitive, why_rejected
 from glmstack.posttrain.synthetic import generate
 from glmstack.posttrain.tools import TOOLS
 
 
 def traj(item, texts, replies, finish=None, extra=()):
-    t = Trajectory(item)
+    t = Conversation(item)
     t.texts, t.finish = list(texts), list(finish or ["stop"] * len(texts))
     t.messages = list(replies) + list(extra)
     return t

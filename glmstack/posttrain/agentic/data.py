@@ -6,9 +6,9 @@ first request of step s by
      the optimizer's state (GLM-5 §3.3: "resets the optimizer after each inference-engine weight update");
   2. taking the next batch of groups from the runner (the staleness drop and failure rules apply there, staleness
      in trainer steps: step s − the step whose weights generated the sample's first turn);
-  3. advantage = reward − group mean; cutting the samples into equal micro-batches, padded to one length:
-     `input_ids`/`targets` (B, L), `mask` (B, L) 1 on the model's own tokens only, `rollout_logp` (B, L) the
-     engine's log-probs of those tokens, `advantages` (B,), `temperature`, `stats`.
+  3. advantage = reward − group mean; the trajectories as posttrain/sample.py's `Sample`s through its `collate` (the
+     one layout every RL path shares: `mask` 1 on the model's own tokens only, `rollout_logp` the engine's
+     log-probs of those tokens), cut into equal micro-batches with `temperature` and `stats`.
 The loss is the reasoning stage's (`rl.stage.rl_loss`) with `loss=dis`: GLM-5's direct double-sided importance
 sampling against the rollout log-probs, no θ_old recompute.
 """
@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import time
 
-import torch
-
 from glmstack.posttrain.agentic.groups import advantages
+from glmstack.posttrain.sample import collate
 from glmstack.train import dist
 
 
@@ -82,20 +81,15 @@ class AgenticData:
         return self.micro(flat, stats)
 
     def micro(self, flat: list, stats: dict) -> list[dict]:
-        adv = advantages([t.reward for t in flat], self.group_size)
-        n, L = len(flat), dist.max_over_ranks(max(len(t.ids) for t in flat) - 1)  # one length on every rank
-        ids, tgt = torch.zeros(n, L, dtype=torch.long), torch.zeros(n, L, dtype=torch.long)
-        mask, rlp = torch.zeros(n, L), torch.zeros(n, L)
-        for i, t in enumerate(flat):
-            k = len(t.ids) - 1
-            ids[i, :k], tgt[i, :k] = torch.tensor(t.ids[:-1]), torch.tensor(t.ids[1:])
-            mask[i, :k] = torch.tensor(t.mask[1:], dtype=torch.float32)  # target t+1 is a model token
-            rlp[i, :k] = torch.tensor(t.logprobs[1:], dtype=torch.float32)
-        stats = stats | {"input_tokens": float(n * L), "trained_tokens": float(mask.sum())}
+        batch = collate([t.sample() for t in flat], advantages([t.reward for t in flat], self.group_size))
+        n = len(flat)
+        stats = stats | {
+            "input_tokens": float(batch["input_ids"].numel()),
+            "trained_tokens": float(batch["mask"].sum()),
+        }
         per = n // self.micro_batches
-        return [{"input_ids": ids[k : k + per], "targets": tgt[k : k + per], "mask": mask[k : k + per],
-                 "rollout_logp": rlp[k : k + per], "advantages": adv[k : k + per], "temperature": self.temperature,
-                 "stats": stats} for k in range(0, per * self.micro_batches, per)]  # fmt: skip
+        return [{k: v[i : i + per] for k, v in batch.items()} | {"temperature": self.temperature, "stats": stats}
+                for i in range(0, per * self.micro_batches, per)]  # fmt: skip
 
 
 def retry_stats(trajs: list) -> dict:

@@ -58,6 +58,14 @@ class Trajectory:
         self.mask += [0] * len(ids)
         self.logprobs += [0.0] * len(ids)
 
+    def sample(self):
+        """This trajectory as the Sample every RL path trains on (posttrain/sample.py)."""
+        from glmstack.posttrain.sample import Sample
+
+        return Sample(tokens=self.ids, loss_mask=self.mask, rollout_logp=self.logprobs, versions=self.versions,
+                      group=self.task_id, index=self.index, reward=self.reward, status=self.status,
+                      meta={"spec": self.spec})  # fmt: skip
+
     @property
     def first_version(self) -> int:
         return min(self.versions) if self.versions else -1

@@ -39,6 +39,7 @@ import torch
 
 from glmstack.posttrain.rl import rewards as reward_lib
 from glmstack.posttrain.rl.losses import group_advantages, token_logprobs
+from glmstack.posttrain.sample import Sample, collate
 from glmstack.train import dist
 
 
@@ -296,22 +297,14 @@ class Rollouts:
         return self.updates_of(self.batch(kept, group, stats), stats)
 
     def batch(self, groups: list, group: int, stats: dict) -> dict:
-        """The rollout batch as tensors: the samples padded to one length, advantages per group."""
+        """The rollout batch as tensors (posttrain/sample.py's collate), advantages per group."""
         flat = [s for g in groups for s in g]
         rew = torch.tensor([r for _, r, _ in flat])
         adv = group_advantages(rew, group, std_normalize=self.opts.std_normalize)
-        L = dist.max_over_ranks(max(len(p) + len(t) for (p, t, _), _, _ in flat) - 1)  # one length on every rank
-        n = len(flat)
-        ids, tgt = torch.zeros(n, L, dtype=torch.long), torch.zeros(n, L, dtype=torch.long)
-        mask, rlp = torch.zeros(n, L), torch.zeros(n, L)
-        for i, ((prompt, toks, lps), _, _) in enumerate(flat):
-            seq = prompt + toks
-            ids[i, : len(seq) - 1] = torch.tensor(seq[:-1])
-            tgt[i, : len(seq) - 1] = torch.tensor(seq[1:])
-            lo, hi = len(prompt) - 1, len(seq) - 1
-            mask[i, lo:hi] = 1.0
-            rlp[i, lo:hi] = torch.tensor(lps, dtype=torch.float32)
-        return {"input_ids": ids, "targets": tgt, "mask": mask, "rollout_logp": rlp, "advantages": adv}
+        samples = [Sample.single_turn(prompt, toks, lps, versions=[self.version], group=i // group, index=i % group,
+                                      reward=float(r), meta=s.meta)
+                   for i, ((prompt, toks, lps), r, s) in enumerate(flat)]  # fmt: skip
+        return collate(samples, adv)
 
     @torch.no_grad()
     def old_logprobs(self, batch: dict, groups: list[torch.Tensor]) -> torch.Tensor:

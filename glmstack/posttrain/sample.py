@@ -1,0 +1,67 @@
+"""One rollout as every RL path trains on it, and the one collate that turns rollouts into the loop's micro-batches.
+
+Why one: reasoning RL (`rl/rollouts.py`: a prompt and one sampled response), agentic RL (`agentic/`: a multi-turn
+episode, model turns between environment replies), distillation and VL RL all feed the same loss
+(`rl.stage.rl_loss`), which reads `input_ids`, `targets`, `mask`, `rollout_logp`, `advantages` (and `old_logp`,
+`teacher_logp`, pixels where they apply). Each path used to tensorise its own way; now each produces `Sample`s and
+`collate` lays them out once (tokens in, tokens out: never re-tokenised, the sampler's log-probs never re-scored).
+
+    s = Sample(tokens=prompt + response, loss_mask=[0] * len(prompt) + [1] * len(response),
+               rollout_logp=[0.0] * len(prompt) + sampler_logprobs, versions=[7])
+    batch = collate(samples, advantages)            # (B, L) tensors, L = the longest sample over all ranks
+
+Layout: row i holds sample i's tokens[:-1] as `input_ids` and tokens[1:] as `targets`, right-padded to L; `mask` is 1
+where the target is one of the policy's own sampled tokens; `rollout_logp` is the sampler's log-prob of that target.
+One L over every rank (an all-reduce), so the loop gives every micro-batch the same weight and a sample-mean
+reduction stays exact under accumulation and data parallelism.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from glmstack.train import dist
+
+
+@dataclass
+class Sample:
+    """One rollout: every id the policy saw or produced, which of them it sampled, with what log-prob and weights."""
+
+    tokens: list[int]  # prompt, then each generated turn and the context between turns
+    loss_mask: list[int]  # 1 = the policy's own sampled token (trained), 0 = prompt / environment context
+    rollout_logp: list[float]  # the sampler's log-prob of each token under its sampling transform (0 off the mask)
+    versions: list[int] = field(default_factory=list)  # weight version (trainer step) of each generated turn
+    group: int = 0  # GRPO group (a task id)
+    index: int = 0  # position in the group
+    reward: float = 0.0
+    status: str = "done"
+    meta: dict = field(default_factory=dict)
+    media: Any = None  # a VL prompt's pixels (multimodal.processor.Media)
+
+    def __post_init__(self):
+        if not (len(self.tokens) == len(self.loss_mask) == len(self.rollout_logp)):
+            raise ValueError(f"a sample's tokens ({len(self.tokens)}), loss mask ({len(self.loss_mask)}) and rollout "
+                             f"log-probs ({len(self.rollout_logp)}) must line up")  # fmt: skip
+
+    @classmethod
+    def single_turn(cls, prompt: list[int], response: list[int], logprobs: list[float], **kw) -> Sample:
+        """A prompt and one sampled response (reasoning RL, distillation, VL RL)."""
+        return cls(tokens=list(prompt) + list(response), loss_mask=[0] * len(prompt) + [1] * len(response),
+                   rollout_logp=[0.0] * len(prompt) + [float(x) for x in logprobs], **kw)  # fmt: skip
+
+
+def collate(samples: list[Sample], advantages: torch.Tensor) -> dict:
+    """The samples as one batch of `(B, L)` tensors (see the module docstring) with their `advantages (B,)`."""
+    n = len(samples)
+    L = dist.max_over_ranks(max(len(s.tokens) for s in samples) - 1)  # one length on every rank
+    ids, tgt = torch.zeros(n, L, dtype=torch.long), torch.zeros(n, L, dtype=torch.long)
+    mask, rlp = torch.zeros(n, L), torch.zeros(n, L)
+    for i, s in enumerate(samples):
+        k = len(s.tokens) - 1
+        ids[i, :k], tgt[i, :k] = torch.tensor(s.tokens[:-1]), torch.tensor(s.tokens[1:])
+        mask[i, :k] = torch.tensor(s.loss_mask[1:], dtype=torch.float32)  # target t + 1 is a sampled token
+        rlp[i, :k] = torch.tensor(s.rollout_logp[1:], dtype=torch.float32)
+    return {"input_ids": ids, "targets": tgt, "mask": mask, "rollout_logp": rlp, "advantages": advantages}
