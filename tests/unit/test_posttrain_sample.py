@@ -2,7 +2,7 @@
 samples): each masked position's target is a sampled token with its own rollout log-prob, nothing else is masked."""
 
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from glmstack.posttrain.sample import Sample, collate
@@ -10,6 +10,7 @@ from glmstack.posttrain.sample import Sample, collate
 turn = st.tuples(st.lists(st.integers(2, 50), min_size=1, max_size=5), st.booleans())  # (ids, sampled?)
 
 
+@settings(deadline=None)
 @given(st.lists(st.lists(turn, min_size=1, max_size=4), min_size=1, max_size=5))
 def test_masked_targets_are_exactly_the_sampled_tokens(episodes):
     samples = []

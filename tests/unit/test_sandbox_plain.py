@@ -4,7 +4,7 @@ everything else on the candidate's side, and a decoder that turns any bytes into
 import math
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from glmstack.sandbox.plain import NotPlain, decode, encode
@@ -37,6 +37,7 @@ def same(a, b) -> bool:
     return a == b
 
 
+@settings(deadline=None)
 @given(plain)
 def test_plain_values_round_trip_with_their_types(v):
     assert same(decode(encode(v)), v)
@@ -71,6 +72,7 @@ def test_cycles_and_depth_are_refused():
         encode(loop)
 
 
+@settings(deadline=None)
 @given(st.binary(max_size=64) | st.text(max_size=64))
 def test_any_bytes_decode_to_plain_or_notplain(raw):
     try:
