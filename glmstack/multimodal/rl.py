@@ -8,7 +8,7 @@ dashboard) with three things of its own:
             counts and letters); a row with `hard_k` keeps only groups whose first hard_k samples all failed and a
             later one succeeded (pass@k of the current policy: the difficulty-graded sampling of RLCS)
   reward    `vqa`: 1 if the boxed answer (`<|begin_of_box|>...<|end_of_box|>`) is the item's answer
-  rollouts  `VisionRollouts`: the step's prompts decode together with their pixels (GLMV.generate_batch, left
+  rollouts  `VisionRollouts`: the step's prompts decode together with their pixels (inference.vision.generate_batch, left
             padding, KV cache, per-row seeds) from an in-process copy of the weights synced every step (in
             `rl.rollout_dtype`, perturbed by `rl.rollout_noise` as posttrain/rl's); the rollout log-probs are the
             sampler's own, taken as it sampled (never re-scored), so IcePop / TIS see the real mismatch; each
