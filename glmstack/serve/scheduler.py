@@ -42,6 +42,7 @@ from glmstack.inference.prefix_cache import PrefixCache, prefill_layout, store_p
 from glmstack.inference.prefix_spec import speculative_stream
 from glmstack.inference.sampling import RowStreams, SamplingParams, sample
 from glmstack.serve.monitor import AcceptanceMonitor, MonitorConfig
+from glmstack.serve.scoring import score_prompt
 
 
 class QueueFull(RuntimeError):
@@ -83,6 +84,9 @@ class Job:
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
     monitor: AcceptanceMonitor | None = None  # speculative path: its acceptance statistics
     media: object = None  # a vision-language request's pixels (glmstack.multimodal.serving.VisionBatch reads them)
+    # echo + logprobs: emit the prompt's PromptScores (scoring.py) when admitted, before the first token; scored
+    # here, not beside the batch, so scoring holds a running slot like any generation (issue 34)
+    score_prompt: bool = False
 
 
 class Scheduler:
@@ -108,6 +112,7 @@ class Scheduler:
         self.recent: deque[tuple[float, int]] = deque(maxlen=256)  # (time, tokens) per step: tokens/s gauge
         self.weight_version: str | int = "default"  # SGLang's name; set by update_weights (an RL trainer's push)
         self._updates: deque[tuple[dict, str | int, threading.Event, list]] = deque()
+        self.score_chunk_elems = 2**24  # echo + logprobs: logits formed at once (positions x vocabulary)
 
     # ---------------------------------------------------------------- public
     def start(self) -> None:
@@ -188,6 +193,9 @@ class Scheduler:
             self.running = batch.jobs + new
             t0 = time.monotonic()
             try:
+                for job in new:
+                    if job.score_prompt and not job.cancelled:
+                        job.emit(score_prompt(self.model, job.prompt_ids, job.top_logprobs, self.score_chunk_elems))
                 if self.serial:
                     self._run_one(new[0])
                 else:
