@@ -31,7 +31,7 @@ class Limits:
     max_videos: int = 4  # video parts per request
     max_frames: int = 128  # video frames per request, all videos together, after sampling
     max_pixels: int = 128 * 2**20  # decoded pixels per request, images and frames together
-    score_chunk_elems: int = 2**24  # echo + logprobs: logits computed at once (positions x vocabulary), 64 MB fp32
+    score_chunk_elems: int = 2**22  # echo + logprobs: logits formed at once (positions x vocabulary), 16 MB fp32
 
     def prompt_chars(self, context: int) -> int:
         return self.max_prompt_chars if self.max_prompt_chars is not None else 16 * context

@@ -112,7 +112,7 @@ class Scheduler:
         self.recent: deque[tuple[float, int]] = deque(maxlen=256)  # (time, tokens) per step: tokens/s gauge
         self.weight_version: str | int = "default"  # SGLang's name; set by update_weights (an RL trainer's push)
         self._updates: deque[tuple[dict, str | int, threading.Event, list]] = deque()
-        self.score_chunk_elems = 2**24  # echo + logprobs: logits formed at once (positions x vocabulary)
+        self.score_chunk_elems = 2**22  # echo + logprobs: logits formed at once (positions x vocabulary)
 
     # ---------------------------------------------------------------- public
     def start(self) -> None:

@@ -30,7 +30,7 @@ class PromptScores:
 
 
 @torch.inference_mode()
-def score_prompt(model, ids: list[int], top: int, chunk_elems: int = 2**24) -> PromptScores:
+def score_prompt(model, ids: list[int], top: int, chunk_elems: int = 2**22) -> PromptScores:
     lm = getattr(model, "language_model", model)  # a vision-language model scores text with its language model
     device = next(lm.parameters()).device
     x_T = torch.tensor(ids, device=device)
