@@ -25,11 +25,11 @@ class ServerWeights:
     """The weight push to a rollout server (`agentic.rollout_server`): once per version, from the trainer's process,
     through a file in a private folder (the server must read this disk, as SGLang's update_weights_from_disk)."""
 
-    def __init__(self, server: tuple[str, str] | None):
+    def __init__(self, server: tuple | None, folder: str = ""):
         from glmstack.posttrain.rl.remote import ServerEngine
 
-        self.engine = ServerEngine(*server) if server else None
-        self.folder = tempfile.TemporaryDirectory(prefix="glmstack-weights-") if server else None
+        self.engine = ServerEngine(server[0], server[1], api_key=server[2]) if server else None
+        self.folder = tempfile.TemporaryDirectory(prefix="glmstack-weights-", dir=folder or None) if server else None
 
     def push(self, state: dict, version: int) -> dict | None:
         """What the workers get: the state itself, or None when the server took it."""
@@ -45,10 +45,10 @@ class ServerWeights:
 
 class LocalPool:
     def __init__(self, model, tokenizer_dir: str, opts, env_opts, seed: int, workers: int, group_size: int,
-                 server: tuple[str, str] | None = None):  # fmt: skip
+                 server: tuple | None = None, weights_dir: str = ""):  # fmt: skip
         self.args = (tokenizer_dir, opts, env_opts, seed)
         self.model, self.group_size, self.server = model, group_size, server
-        self.publish = ServerWeights(server)
+        self.publish = ServerWeights(server, weights_dir)
         self.workers = [self._make() for _ in range(workers)]
         self.queue: deque = deque()
         self.restarts = self.resubmitted = 0  # in-process workers do not die
@@ -103,7 +103,7 @@ def ray_worker_class():
 class RayPool:
     def __init__(self, model, tokenizer_dir: str, opts, env_opts, seed: int, workers: int, group_size: int,
                  address: str = "", num_cpus: int = 0, threads: int = 1,
-                 server: tuple[str, str] | None = None):  # fmt: skip
+                 server: tuple | None = None, weights_dir: str = ""):  # fmt: skip
         import ray
 
         if not ray.is_initialized():
@@ -113,7 +113,7 @@ class RayPool:
         self.cls = ray_worker_class()
         self.model_ref = ray.put(None if server else copy.deepcopy(model).cpu())
         self.args = (tokenizer_dir, opts, env_opts, seed, threads, server)
-        self.publish = ServerWeights(server)
+        self.publish = ServerWeights(server, weights_dir)
         self.group_size = group_size
         self.actors = [self._make() for _ in range(workers)]
         self.refs: dict = {}  # ObjectRef -> (worker, task_id, spec, actor)

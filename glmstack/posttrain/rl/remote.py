@@ -12,10 +12,14 @@ OpenAI API, so a server run is exactly on-policy for its first step (what the pa
 server's fixed policy after that, unless the trainer pushes its weights with `push_weights` (our server's and SGLang's
 POST /update_weights_from_disk; the agentic runner does, issue 18). `score` asks a server for the log-probs of given
 tokens (a distillation teacher).
+
+A server started with `--api-key` wants `Authorization: Bearer KEY` on every call: give `api_key` (the configs'
+`rl.rollout_server_key` / `agentic.rollout_server_key`) or set GLMSTACK_API_KEY, which the server reads too.
 """
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,12 +27,16 @@ from types import SimpleNamespace
 from glmstack.inference.engine import GenerationResult
 
 
+API_KEY_ENV = "GLMSTACK_API_KEY"  # as glmstack.serve.cli's
+
+
 class ServerEngine:
-    def __init__(self, url: str, model: str, tokenizer=None, concurrency: int = 16):
+    def __init__(self, url: str, model: str, tokenizer=None, concurrency: int = 16, api_key: str | None = None):
         from openai import OpenAI
 
         self.url = url.rstrip("/")
-        self.client = OpenAI(base_url=self.url + "/v1", api_key="none")
+        self.api_key = api_key or os.environ.get(API_KEY_ENV) or None
+        self.client = OpenAI(base_url=self.url + "/v1", api_key=self.api_key or "none")
         self.model, self.tokenizer, self.concurrency = model, tokenizer, concurrency
         self._cfg = None
 
@@ -41,15 +49,17 @@ class ServerEngine:
         return self._cfg
 
     def push_weights(self, state: dict, version: int, folder: str) -> None:
-        """Make the server generate with `state` from now on: written to `folder` (a disk the server reads too)
-        and loaded by POST /update_weights_from_disk, which returns once the server's engine runs them."""
+        """Make the server generate with `state` from now on: written to `folder` (a disk the server reads too,
+        inside its --weight-root) and loaded by POST /update_weights_from_disk, which returns once the server's
+        engine runs them."""
         import httpx
         from safetensors.torch import save_file
 
         path = str(Path(folder) / "weights.safetensors")
         save_file({k: v.detach().cpu().contiguous().clone() for k, v in state.items()}, path)
+        auth = {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         r = httpx.post(self.url + "/update_weights_from_disk", json={"model_path": path, "weight_version": version},
-                       timeout=600)  # fmt: skip
+                       headers=auth, timeout=600)  # fmt: skip
         if r.status_code != 200:
             raise RuntimeError(f"the rollout server refused the weights: {r.status_code} {r.text}")
 

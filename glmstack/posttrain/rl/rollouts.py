@@ -121,7 +121,8 @@ class Rollouts:
             if self.engine is None:
                 from glmstack.posttrain.rl.remote import ServerEngine
 
-                self.engine = ServerEngine(self.opts.rollout_server, self.opts.server_model, self.tokenizer)
+                self.engine = ServerEngine(self.opts.rollout_server, self.opts.server_model, self.tokenizer,
+                                           api_key=self.opts.rollout_server_key or None)  # fmt: skip
             return 0.0
         if self.engine is None:
             rollout_model = copy.deepcopy(policy).to(getattr(torch, self.opts.rollout_dtype))

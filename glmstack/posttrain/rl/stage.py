@@ -81,6 +81,9 @@ class RLOptions:
     rollout_noise: float = 0.0  # a controlled mismatch: rollout weights + noise · std(weight) (per step)
     rollout_server: str = ""  # an OpenAI-compatible server's URL (remote.py) instead of the in-process engine
     server_model: str = "glmstack"  # the `model` field sent to it
+    # its --api-key; "" = $GLMSTACK_API_KEY or none. The resolved config is written beside checkpoints, so prefer the
+    # environment variable for a key that matters
+    rollout_server_key: str = ""
     eval_every: int = 5  # steps between held-out evaluations (greedy), 0 = only at the start and end
     heldout_n: int = 64  # held-out problems
     heldout_level: int = 0  # their difficulty level
