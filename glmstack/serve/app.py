@@ -25,7 +25,6 @@ import time
 from importlib import resources
 from pathlib import Path
 
-import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import ValidationError

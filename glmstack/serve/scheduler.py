@@ -192,12 +192,11 @@ class Scheduler:
                 continue
             self.running = batch.jobs + new
             t0 = time.monotonic()
+            new = [job for job in new if self._score(job)]
             try:
-                for job in new:
-                    if job.score_prompt and not job.cancelled:
-                        job.emit(score_prompt(self.model, job.prompt_ids, job.top_logprobs, self.score_chunk_elems))
                 if self.serial:
-                    self._run_one(new[0])
+                    if new:
+                        self._run_one(new[0])
                 else:
                     batch.step(new)
             except Exception as e:  # noqa: BLE001 — a failing step must not kill the server: end its jobs
@@ -212,6 +211,18 @@ class Scheduler:
         for *_, done, error in self._updates:
             error.append(RuntimeError("the server is shutting down"))
             done.set()
+
+    def _score(self, job: Job) -> bool:
+        """Echo + logprobs: the prompt's log-probs before the job joins the batch; False (the job ended with an
+        error) when scoring failed, which leaves the running rows alone."""
+        if not job.score_prompt or job.cancelled:
+            return True
+        try:
+            job.emit(score_prompt(self.model, job.prompt_ids, job.top_logprobs, self.score_chunk_elems))
+            return True
+        except Exception as e:  # noqa: BLE001 — e.g. out of memory on a long prompt: this request fails, not the batch
+            self._finish(job, Finished("error", f"scoring the prompt: {type(e).__name__}: {e}"))
+            return False
 
     def _run_one(self, job: Job) -> None:
         self._run_speculative(job)

@@ -179,6 +179,7 @@ def test_big_bodies_are_refused_at_once_and_health_stays_up(server):
     for t in threads:
         t.join()
     (big_status, big_body), big_s = results["big"]
+    assert big_body["error"]["code"] == 413
     (chars_status, chars_body), chars_s = results["chars"]
     assert big_status == 413 and big_s < 1.0, (big_status, big_s)
     assert chars_status == 400 and "characters" in chars_body["error"]["message"] and chars_s < 1.0
@@ -188,8 +189,9 @@ def test_big_bodies_are_refused_at_once_and_health_stays_up(server):
 def test_stop_strings_and_media_are_bounded(server):
     long_stop = httpx.post(server.url + "/v1/completions", json={"model": "tiny", "prompt": "the", "stop": "x" * 300})
     assert long_stop.status_code == 400 and long_stop.json()["error"]["param"] == "stop"
-    from glmstack.multimodal.serving import request_media
     from PIL import Image
+
+    from glmstack.multimodal.serving import request_media
 
     buf = io.BytesIO()
     Image.new("RGB", (20, 20)).save(buf, format="PNG")

@@ -26,7 +26,6 @@ from types import SimpleNamespace
 
 from glmstack.inference.engine import GenerationResult
 
-
 API_KEY_ENV = "GLMSTACK_API_KEY"  # as glmstack.serve.cli's
 
 
