@@ -41,7 +41,10 @@ from glmstack.serve.scoring import PromptScores
 from glmstack.serve.security import Guard
 
 log = logging.getLogger("glmstack.serve")
-INLINE_JSON_BYTES = 64 * 1024  # bodies up to this are parsed on the event loop; larger ones in a thread
+# bodies and prompt texts up to these sizes are parsed / rendered / tokenised on the event loop (well under a
+# millisecond: a thread hop costs more); larger ones in a thread, so they cannot stall other requests or /health
+INLINE_JSON_BYTES = 64 * 1024
+INLINE_CHARS = 16 * 1024
 
 
 class Server:
@@ -69,6 +72,11 @@ class Server:
             raise ApiError(404, f"model {req.model!r} does not exist; this server serves {self.model_name!r}", "model")
         req.unsupported()
         return req
+
+    def has_media(self, req) -> bool:
+        from glmstack.multimodal.serving import has_media
+
+        return has_media(req.messages)
 
     def media(self, req):
         """A chat request's images (OpenAI image_url data URLs): its messages get the GLM-4.5V placeholders, the
@@ -234,11 +242,15 @@ def create_app(engine, model_name: str, style: str, scheduler: Scheduler, time_l
     async def chat(request: Request):
         srv.counts["requests"] += 1
         req = await srv.body(request, ChatRequest)
-        check_prompt_chars(message_chars(req.messages), srv.limits.prompt_chars(srv.ctx), "messages")
+        n_chars = message_chars(req.messages)
+        check_prompt_chars(n_chars, srv.limits.prompt_chars(srv.ctx), "messages")
         stops = req.stops()
-        # decoding images, rendering and tokenising cost time in the request's size: off the event loop
-        media = await asyncio.to_thread(srv.media, req)  # image / video parts -> placeholders + pixels, or None
-        cp, prompt_ids = await asyncio.to_thread(srv.chat_prompt_ids, req, media)
+        # decoding images, rendering and tokenising cost time in the request's size: large ones off the event loop
+        media = await asyncio.to_thread(srv.media, req) if srv.has_media(req) else None  # placeholders + pixels
+        if media is None and n_chars <= INLINE_CHARS:
+            cp, prompt_ids = srv.chat_prompt_ids(req, None)
+        else:
+            cp, prompt_ids = await asyncio.to_thread(srv.chat_prompt_ids, req, media)
         asked = req.max_completion_tokens or req.max_tokens
         param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
         max_new = srv.budget(len(prompt_ids), asked, param, "messages")
@@ -256,9 +268,13 @@ def create_app(engine, model_name: str, style: str, scheduler: Scheduler, time_l
     async def completions(request: Request):
         srv.counts["requests"] += 1
         req = await srv.body(request, CompletionRequest)
-        check_prompt_chars(prompt_chars(req.prompt), srv.limits.prompt_chars(srv.ctx), "prompt")
+        n_chars = prompt_chars(req.prompt)
+        check_prompt_chars(n_chars, srv.limits.prompt_chars(srv.ctx), "prompt")
         stops = req.stops()
-        prompts = await asyncio.to_thread(_prompts, req.prompt, srv.tok)
+        if n_chars <= INLINE_CHARS:
+            prompts = _prompts(req.prompt, srv.tok)
+        else:
+            prompts = await asyncio.to_thread(_prompts, req.prompt, srv.tok)
         if len(prompts) != 1 and req.stream:
             raise ApiError(400, "prompt: streaming takes one prompt", "prompt")
         # every prompt is checked before any job is queued: a bad last prompt leaves nothing running
