@@ -255,3 +255,23 @@ def test_internal_errors_name_a_request_id_not_the_exception(server, caplog):
     assert status == 500 and "secret" not in message and "request id" in message
     rid = message.split("request id ")[1].split(")")[0]
     assert any(rid in r.getMessage() and "secret detail" in r.getMessage() for r in caplog.records)
+
+
+def test_rl_client_sends_the_key(ckpt, tmp_path, monkeypatch):
+    """The RL / agentic client (rl.remote.ServerEngine) against a keyed server that takes pushes: tokens and a weight
+    push with the key (given, or from GLMSTACK_API_KEY), a 401 without it."""
+    from glmstack.posttrain.rl.remote import ServerEngine
+
+    srv = RunningServer(ckpt, api_key=KEY, enable_weight_updates=True, weight_root=str(tmp_path))
+    try:
+        monkeypatch.delenv("GLMSTACK_API_KEY", raising=False)
+        res = ServerEngine(srv.url, "tiny", api_key=KEY).generate([[5, 6, 7]], 3, temperature=1.0, seeds=[0])
+        monkeypatch.setenv("GLMSTACK_API_KEY", KEY)
+        ServerEngine(srv.url, "tiny").push_weights(load_hf(ckpt).state_dict(), 7, str(tmp_path))
+        version = httpx.get(srv.url + "/get_weight_version", headers={"authorization": f"Bearer {KEY}"}).json()
+        monkeypatch.delenv("GLMSTACK_API_KEY")
+        with pytest.raises(RuntimeError, match="401"):
+            ServerEngine(srv.url, "tiny").push_weights(load_hf(ckpt).state_dict(), 8, str(tmp_path))
+    finally:
+        srv.stop()
+    assert len(res.tokens[0]) == 3 and version["weight_version"] == 7
