@@ -242,7 +242,7 @@ def create_app(engine, model_name: str, style: str, scheduler: Scheduler, time_l
     async def chat(request: Request):
         srv.counts["requests"] += 1
         req = await srv.body(request, ChatRequest)
-        n_chars = message_chars(req.messages)
+        n_chars = message_chars(req.messages) + message_chars(req.tools or [])  # both are rendered into the prompt
         check_prompt_chars(n_chars, srv.limits.prompt_chars(srv.ctx), "messages")
         stops = req.stops()
         # decoding images, rendering and tokenising cost time in the request's size: large ones off the event loop

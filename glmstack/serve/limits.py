@@ -44,8 +44,8 @@ def check_prompt_chars(n_chars: int, limit: int, param: str) -> None:
 
 
 def message_chars(messages: list) -> int:
-    """Characters of text a chat request's messages hold (contents, reasoning, tool-call arguments): an upper bound
-    on what rendering them adds to the template's own text, counted without rendering."""
+    """Characters of text a chat request's messages (or tools) hold: contents, reasoning, tool-call arguments, keys
+    and values of schemas; roughly what rendering them adds to the template's own text, counted without rendering."""
     total = 0
     stack = list(messages)
     while stack:
@@ -53,6 +53,7 @@ def message_chars(messages: list) -> int:
         if isinstance(x, str):
             total += len(x)
         elif isinstance(x, dict):
+            total += sum(len(k) for k in x if isinstance(k, str))
             stack.extend(v for k, v in x.items() if k not in ("image_url", "image", "video_url", "video"))
         elif isinstance(x, (list, tuple)):
             stack.extend(x)
