@@ -12,7 +12,12 @@ with `return_token_ids: true`).
 How: every choice of every request becomes one scheduler Job (continuous batching, scheduler.py); the engine
 thread's events reach the handler through an asyncio queue. Leaving a stream (client gone) or matching a stop
 string cancels the job, which frees its batch row at the next step. Every request error is an ApiError answered in
-OpenAI's shape; anything unexpected answers 500 and the server keeps serving.
+OpenAI's shape; anything unexpected answers 500 (a request id; the exception goes to the log) and the server keeps
+serving.
+
+Before any work (issue 34): the Guard middleware (security.py: key, Host, Origin, JSON-only POSTs, body size) runs
+first; a request is then validated whole (prompt characters, stop strings, every prompt's length and budget) before
+its jobs are queued, all at once; large bodies, renders, tokenisations and image decoding run in a thread.
 """
 
 from __future__ import annotations
