@@ -215,7 +215,10 @@ def test_echo_scoring_is_admitted_like_generation_and_bounded_in_memory(tmp_path
     try:
         httpx.post(srv.url + "/v1/completions", json={"model": "tiny", "prompt": ids[:50], "echo": True,
                                                       "logprobs": 1, "max_tokens": 1})  # fmt: skip  warm-up
-        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM, the peak resident memory, to the current
+        try:
+            Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM, the peak resident memory, to the current
+        except OSError:
+            pytest.skip("needs Linux's /proc/self/clear_refs to measure peak memory")
         rss0 = _status_kb("VmRSS")
         with ThreadPoolExecutor(8) as pool:
             replies = list(pool.map(lambda _: httpx.post(srv.url + "/v1/completions", timeout=120, json={
