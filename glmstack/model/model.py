@@ -189,11 +189,13 @@ class GLM(nn.Module):
     # ---------------------------------------------------------------- forward
     def forward(self, input_ids, labels=None, position_ids=None, segment_ids=None, cache=None,
                 mtp_weight: float | None = None, aux_loss_weight: float | None = None,
-                prefix_len=None, inputs_embeds=None, rope=None) -> GLMOutput:
+                prefix_len=None, inputs_embeds=None, rope=None, lazy_logits: bool = False) -> GLMOutput:
         """prefix_len (B,): GLM blank infilling's Part A length (bidirectional), Part B causal (glm_options.py);
         with cfg.position_2d, position_ids is (B, 2, T) (text position, position inside the span).
         inputs_embeds (B, T, D) replaces the token embeddings and rope = (cos, sin) (B, T, rotary_dim) the RoPE
-        angles: how the vision-language model (model/vision/) feeds image tokens and 3D RoPE; None = unchanged."""
+        angles: how the vision-language model (model/vision/) feeds image tokens and 3D RoPE; None = unchanged.
+        lazy_logits: form no logits here (`out.logits` runs the head on first read): a caller that needs them for a
+        long sequence runs the head on `out.hidden` in chunks instead of holding (T, V) (serve/scoring.py)."""
         B, T = input_ids.shape
         if position_ids is None:
             offset = cache.seq_len if cache is not None else 0
@@ -215,7 +217,7 @@ class GLM(nn.Module):
                 loads.append(load_E)
         h_BTD = self.norm(x_BTD)  # the LM head's input and MTP's (transformers, vLLM and Megatron all feed it)
         out = GLMOutput(hidden=h_BTD, _head=self.lm_head, _grad=torch.is_grad_enabled())
-        if labels is None or not self.cfg.fused_lm_loss:
+        if not lazy_logits and (labels is None or not self.cfg.fused_lm_loss):
             out._logits = self.lm_head(h_BTD)
         if labels is not None:
             out.lm_loss = self.lm_loss(h_BTD, labels, out._logits)

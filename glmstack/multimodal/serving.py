@@ -163,21 +163,54 @@ def has_media(messages) -> bool:
                for m in messages)  # fmt: skip
 
 
-def request_media(messages, processor):
-    """(messages with placeholder text parts, Media) for a chat request; ApiError 400 on any bad image part."""
+def request_media(messages, processor, limits=None):
+    """(messages with placeholder text parts, Media) for a chat request; ApiError 400 on any bad image part, or
+    when the request's images, videos, frames or pixels together pass `limits` (glmstack.serve.limits.Limits):
+    counts are checked before decoding, frames and pixels after each part, so an oversized request stops early."""
     from glmstack.multimodal.encode import split_media
+    from glmstack.serve.limits import Limits
     from glmstack.serve.protocol import ApiError
 
+    limits = limits or Limits()
     if processor is None:
         raise ApiError(400, "messages: this model has no vision encoder; image and video parts need a "
                        "vision-language checkpoint (glm4v_moe / glm4v)", "messages")  # fmt: skip
     try:
         plain, images, videos = split_media(messages)
-        images = [load_image(_url(src), what=f"image {k}") for k, src in enumerate(images)]
-        videos = [load_clip(_video_url(v), what=f"video {k}") for k, v in enumerate(videos)]
+        if len(images) > limits.max_images or len(videos) > limits.max_videos:
+            raise ImageError(f"{len(images)} images and {len(videos)} videos; a request may hold at most "
+                             f"{limits.max_images} images and {limits.max_videos} videos")  # fmt: skip
+        budget = _MediaBudget(limits)
+        images = [budget.image(load_image(_url(src), what=f"image {k}")) for k, src in enumerate(images)]
+        videos = [budget.clip(load_clip(_video_url(v), what=f"video {k}")) for k, v in enumerate(videos)]
         return plain, processor(images, videos)
     except ImageError as e:
         raise ApiError(400, f"messages: {e}", "messages") from None
+
+
+class _MediaBudget:
+    """Frames and pixels a request has decoded so far, against its limits."""
+
+    def __init__(self, limits):
+        self.limits, self.frames, self.pixels = limits, 0, 0
+
+    def image(self, img):
+        self._add(img.size[0] * img.size[1])
+        return img
+
+    def clip(self, clip):
+        self.frames += len(clip.frames)
+        if self.frames > self.limits.max_frames:
+            raise ImageError(f"the videos hold {self.frames}+ frames; a request may hold at most "
+                             f"{self.limits.max_frames}")  # fmt: skip
+        self._add(sum(f.size[0] * f.size[1] for f in clip.frames))
+        return clip
+
+    def _add(self, pixels: int) -> None:
+        self.pixels += pixels
+        if self.pixels > self.limits.max_pixels:
+            raise ImageError(f"the images and frames hold {self.pixels}+ pixels; a request may hold at most "
+                             f"{self.limits.max_pixels}")  # fmt: skip
 
 
 def _url(src, kind: str = "an image", example: str = "data:image/png;base64,..."):

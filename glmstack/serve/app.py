@@ -12,72 +12,76 @@ with `return_token_ids: true`).
 How: every choice of every request becomes one scheduler Job (continuous batching, scheduler.py); the engine
 thread's events reach the handler through an asyncio queue. Leaving a stream (client gone) or matching a stop
 string cancels the job, which frees its batch row at the next step. Every request error is an ApiError answered in
-OpenAI's shape; anything unexpected answers 500 and the server keeps serving.
+OpenAI's shape; anything unexpected answers 500 (a request id; the exception goes to the log) and the server keeps
+serving.
+
+Before any work (issue 34): the Guard middleware (security.py: key, Host, Origin, JSON-only POSTs, body size) runs
+first; a request is then validated whole (prompt characters, stop strings, every prompt's length and budget) before
+its jobs are queued, all at once; large bodies, renders, tokenisations and image decoding run in a thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import secrets
 import time
 from importlib import resources
+from pathlib import Path
 
-import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import ValidationError
 
 from glmstack.chat import StreamParser, parse
 from glmstack.inference.sampling import SamplingParams
+from glmstack.serve.limits import Limits, check_prompt_chars, message_chars, prompt_chars
 from glmstack.serve.metrics import prometheus_text
 from glmstack.serve.outputs import ChoiceOutput
 from glmstack.serve.prompt import chat_prompt
 from glmstack.serve.protocol import ApiError, ChatRequest, CompletionRequest, WeightsRequest, validation_message
 from glmstack.serve.scheduler import Finished, Job, QueueFull, Scheduler, Token
+from glmstack.serve.scoring import PromptScores
+from glmstack.serve.security import Guard
+
+log = logging.getLogger("glmstack.serve")
+# bodies and prompt texts up to these sizes are parsed / rendered / tokenised on the event loop (well under a
+# millisecond: a thread hop costs more); larger ones in a thread, so they cannot stall other requests or /health
+INLINE_JSON_BYTES = 64 * 1024
+INLINE_CHARS = 16 * 1024
 
 
 class Server:
-    """What the routes share: the engine's tokenizer and context, the scheduler, the request time limit."""
+    """What the routes share: the engine's tokenizer and context, the scheduler, the request time limit, the limits,
+    and where weight pushes may be read from (None: weight updates are off)."""
 
-    def __init__(self, engine, model_name: str, style: str, scheduler: Scheduler, time_limit_s: float = 600.0):
+    def __init__(self, engine, model_name: str, style: str, scheduler: Scheduler, time_limit_s: float = 600.0,
+                 limits: Limits | None = None, weight_root: str | None = None):  # fmt: skip
         self.tok, self.ctx = engine.tokenizer, engine.cfg.max_position_embeddings
-        self.model = engine.model  # read by prompt_logprobs (echo + logprobs)
         self.processor = getattr(engine, "processor", None)  # a vision-language checkpoint's (multimodal/serving.py)
         self.model_name, self.style, self.sched, self.time_limit_s = model_name, style, scheduler, time_limit_s
+        self.limits = limits or Limits()
+        self.weight_root = Path(weight_root).resolve() if weight_root else None
+        self.sched.score_chunk_elems = self.limits.score_chunk_elems
         self.created = int(time.time())
         self.counts = {"requests": 0, "rejected_429": 0, "errors_4xx": 0}
 
-    @torch.no_grad()
-    def prompt_logprobs(self, ids: list[int]) -> list[float | None]:
-        """Raw log-prob of each prompt token given those before it (None for the first): echo + logprobs, the
-        scoring request of OpenAI's legacy completions and vLLM (an RL trainer's teacher log-probs). One plain
-        forward beside the scheduler's batch: the model's forward keeps no state, so the two do not interact."""
-        device = next(self.model.parameters()).device
-        x_T = torch.tensor(ids, device=device)
-        logp_TV = torch.log_softmax(self.model(x_T[None]).logits[0].float(), dim=-1)
-        return [None] + logp_TV[:-1].gather(-1, x_T[1:, None])[:, 0].tolist()
-
     # ---- request -> jobs -----------------------------------------------------------------------------------
     async def body(self, request: Request, model_cls, named: bool = True):
-        raw = await request.body()
-        try:
-            data = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ApiError(400, f"malformed JSON body: {e}") from None
-        if not isinstance(data, dict):
-            raise ApiError(400, "the body must be a JSON object")
-        try:
-            req = model_cls.model_validate(data)
-        except ValidationError as e:
-            message, param = validation_message(e.errors())
-            raise ApiError(422, message, param) from None
+        raw = await request.body()  # at most Limits.max_body_bytes: the Guard middleware refused larger ones
+        req = _parse(raw, model_cls) if len(raw) <= INLINE_JSON_BYTES else await asyncio.to_thread(_parse, raw, model_cls)
         if not named:  # not an OpenAI request (no model field)
             return req
         if req.model != self.model_name:
             raise ApiError(404, f"model {req.model!r} does not exist; this server serves {self.model_name!r}", "model")
         req.unsupported()
         return req
+
+    def has_media(self, req) -> bool:
+        from glmstack.multimodal.serving import has_media
+
+        return has_media(req.messages)
 
     def media(self, req):
         """A chat request's images (OpenAI image_url data URLs): its messages get the GLM-4.5V placeholders, the
@@ -86,7 +90,7 @@ class Server:
 
         if not has_media(req.messages):
             return None
-        req.messages, media = request_media(req.messages, self.processor)
+        req.messages, media = request_media(req.messages, self.processor, self.limits)
         return media
 
     def expand(self, text: str, media) -> str:
@@ -108,8 +112,10 @@ class Server:
                            f"context is {self.ctx}, leaving {room}", param)  # fmt: skip
         return asked if asked is not None else room
 
-    def jobs(self, req, prompt_ids: list[int], max_new: int, top_logprobs: int, logprobs: bool, media=None):
-        """n jobs (choice j samples with seed + j, as Engine.generate's row j) sharing one event queue."""
+    def jobs(self, req, prompt_ids: list[int], max_new: int, top_logprobs: int, logprobs: bool, media=None,
+             score_prompt: bool = False):
+        """n jobs (choice j samples with seed + j, as Engine.generate's row j) sharing one event queue; not yet
+        submitted (`submit`), so a request is validated whole before any of its work is queued."""
         if logprobs and self.sched.speculative:
             raise ApiError(400, "logprobs are not available with --speculative mtp (verify steps keep no per-token "
                            "distribution); restart the server without it", "logprobs")  # fmt: skip
@@ -129,13 +135,33 @@ class Server:
 
             jobs.append(Job(prompt_ids=prompt_ids, max_new_tokens=max_new, params=params, seed=seed + j, emit=emit,
                             stop_ids=frozenset(stop_ids), top_logprobs=top_logprobs, deadline=deadline,
-                            media=media))  # fmt: skip
+                            media=media, score_prompt=score_prompt and j == 0))  # fmt: skip
+        return jobs, queue
+
+    def submit(self, jobs: list[Job]) -> None:
+        """Queue all of a request's jobs at once (all or none)."""
         try:
             self.sched.submit(jobs)
         except QueueFull as e:
             self.counts["rejected_429"] += 1
             raise ApiError(429, str(e)) from None
-        return jobs, queue
+
+    def weights_path(self, model_path: str) -> Path:
+        """`model_path` resolved (links followed) inside the allowed root; the same refusal whether or not the
+        path exists outside it, so the route does not tell a client which server files exist."""
+        if self.weight_root is None:
+            raise ApiError(403, "weight updates are off: start the server with --enable-weight-updates "
+                           "--weight-root DIR", "model_path")  # fmt: skip
+        path = (self.weight_root / model_path).resolve()
+        if not path.is_relative_to(self.weight_root):
+            raise ApiError(403, "model_path: weights are read only from inside the server's --weight-root",
+                           "model_path")  # fmt: skip
+        return path
+
+    def chat_prompt_ids(self, req, media):
+        """(ChatPrompt, token ids): rendering and tokenising, run in a thread by the route."""
+        cp = chat_prompt(req, self.style)
+        return cp, self.tok.encode(cp.text if media is None else self.expand(cp.text, media))
 
 
 async def events(queue: asyncio.Queue, outs: list[ChoiceOutput], jobs: list[Job]):
@@ -144,6 +170,10 @@ async def events(queue: asyncio.Queue, outs: list[ChoiceOutput], jobs: list[Job]
     while left:
         j, ev = await queue.get()
         out = outs[j]
+        if isinstance(ev, PromptScores):  # echo + logprobs: choice 0 scores the prompt for all n choices
+            for o in outs:
+                o.prompt_scores = ev
+            continue
         if out.finish is not None:
             continue
         if isinstance(ev, Token):
@@ -156,10 +186,16 @@ async def events(queue: asyncio.Queue, outs: list[ChoiceOutput], jobs: list[Job]
             yield j, ev, out.close(ev)
 
 
-def create_app(engine, model_name: str, style: str, scheduler: Scheduler, time_limit_s: float = 600.0) -> FastAPI:
-    srv = Server(engine, model_name, style, scheduler, time_limit_s)
+def create_app(engine, model_name: str, style: str, scheduler: Scheduler, time_limit_s: float = 600.0, *,
+               limits: Limits | None = None, api_key: str | None = None, bind_host: str = "127.0.0.1",
+               allowed_hosts: list[str] | None = None, weight_root: str | None = None) -> FastAPI:  # fmt: skip
+    """The app behind the Guard middleware (security.py). `weight_root`: the folder weight pushes may be read from;
+    None turns POST /update_weights_from_disk off."""
+    srv = Server(engine, model_name, style, scheduler, time_limit_s, limits, weight_root)
     app = FastAPI(title="glmstack serve", docs_url=None, redoc_url=None)
     app.state.server = srv
+    app.add_middleware(Guard, api_key=api_key, bind_host=bind_host, allowed_hosts=allowed_hosts,
+                       max_body_bytes=srv.limits.max_body_bytes)  # fmt: skip
 
     @app.exception_handler(ApiError)
     async def _api_error(_request, e: ApiError):
@@ -167,8 +203,8 @@ def create_app(engine, model_name: str, style: str, scheduler: Scheduler, time_l
         return JSONResponse(e.body(), status_code=e.status)
 
     @app.exception_handler(Exception)
-    async def _internal(_request, e: Exception):
-        return JSONResponse(ApiError(500, f"internal error: {type(e).__name__}: {e}").body(), status_code=500)
+    async def _internal(request: Request, e: Exception):
+        return JSONResponse(internal_error(e, request.url.path).body(), status_code=500)
 
     @app.get("/health")
     async def health():
@@ -192,11 +228,12 @@ def create_app(engine, model_name: str, style: str, scheduler: Scheduler, time_l
     @app.post("/update_weights_from_disk")
     async def update_weights(request: Request):
         req = await srv.body(request, WeightsRequest, named=False)
+        path = srv.weights_path(req.model_path)
         version = req.weight_version
         if version is None:
             version = srv.sched.weight_version + 1 if isinstance(srv.sched.weight_version, int) else 1
         try:
-            state = await asyncio.to_thread(read_weights, req.model_path)
+            state = await asyncio.to_thread(read_weights, path)
             await asyncio.to_thread(srv.sched.update_weights, state, version)
         except (OSError, ValueError) as e:
             raise ApiError(400, f"model_path: {e}", "model_path") from None
@@ -210,15 +247,22 @@ def create_app(engine, model_name: str, style: str, scheduler: Scheduler, time_l
     async def chat(request: Request):
         srv.counts["requests"] += 1
         req = await srv.body(request, ChatRequest)
-        media = srv.media(req)  # image / video parts -> placeholders + pixels (None without any)
-        cp = chat_prompt(req, style)
-        prompt_ids = srv.tok.encode(cp.text if media is None else srv.expand(cp.text, media))
+        n_chars = message_chars(req.messages) + message_chars(req.tools or [])  # both are rendered into the prompt
+        check_prompt_chars(n_chars, srv.limits.prompt_chars(srv.ctx), "messages")
+        stops = req.stops()
+        # decoding images, rendering and tokenising cost time in the request's size: large ones off the event loop
+        media = await asyncio.to_thread(srv.media, req) if srv.has_media(req) else None  # placeholders + pixels
+        if media is None and n_chars <= INLINE_CHARS:
+            cp, prompt_ids = srv.chat_prompt_ids(req, None)
+        else:
+            cp, prompt_ids = await asyncio.to_thread(srv.chat_prompt_ids, req, media)
         asked = req.max_completion_tokens or req.max_tokens
         param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
         max_new = srv.budget(len(prompt_ids), asked, param, "messages")
         k = (req.top_logprobs or 0) if req.logprobs else 0
         jobs, queue = srv.jobs(req, prompt_ids, max_new, k, req.logprobs, media)
-        outs = [ChoiceOutput(srv.tok, req.stops(), jobs[0].stop_ids) for _ in jobs]
+        outs = [ChoiceOutput(srv.tok, stops, jobs[0].stop_ids) for _ in jobs]
+        srv.submit(jobs)
         rid = "chatcmpl-" + secrets.token_hex(12)
         if req.stream:
             gen = stream_chat(srv, req, cp, prompt_ids, jobs, queue, outs, rid)
@@ -229,27 +273,54 @@ def create_app(engine, model_name: str, style: str, scheduler: Scheduler, time_l
     async def completions(request: Request):
         srv.counts["requests"] += 1
         req = await srv.body(request, CompletionRequest)
-        prompts = _prompts(req.prompt, srv.tok)
+        n_chars = prompt_chars(req.prompt)
+        check_prompt_chars(n_chars, srv.limits.prompt_chars(srv.ctx), "prompt")
+        stops = req.stops()
+        if n_chars <= INLINE_CHARS:
+            prompts = _prompts(req.prompt, srv.tok)
+        else:
+            prompts = await asyncio.to_thread(_prompts, req.prompt, srv.tok)
         if len(prompts) != 1 and req.stream:
             raise ApiError(400, "prompt: streaming takes one prompt", "prompt")
+        # every prompt is checked before any job is queued: a bad last prompt leaves nothing running
+        budgets = [srv.budget(len(ids), req.max_tokens, "max_tokens", "prompt") for ids in prompts]
+        scored = req.echo and req.logprobs is not None
         runs = []
-        for ids in prompts:
-            max_new = srv.budget(len(ids), req.max_tokens, "max_tokens", "prompt")
-            scored = await asyncio.to_thread(srv.prompt_logprobs, ids) if req.echo and req.logprobs is not None else None
-            jobs, queue = srv.jobs(req, ids, max_new, req.logprobs or 0, req.logprobs is not None)
-            outs = [ChoiceOutput(srv.tok, req.stops(), jobs[0].stop_ids) for _ in jobs]
-            for out in outs:
-                out.prompt_logprobs = scored
-            runs.append((ids, jobs, queue, outs))
+        for ids, max_new in zip(prompts, budgets):
+            jobs, queue = srv.jobs(req, ids, max_new, req.logprobs or 0, req.logprobs is not None, score_prompt=scored)
+            runs.append((ids, jobs, queue, [ChoiceOutput(srv.tok, stops, jobs[0].stop_ids) for _ in jobs]))
+        all_jobs = [j for run in runs for j in run[1]]
+        srv.submit(all_jobs)
         rid = "cmpl-" + secrets.token_hex(12)
         if req.stream:
             ids, jobs, queue, outs = runs[0]
             gen = stream_completion(srv, req, ids, jobs, queue, outs, rid)
             return StreamingResponse(_cancelling(gen, jobs), media_type="text/event-stream")
-        all_jobs = [j for run in runs for j in run[1]]
         return await _whole(request, all_jobs, _whole_completion(srv, req, runs, rid))
 
     return app
+
+
+def internal_error(e: BaseException, where: str) -> ApiError:
+    """A 500 that names a request id, never the exception: its text can hold paths, tensor shapes or a client's
+    input; the detail goes to the server log under the same id."""
+    rid = secrets.token_hex(8)
+    log.error("internal error %s in %s: %s: %s", rid, where, type(e).__name__, e, exc_info=e)
+    return ApiError(500, f"internal error (request id {rid}); the detail is in the server log")
+
+
+def _parse(raw: bytes, model_cls):
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"malformed JSON body: {e}") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "the body must be a JSON object")
+    try:
+        return model_cls.model_validate(data)
+    except ValidationError as e:
+        message, param = validation_message(e.errors())
+        raise ApiError(422, message, param) from None
 
 
 # ---------------------------------------------------------------- whole answers
@@ -277,14 +348,17 @@ def _usage(prompt_len: int, outs: list[ChoiceOutput], jobs: list[Job] = ()) -> d
 
 
 def _spec(job: Job) -> dict:
-    """The choice's `speculative` field: acceptance length / rate and the monitor's verdict (MTP serving only)."""
-    return {"speculative": job.monitor.report()} if job.monitor is not None else {}
+    """A finished choice's own fields: `weight_version`, the version of the weights that generated it (SGLang's
+    name; an RL trainer records the sampler's version, not its belief), and `speculative`: acceptance length /
+    rate and the monitor's verdict (MTP serving only)."""
+    return {"weight_version": job.weight_version} | (
+        {"speculative": job.monitor.report()} if job.monitor is not None else {})
 
 
 def _error_finish(outs: list[ChoiceOutput]) -> None:
     for o in outs:
         if o.finish == "error":
-            raise RuntimeError(o.error)
+            raise RuntimeError(f"generation failed: {o.error}")
 
 
 async def _whole_chat(srv, req, cp, prompt_ids, jobs, queue, outs, rid) -> dict:
@@ -325,7 +399,7 @@ async def _whole_completion(srv, req, runs, rid) -> dict:
         for j, out in enumerate(outs):
             logprobs = out.completion_logprobs(out.tokens, len(head)) if req.logprobs is not None else None
             if req.echo and logprobs is not None:  # the prompt's tokens first, as OpenAI's legacy API and vLLM
-                logprobs = _echo_logprobs(out, ids, logprobs)
+                logprobs = out.echo_logprobs(ids, logprobs)
             choice = {"index": p * req.n + j, "text": head + out.text, "finish_reason": out.finish,
                       "logprobs": logprobs}  # fmt: skip
             if req.return_token_ids:
@@ -334,16 +408,6 @@ async def _whole_completion(srv, req, runs, rid) -> dict:
     usage = _usage(n_prompt, all_outs, [j for _, jobs, _, _ in runs for j in jobs])
     return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": srv.model_name,
             "choices": choices, "usage": usage}  # fmt: skip
-
-
-def _echo_logprobs(out: ChoiceOutput, ids: list[int], generated: dict) -> dict:
-    """Column-oriented logprobs of the prompt tokens (the first has none) followed by the generated ones'."""
-    pieces = [out.piece(i) for i in ids]
-    offsets = [sum(len(p) for p in pieces[:k]) for k in range(len(pieces))]
-    lps = [None if lp is None else max(lp, -9999.0) for lp in out.prompt_logprobs]
-    return {"tokens": pieces + generated["tokens"], "token_logprobs": lps + generated["token_logprobs"],
-            "top_logprobs": [None] * len(ids) + generated["top_logprobs"],
-            "text_offset": offsets + generated["text_offset"]}  # fmt: skip
 
 
 def _prompts(prompt, tok) -> list[list[int]]:
@@ -373,7 +437,7 @@ async def _cancelling(gen, jobs: list[Job]):
         async for frame in gen:
             yield frame
     except Exception as e:  # noqa: BLE001 — headers are sent: report in-stream (as vLLM), then end it
-        yield _sse(ApiError(500, f"internal error: {type(e).__name__}: {e}").body())
+        yield _sse(internal_error(e, "stream").body())
         yield "data: [DONE]\n\n"
     finally:
         for job in jobs:
@@ -402,7 +466,7 @@ async def stream_chat(srv, req, cp, prompt_ids, jobs, queue, outs, rid):
     async for j, ev, text in events(queue, outs, jobs):
         finished = isinstance(ev, Finished)
         if finished and outs[j].finish == "error":
-            yield _sse(ApiError(500, f"generation failed: {outs[j].error}").body())
+            yield _sse(internal_error(RuntimeError(f"generation failed: {outs[j].error}"), "stream").body())
             break
         deltas = parsers[j].feed(text) if text else []
         if finished:
@@ -436,7 +500,7 @@ async def stream_completion(srv, req, prompt_ids, jobs, queue, outs, rid):
     async for j, ev, text in events(queue, outs, jobs):
         finished = isinstance(ev, Finished)
         if finished and outs[j].finish == "error":
-            yield _sse(ApiError(500, f"generation failed: {outs[j].error}").body())
+            yield _sse(internal_error(RuntimeError(f"generation failed: {outs[j].error}"), "stream").body())
             break
         choice = {"index": j, "text": text, "logprobs": None, "finish_reason": outs[j].finish if finished else None}
         if finished:

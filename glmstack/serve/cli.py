@@ -13,8 +13,13 @@ for the web chat page.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
+
+from glmstack.serve.security import is_loopback
+
+API_KEY_ENV = "GLMSTACK_API_KEY"  # the server's key when --api-key is not given (vLLM reads VLLM_API_KEY alike)
 
 
 def build(args):
@@ -41,7 +46,27 @@ def build(args):
             engine, args.max_running, args.max_waiting, speculative, args.draft, _prefix_cache(args), _monitor(args)
         )
     name = args.served_model_name or Path(args.checkpoint).name
-    return create_app(engine, name, _style(args, engine), sched, args.time_limit), sched
+    app = create_app(engine, name, _style(args, engine), sched, args.time_limit, **security_options(args))
+    return app, sched
+
+
+def security_options(args) -> dict:
+    """create_app's keywords for who may call the server (security.py) and what one request may ask (limits.py).
+    Namespaces built by tests may lack the options: the defaults are the safe ones (no weight updates)."""
+    from glmstack.errors import ConfigError
+    from glmstack.serve.limits import Limits
+
+    root = getattr(args, "weight_root", None)
+    if getattr(args, "enable_weight_updates", False) != bool(root):
+        raise ConfigError("--enable-weight-updates and --weight-root DIR go together: weight pushes are read only "
+                          "from inside DIR (the folder the trainer writes them to)")  # fmt: skip
+    if root and not Path(root).is_dir():
+        raise ConfigError(f"--weight-root {root}: no such folder")
+    limits = Limits(max_body_bytes=int(getattr(args, "max_body_mb", 4.0) * 2**20),
+                    max_prompt_chars=getattr(args, "max_prompt_chars", None))  # fmt: skip
+    key = getattr(args, "api_key", None) or os.environ.get(API_KEY_ENV) or None
+    return {"limits": limits, "api_key": key, "bind_host": getattr(args, "host", "127.0.0.1"),
+            "allowed_hosts": getattr(args, "allowed_hosts", None), "weight_root": root}  # fmt: skip
 
 
 def _prefix_cache(args):
@@ -75,13 +100,16 @@ def _serve_replicas(args, argv: list[str]) -> int:
 
     from glmstack.serve.router import create_router, launch_replicas
 
+    guard = security_options(args)
+    if guard["api_key"]:  # to the replicas through the environment: a command line is readable by every local user
+        os.environ[API_KEY_ENV] = guard["api_key"]
     rest, skip = [], False
-    for a in argv:  # the replicas get every option but these three
+    for a in argv:  # the replicas get every option but these four
         if skip:
             skip = False
-        elif a in ("--replicas", "--port", "--host"):
+        elif a in ("--replicas", "--port", "--host", "--api-key"):
             skip = True
-        elif not a.startswith(("--replicas=", "--port=", "--host=")):
+        elif not a.startswith(("--replicas=", "--port=", "--host=", "--api-key=")):
             rest.append(a)
     try:
         procs, urls = launch_replicas(rest, args.replicas)
@@ -90,7 +118,9 @@ def _serve_replicas(args, argv: list[str]) -> int:
         return 2
     print(f"glmstack serve: router on http://{args.host}:{args.port}/ over {', '.join(urls)}", file=sys.stderr)
     try:
-        uvicorn.run(create_router(urls), host=args.host, port=args.port, log_level="warning")
+        router = create_router(urls, guard["api_key"], guard["bind_host"], guard["allowed_hosts"],
+                               guard["limits"].max_body_bytes)  # fmt: skip
+        uvicorn.run(router, host=args.host, port=args.port, log_level="warning")
     finally:
         for p in procs:
             p.terminate()
@@ -145,6 +175,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--monitor-max-rate", type=float, default=0.96, help="acceptance rate above: degenerate repetition")
     ap.add_argument("--monitor-min-tokens", type=int, default=128, help="the rules apply after this many tokens")
     ap.add_argument("--style", choices=["auto", "glm-4.5", "glm-4.7"], default="auto", help="chat format")
+    sec = ap.add_argument_group("security and limits (docs/serve.md, Security)")
+    sec.add_argument("--api-key", default=None,
+                     help=f"require 'Authorization: Bearer KEY' on every route but /health (default: ${API_KEY_ENV})")
+    sec.add_argument("--allowed-hosts", nargs="+", default=None, metavar="NAME",
+                     help="Host names accepted (default: loopback names when bound to loopback; '*': any)")
+    sec.add_argument("--enable-weight-updates", action="store_true",
+                     help="accept POST /update_weights_from_disk (an RL trainer's push), reading only under --weight-root")
+    sec.add_argument("--weight-root", default=None, metavar="DIR", help="the folder weight pushes are read from")
+    sec.add_argument("--max-body-mb", type=float, default=4.0, help="request body size limit (413 beyond)")
+    sec.add_argument("--max-prompt-chars", type=int, default=None,
+                     help="characters of prompt text per request (default: 16 x the context)")  # fmt: skip
     ap.add_argument(
         "--replicas",
         type=int,
@@ -162,11 +203,15 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     try:
         app, sched = build(args)
-    except (ValueError, OSError, KeyError) as e:
+    except (ValueError, OSError, KeyError) as e:  # ConfigError is a ValueError
         print(f"glmstack serve: {e}", file=sys.stderr)
         return 2
     sched.start()
     print(f"glmstack serve: {app.state.server.model_name} on http://{args.host}:{args.port}/", file=sys.stderr)
+    guard = security_options(args)
+    if not guard["api_key"] and not is_loopback(args.host):
+        print(f"glmstack serve: WARNING: bound to {args.host} without --api-key: anyone who can reach this address "
+              "can use the server (docs/serve.md, Security)", file=sys.stderr)  # fmt: skip
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:

@@ -12,7 +12,10 @@ as vLLM's default, which is what an RL trainer's importance ratio needs.
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 from glmstack.serve.scheduler import Finished, Token
+from glmstack.serve.scoring import PromptScores
 
 
 class ChoiceOutput:
@@ -26,7 +29,7 @@ class ChoiceOutput:
         self._done_ids, self._done_text = 0, ""  # ids[:_done_ids] decode to _done_text, ending on a whole character
         self.finish: str | None = None
         self.error: str = ""
-        self.prompt_logprobs: list[float | None] | None = None  # echo + logprobs: the prompt tokens' (app.py)
+        self.prompt_scores: PromptScores | None = None  # echo + logprobs: the prompt tokens' (scoring.py)
 
     def add(self, token: Token) -> str:
         self.ids.append(token.id)
@@ -90,9 +93,32 @@ class ChoiceOutput:
         return {
             "tokens": pieces,
             "token_logprobs": [max(t.logprob, -9999.0) for t in tokens],
-            "top_logprobs": [{self.piece(i): max(lp, -9999.0) for i, lp in t.top} or None for t in tokens],
+            "top_logprobs": [_top(self.piece, [(t.id, t.logprob), *t.top]) for t in tokens],
             "text_offset": offsets,
         }
+
+    def echo_logprobs(self, ids: list[int], generated: dict) -> dict:
+        """Column-oriented logprobs of the prompt tokens followed by the generated ones' (OpenAI's legacy API and
+        vLLM). At every prompt position but the first, `top_logprobs` holds the most likely tokens and the token
+        itself, as vLLM: lm-eval reads `max(top.values())` there to tell whether a continuation is greedy."""
+        sc = self.prompt_scores
+        pieces = [self.piece(i) for i in ids]
+        offsets = [0, *accumulate(len(p) for p in pieces[:-1])]
+        return {"tokens": pieces + generated["tokens"],
+                "token_logprobs": [None if lp is None else max(lp, -9999.0) for lp in sc.logprobs]
+                + generated["token_logprobs"],
+                "top_logprobs": [None if top is None else _top(self.piece, top) for top in sc.top]
+                + generated["top_logprobs"],
+                "text_offset": offsets + generated["text_offset"]}  # fmt: skip
+
+
+def _top(piece, alternatives: list[tuple[int, float]]) -> dict[str, float]:
+    """{text: log-prob}; two ids with the same text keep the larger log-prob, so the dict's max stays the max."""
+    top: dict[str, float] = {}
+    for i, lp in alternatives:
+        text = piece(i)
+        top[text] = max(top.get(text, -9999.0), max(lp, -9999.0))
+    return top
 
 
 def _partial(text: str, stop: str) -> int:

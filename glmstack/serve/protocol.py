@@ -16,10 +16,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 422: "invalid_request_error",
-               429: "rate_limit_error", 500: "server_error", 503: "server_error"}  # fmt: skip
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 413: "invalid_request_error", 415: "invalid_request_error",
+               422: "invalid_request_error", 429: "rate_limit_error", 500: "server_error",
+               503: "server_error"}  # fmt: skip
 MAX_TOP_LOGPROBS = 20
 MAX_N = 16
+MAX_STOP_CHARS = 256  # per stop string: each is searched for at every generated token
 
 
 class ApiError(Exception):
@@ -70,6 +73,8 @@ class Sampling(_Strict):
             raise ApiError(400, f"stop: at most 4 sequences, got {len(stops)}", "stop")
         if any(s == "" for s in stops):
             raise ApiError(400, "stop: sequences must not be empty", "stop")
+        if any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise ApiError(400, f"stop: sequences may have at most {MAX_STOP_CHARS} characters", "stop")
         return stops
 
     def unsupported(self) -> None:

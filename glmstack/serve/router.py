@@ -69,9 +69,14 @@ def _error(status: int, message: str) -> JSONResponse:
                         status_code=status)  # fmt: skip
 
 
-def create_router(replicas: list[str]) -> FastAPI:
-    """replicas: base URLs (http://127.0.0.1:PORT) of running `glmstack serve` processes."""
-    client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0))
+def create_router(replicas: list[str], api_key: str | None = None, bind_host: str = "127.0.0.1",
+                  allowed_hosts: list[str] | None = None, max_body_bytes: int = 4 << 20) -> FastAPI:  # fmt: skip
+    """replicas: base URLs (http://127.0.0.1:PORT) of running `glmstack serve` processes. The router checks callers
+    as a server does (security.Guard) and calls the replicas with the same API key."""
+    from glmstack.serve.security import Guard
+
+    auth = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0), headers=auth)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
@@ -79,6 +84,8 @@ def create_router(replicas: list[str]) -> FastAPI:
         await client.aclose()
 
     app = FastAPI(title="glmstack router", lifespan=lifespan)
+    app.add_middleware(Guard, api_key=api_key, bind_host=bind_host, allowed_hosts=allowed_hosts,
+                       max_body_bytes=max_body_bytes)  # fmt: skip
     ring = Ring(replicas)
     counts = {r: {"requests": 0, "failed": 0} for r in replicas}
     app.state.ring, app.state.counts = ring, counts
@@ -103,7 +110,7 @@ def create_router(replicas: list[str]) -> FastAPI:
             return _error(503, "no engine replica is alive")
         counts[r]["requests"] += 1
         try:
-            req = client.build_request("POST", r + path, json=body, headers={"content-type": "application/json"})
+            req = client.build_request("POST", r + path, json=body)
             resp = await client.send(req, stream=True)
         except httpx.TransportError as e:
             down(r)

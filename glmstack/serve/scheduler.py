@@ -42,6 +42,7 @@ from glmstack.inference.prefix_cache import PrefixCache, prefill_layout, store_p
 from glmstack.inference.prefix_spec import speculative_stream
 from glmstack.inference.sampling import RowStreams, SamplingParams, sample
 from glmstack.serve.monitor import AcceptanceMonitor, MonitorConfig
+from glmstack.serve.scoring import score_prompt
 
 
 class QueueFull(RuntimeError):
@@ -83,6 +84,10 @@ class Job:
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
     monitor: AcceptanceMonitor | None = None  # speculative path: its acceptance statistics
     media: object = None  # a vision-language request's pixels (glmstack.multimodal.serving.VisionBatch reads them)
+    # echo + logprobs: emit the prompt's PromptScores (scoring.py) when admitted, before the first token; scored
+    # here, not beside the batch, so scoring holds a running slot like any generation (issue 34)
+    score_prompt: bool = False
+    weight_version: str | int | None = None  # of the weights it was admitted with (an update waits for running rows)
 
 
 class Scheduler:
@@ -108,6 +113,7 @@ class Scheduler:
         self.recent: deque[tuple[float, int]] = deque(maxlen=256)  # (time, tokens) per step: tokens/s gauge
         self.weight_version: str | int = "default"  # SGLang's name; set by update_weights (an RL trainer's push)
         self._updates: deque[tuple[dict, str | int, threading.Event, list]] = deque()
+        self.score_chunk_elems = 2**22  # echo + logprobs: logits formed at once (positions x vocabulary)
 
     # ---------------------------------------------------------------- public
     def start(self) -> None:
@@ -187,9 +193,11 @@ class Scheduler:
                 continue
             self.running = batch.jobs + new
             t0 = time.monotonic()
+            new = [job for job in new if self._score(job)]
             try:
                 if self.serial:
-                    self._run_one(new[0])
+                    if new:
+                        self._run_one(new[0])
                 else:
                     batch.step(new)
             except Exception as e:  # noqa: BLE001 — a failing step must not kill the server: end its jobs
@@ -204,6 +212,18 @@ class Scheduler:
         for *_, done, error in self._updates:
             error.append(RuntimeError("the server is shutting down"))
             done.set()
+
+    def _score(self, job: Job) -> bool:
+        """Echo + logprobs: the prompt's log-probs before the job joins the batch; False (the job ended with an
+        error) when scoring failed, which leaves the running rows alone."""
+        if not job.score_prompt or job.cancelled:
+            return True
+        try:
+            job.emit(score_prompt(self.model, job.prompt_ids, job.top_logprobs, self.score_chunk_elems))
+            return True
+        except Exception as e:  # noqa: BLE001 — e.g. out of memory on a long prompt: this request fails, not the batch
+            self._finish(job, Finished("error", f"scoring the prompt: {type(e).__name__}: {e}"))
+            return False
 
     def _run_one(self, job: Job) -> None:
         self._run_speculative(job)
@@ -331,6 +351,7 @@ class _Batch:
         cache, logits_NV, next_N1 = self._prefill(new)
         P = cache.seq_len
         for job in new:
+            job.weight_version = self.sched.weight_version
             self.sched.stats["prompt_tokens"] += len(job.prompt_ids)
             if not job.params.greedy:
                 job.streams = RowStreams([job.seed], 1, self.device)

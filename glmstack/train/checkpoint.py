@@ -11,6 +11,12 @@
 
 A checkpoint is written to `.tmp_step_...` and renamed into place only when every file is there; `latest` is
 then replaced with os.replace. A process killed at any point leaves `latest` naming a complete checkpoint.
+
+What must be trusted (issue 34): the .pt files hold only tensors and plain Python values (RNG states as lists and
+tensors) and are read with `torch.load(weights_only=True)`, which builds no other objects. DCP's `.metadata` (and
+any non-tensor value it stores) is a pickle that torch reads with pickle itself: reading it runs whatever a forged
+file says. So DCP state is read only from a run's own folders (`inside(folder, out_dir)`); carrying optimizer state
+from anywhere else takes `trust_external_state=true` (train/loop.py). The model folder itself is safetensors + JSON.
 """
 
 from __future__ import annotations
@@ -78,7 +84,10 @@ def clean_partial(stage_dir: str | Path) -> list[Path]:
 
 
 def rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Every RNG's state in types `torch.load(weights_only=True)` reads: numpy's key array becomes a list."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {"python": random.getstate(), "numpy": (kind, keys.tolist(), pos, has_gauss, gauss),
+             "torch": torch.get_rng_state()}  # fmt: skip
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -86,7 +95,8 @@ def rng_state() -> dict:
 
 def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -159,10 +169,10 @@ def save(
         (ts / resharding.FOLDER).mkdir(parents=True)
     dist.barrier()
     rank_state = {"rng": rng_state(), "data": data.state_dict() if hasattr(data, "state_dict") else None}
-    torch.save(rank_state, ts / f"rank_{dist.rank():05d}.pt")
+    torch.save(plain(rank_state), ts / f"rank_{dist.rank():05d}.pt")
     resharding.save(tmp, model, optimizer)  # collective: each rank writes its chunks
     if dist.rank() == 0:
-        torch.save(state | {"world": dist.world()}, ts / "state.pt")
+        torch.save(plain(state | {"world": dist.world()}), ts / "state.pt")
         write_json(config, ts / "train_config.json")
     dist.barrier()
     if dist.rank() == 0:
@@ -212,14 +222,43 @@ def load(folder: str | Path, *, model, optimizer, data) -> dict:
         if problem:
             raise ValueError(f"{folder}: {problem}")
     rank_file = ts / f"rank_{dist.rank():05d}.pt"
-    rank_state = torch.load(rank_file if rank_file.exists() else ts / "rank_00000.pt", weights_only=False)
+    rank_state = load_pt(rank_file if rank_file.exists() else ts / "rank_00000.pt")
     set_rng_state(rank_state["rng"])
     if rank_state["data"] is not None and hasattr(data, "load_state_dict"):
         try:
             data.load_state_dict(rank_state["data"])
         except ValueError as e:  # a position this number of ranks cannot continue evenly
             raise CheckpointError(f"{folder}: {e}") from None
-    return torch.load(ts / "state.pt", weights_only=False)
+    return load_pt(ts / "state.pt")
+
+
+def plain(obj):
+    """`obj` with numpy values as Python / torch ones, so that `torch.load(weights_only=True)` reads it back."""
+    if isinstance(obj, dict):
+        return {k: plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(plain(v) for v in obj)
+    if isinstance(obj, np.ndarray):
+        return torch.from_numpy(obj.copy())
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return obj
+
+
+def load_pt(path: Path):
+    """A trainer-state .pt file: tensors and plain values only (weights_only=True runs no pickled code)."""
+    import pickle
+
+    try:
+        return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(f"{path}: holds Python objects beyond tensors and plain values, which are not loaded "
+                              f"(a file written by another program, or by glmstack before issue 34): {e}") from None
+
+
+def inside(folder: str | Path, root: str | Path) -> bool:
+    """`folder` lies in `root` (links followed): a run's own folder, whose pickled DCP state may be read."""
+    return Path(folder).resolve().is_relative_to(Path(root).resolve())
 
 
 def load_optimizer(folder: Path, model, optimizer) -> str | None:
@@ -238,7 +277,7 @@ def load_optimizer(folder: Path, model, optimizer) -> str | None:
             f"state; load it with the same dist.dp / dist.expert_parallel layout and number of ranks"
         )
     opt_path = ts / (f"optimizer_{dist.rank():05d}.pt" if saved_sharded else "optimizer.pt")
-    optimizer.load_state_dict(torch.load(opt_path, weights_only=False))
+    optimizer.load_state_dict(load_pt(opt_path))
     return None
 
 

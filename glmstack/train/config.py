@@ -104,6 +104,9 @@ class TrainConfig:
     model_overrides: dict[str, Any] = field(default_factory=dict)  # HF-named ModelConfig fields to change
     init_from: str = ""  # HF folder (or run/stage) of the previous stage's checkpoint; "" = fresh init
     optim_state: Literal["carry", "fresh"] = "carry"  # init_from's optimizer state if params match, else rewarm-up
+    # read trainer state (pickled DCP metadata) from folders outside out_dir: init_from's optimizer state, an explicit
+    # ckpt.resume folder. Only for folders you trust as you trust code (train/checkpoint.py)
+    trust_external_state: bool = False
     rope_theta: float = 0.0  # RoPE base for this stage (0 = keep the model's); midtrain raises it (GLM-4.5 1e4 -> 1e6)
     seq_len: int = 128  # tokens per sequence
     micro_batch_size: int = 4  # sequences per micro-batch per rank
@@ -203,6 +206,7 @@ def loader_options(kind: str, packing: str) -> set[str]:
 # Fields that may differ between the config a checkpoint was written with and the one resuming from it.
 RESUME_MAY_CHANGE = (
     "steps", "ckpt.", "log.", "guard.", "device", "compile", "dist.", "data.path", "data.val_path", "optim_state",
+    "trust_external_state",
     "out_dir",  # a run folder moved to another cluster or disk
 )
 

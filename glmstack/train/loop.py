@@ -221,6 +221,9 @@ def _resume(stage_dir: Path, cfg: TrainConfig, model, optimizer, data) -> LoopSt
     folder = checkpoint.latest(stage_dir) if cfg.ckpt.resume == "auto" else checkpoint.check_resumable(cfg.ckpt.resume)
     if folder is None:
         return _start(cfg, model, optimizer)
+    if not (cfg.trust_external_state or checkpoint.inside(folder, cfg.out_dir)):
+        raise ConfigError(f"ckpt.resume={str(folder)!r} is outside out_dir={cfg.out_dir!r}: its trainer state "
+                          "includes pickles, read only from a run's own folders (or set trust_external_state=true)")
     old = json.loads((folder / "trainer_state" / "train_config.json").read_text())
     conflicts = resume_conflicts(old, to_dict(cfg))
     if "grad_accum" in conflicts and _saved_world(folder) * old["grad_accum"] == dist.world() * cfg.grad_accum:
@@ -240,7 +243,7 @@ def _resume(stage_dir: Path, cfg: TrainConfig, model, optimizer, data) -> LoopSt
 
 def _saved_world(folder: Path) -> int:
     """The number of ranks that wrote `folder` (state.pt says; older checkpoints: one RNG file per rank)."""
-    saved = torch.load(folder / "trainer_state" / "state.pt", weights_only=False)
+    saved = checkpoint.load_pt(folder / "trainer_state" / "state.pt")
     return int(saved.get("world") or len(list((folder / "trainer_state").glob("rank_*.pt"))))
 
 
@@ -250,7 +253,13 @@ def _start(cfg: TrainConfig, model, optimizer) -> LoopState:
     if not cfg.init_from:
         return LoopState()
     folder = checkpoint.resolve(cfg.init_from, cfg.out_dir)
-    why = _carry_optimizer(folder, model, optimizer) if cfg.optim_state == "carry" else "optim_state=fresh"
+    if cfg.optim_state == "fresh":
+        why = "optim_state=fresh"
+    elif not (cfg.trust_external_state or checkpoint.inside(folder, cfg.out_dir)):
+        # its DCP metadata is a pickle: a downloaded folder could run code when read (checkpoint.py)
+        why = f"init_from is outside out_dir={cfg.out_dir}: its trainer state is read only with trust_external_state=true"
+    else:
+        why = _carry_optimizer(folder, model, optimizer)
     if dist.rank() == 0:
         ramp = f", lr re-warm-up over {cfg.schedule.rewarmup_steps} steps" if cfg.schedule.rewarmup_steps else ""
         said = f"carried from {folder}" if why is None else f"fresh ({why}){ramp}"
@@ -262,7 +271,7 @@ def _carry_optimizer(folder: Path, model, optimizer) -> str | None:
     """Load `folder`'s optimizer state if it was written for the same parameters in the same groups; None if
     carried, else why not. This stage's hyper-parameters (lr, decay, ...) stay: only the state moves."""
     state_file = folder / "trainer_state" / "state.pt"
-    saved_names = torch.load(state_file, weights_only=False).get("optim_params") if state_file.exists() else None
+    saved_names = checkpoint.load_pt(state_file).get("optim_params") if state_file.exists() else None
     if saved_names is None:
         return "the checkpoint has no optimizer state"
     if saved_names != checkpoint.optimizer_param_names(model, optimizer):

@@ -100,9 +100,11 @@ def test_slow_trainer_and_a_killed_worker(cluster, tmp_path, base):
 def test_ray_workers_generating_on_a_server(cluster, tmp_path, base):
     """Remote rollouts: Ray rollout actors that generate on `glmstack serve` (the trainer pushing its weights to the
     server) give the in-process run's two steps."""
-    server = RunningServer(str(base))
+    pushes = tmp_path / "pushes"
+    pushes.mkdir()
+    server = RunningServer(str(base), enable_weight_updates=True, weight_root=str(pushes))
     try:
-        remote = two_steps(tmp_path / "remote", base, server.url, runner="ray")
+        remote = two_steps(tmp_path / "remote", base, server.url, runner="ray", pushes=str(pushes))
     finally:
         server.stop()
     assert_same_rollouts(two_steps(tmp_path / "local", base), remote)

@@ -22,12 +22,14 @@ from tests.serve_fixture import RunningServer
 COIN = "tests.posttrain.agentic_coin:CoinEnv"  # mixed rewards: the first update changes the weights
 
 
-def two_steps(folder, base_dir, server: str = "", runner: str = "local") -> list[dict]:
-    """The micro-batches the loss saw in two steps of the real loop (synchronous: a push before each step)."""
+def two_steps(folder, base_dir, server: str = "", runner: str = "local", pushes: str = "") -> list[dict]:
+    """The micro-batches the loss saw in two steps of the real loop (synchronous: a push before each step);
+    `pushes`: the folder the trainer writes its weight pushes to (the server's --weight-root)."""
     cfg = tiny()
     cfg.out_dir, cfg.init_from, cfg.steps, cfg.runner = str(folder), str(base_dir), 2, runner
     o = cfg.agentic
     o.envs, o.asynchronous, o.rollout_server, o.server_model = [[COIN, 1.0]], False, server, "tiny"
+    o.rollout_weights_dir = pushes
     model, optimizer = model_and_optimizer(cfg)
     return train_recording(cfg, model, optimizer, build(cfg, model, optimizer, str(base_dir)), folder / "agentic")
 
@@ -56,15 +58,17 @@ def assert_same_rollouts(local: list[dict], remote: list[dict]) -> None:
 
 
 def test_server_rollouts_with_weight_pushes_equal_in_process(tmp_path, base_dir):
-    server = RunningServer(str(base_dir), prefix_cache_mb=16)
+    pushes = tmp_path / "pushes"
+    pushes.mkdir()
+    server = RunningServer(str(base_dir), prefix_cache_mb=16, enable_weight_updates=True, weight_root=str(pushes))
     try:
         local = two_steps(tmp_path / "local", base_dir)
-        remote = two_steps(tmp_path / "remote", base_dir, server.url)
+        remote = two_steps(tmp_path / "remote", base_dir, server.url, pushes=str(pushes))
         version = httpx.get(server.url + "/get_weight_version").json()["weight_version"]
-        bad_path = httpx.post(server.url + "/update_weights_from_disk", json={"model_path": str(tmp_path / "nope")})
-        save_file({"embed.weight": torch.zeros(3, 3)}, tmp_path / "wrong.safetensors")
+        bad_path = httpx.post(server.url + "/update_weights_from_disk", json={"model_path": str(pushes / "nope")})
+        save_file({"embed.weight": torch.zeros(3, 3)}, pushes / "wrong.safetensors")
         wrong = httpx.post(server.url + "/update_weights_from_disk",
-                           json={"model_path": str(tmp_path / "wrong.safetensors")})  # fmt: skip
+                           json={"model_path": str(pushes / "wrong.safetensors")})  # fmt: skip
         after = httpx.get(server.url + "/get_weight_version").json()["weight_version"]
     finally:
         server.stop()

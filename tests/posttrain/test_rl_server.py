@@ -14,13 +14,14 @@ from glmstack.posttrain.rl.tasks import make_task
 from tests.serve_fixture import RunningServer
 
 
-def test_server_rollouts_equal_in_process_first_step(base_dir, tok):
+def test_server_rollouts_equal_in_process_first_step(base_dir, tok, tmp_path):
     model = load_hf(str(base_dir))
     opts = RLOptions(task="toy", samples_per_step=8, curriculum=[[0, 0, 4]], max_new_tokens=4, heldout_n=2,
                      eval_every=0, mismatch="icepop")  # fmt: skip
-    server = RunningServer(str(base_dir))
+    server = RunningServer(str(base_dir), enable_weight_updates=True, weight_root=str(tmp_path))
     try:
-        remote = dataclasses.replace(opts, rollout_server=server.url, server_model="tiny")
+        remote = dataclasses.replace(opts, rollout_server=server.url, server_model="tiny",
+                                     rollout_weights_dir=str(tmp_path))  # the trainer pushes before step 0
         steps = [Rollouts(model=model, task=make_task("toy"), opts=o, seed=0, micro_batches=1, tokenizer=tok)
                  .make_step()[0] for o in (opts, remote)]  # fmt: skip
     finally:
@@ -47,12 +48,18 @@ def test_rl_through_a_server_trains_the_served_policy(tmp_path, base_dir, tok):
 
     common = ["--set", f"init_from={base_dir}", "--set", "steps=3", "--set", "rl.eval_every=0", "--set",
               "rl.heldout_n=4", "--set", "log.plots=false", "--set", "schedule.warmup_steps=0"]  # fmt: skip
-    server = RunningServer(str(base_dir))
+    pushes = tmp_path / "pushes"
+    pushes.mkdir()
+    server = RunningServer(str(base_dir), enable_weight_updates=True, weight_root=str(pushes))
     try:
         assert glmstack(["rl", "rl_tiny", *common, "--set", f"out_dir={tmp_path / 'local'}"]) == 0
         assert glmstack(["rl", "rl_tiny", *common, "--set", f"out_dir={tmp_path / 'remote'}", "--set",
-                         f"rl.rollout_server={server.url}", "--set", "rl.server_model=tiny"]) == 0  # fmt: skip
+                         f"rl.rollout_server={server.url}", "--set", "rl.server_model=tiny", "--set",
+                         f"rl.rollout_weights_dir={pushes}"]) == 0  # fmt: skip
         version = httpx.get(server.url + "/get_weight_version").json()["weight_version"]
+        from glmstack.posttrain.rl.remote import ServerEngine
+
+        reported = ServerEngine(server.url, "tiny").generate([[5, 9]], 2, temperature=1.0, seeds=[0]).weight_versions
         probe = [5, 9, 17, 3, 4, 30, 21]
         served = server_logprobs(server.url, probe)
     finally:
@@ -61,7 +68,8 @@ def test_rl_through_a_server_trains_the_served_policy(tmp_path, base_dir, tok):
             for k in ("local", "remote")}  # fmt: skip
     for a, b in zip(rows["local"], rows["remote"]):
         assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-4 * a["grad_norm"] and b["weight_version"] == b["step"] - 1
-    assert version == 3
+        assert b["staleness_max"] == 0.0  # the server's own per-response version: the pushed one
+    assert version == 3 and reported == [3]  # each response says which weights generated it
     exported = load_hf(str(tmp_path / "remote" / "tiny" / "rl" / "model"))
     with torch.no_grad():
         ids = torch.tensor([probe])

@@ -23,10 +23,10 @@ from glmstack.posttrain.rl.remote import ServerWeights
 
 class LocalPool:
     def __init__(self, model, tokenizer_dir: str, opts, env_opts, seed: int, workers: int, group_size: int,
-                 server: tuple[str, str] | None = None):  # fmt: skip
+                 server: tuple | None = None, weights_dir: str = ""):  # fmt: skip
         self.args = (tokenizer_dir, opts, env_opts, seed)
         self.model, self.group_size, self.server = model, group_size, server
-        self.publish = ServerWeights(server)
+        self.publish = ServerWeights(server, weights_dir)
         self.workers = [self._make() for _ in range(workers)]
         self.queue: deque = deque()
         self.restarts = self.resubmitted = 0  # in-process workers do not die
@@ -81,7 +81,7 @@ def ray_worker_class():
 class RayPool:
     def __init__(self, model, tokenizer_dir: str, opts, env_opts, seed: int, workers: int, group_size: int,
                  address: str = "", num_cpus: int = 0, threads: int = 1,
-                 server: tuple[str, str] | None = None):  # fmt: skip
+                 server: tuple | None = None, weights_dir: str = ""):  # fmt: skip
         import ray
 
         if not ray.is_initialized():
@@ -91,7 +91,7 @@ class RayPool:
         self.cls = ray_worker_class()
         self.model_ref = ray.put(None if server else copy.deepcopy(model).cpu())
         self.args = (tokenizer_dir, opts, env_opts, seed, threads, server)
-        self.publish = ServerWeights(server)
+        self.publish = ServerWeights(server, weights_dir)
         self.group_size = group_size
         self.actors = [self._make() for _ in range(workers)]
         self.refs: dict = {}  # ObjectRef -> (worker, task_id, spec, actor)

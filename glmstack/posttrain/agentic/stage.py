@@ -66,6 +66,10 @@ class AgenticOptions:
     # remote rollouts: generate on an OpenAI-compatible server (`glmstack serve`) that reads the trainer's disk
     rollout_server: str = ""  # its URL; "" = the workers' own engines
     server_model: str = "glmstack"  # the `model` field sent to it (`--served-model-name`)
+    rollout_server_key: str = ""  # its --api-key; "" = $GLMSTACK_API_KEY or none (prefer the variable: see rl.)
+    # where the trainer writes its weight pushes: inside the server's --weight-root; "" = a private temporary folder
+    # (then the server's --weight-root must hold the system's temporary folder)
+    rollout_weights_dir: str = ""
 
     @property
     def temperature(self) -> float:
@@ -207,11 +211,11 @@ def make_pool(cfg: AgenticConfig, model, tokenizer_dir: str, state: dict):
 
     o = cfg.agentic
     args = (plain_policy(model, state), tokenizer_dir, o.episode, o.env, cfg.seed, o.workers, o.group_size)
-    server = (o.rollout_server, o.server_model) if o.rollout_server else None
+    server = (o.rollout_server, o.server_model, o.rollout_server_key or None) if o.rollout_server else None
     if cfg.runner == "ray":
         return RayPool(*args, address=cfg.ray.address, num_cpus=cfg.ray.num_cpus, threads=cfg.ray.worker_threads,
-                       server=server)  # fmt: skip
-    return LocalPool(*args, server=server)
+                       server=server, weights_dir=o.rollout_weights_dir)  # fmt: skip
+    return LocalPool(*args, server=server, weights_dir=o.rollout_weights_dir)
 
 
 def build(cfg: AgenticConfig, model, optimizer, tokenizer_dir: str):

@@ -27,7 +27,7 @@ from glmstack.posttrain.rl.rollouts import stable_seed
 
 class RolloutWorker:
     def __init__(self, model, tokenizer_dir: str, opts: EpisodeOptions, env_opts: EnvOptions, seed: int = 0,
-                 threads: int = 0, server: tuple[str, str] | None = None):  # fmt: skip
+                 threads: int = 0, server: tuple | None = None):  # fmt: skip
         from glmstack.inference import Engine
         from glmstack.posttrain.rl.remote import ServerEngine
         from glmstack.tokenizer import Tokenizer
@@ -35,8 +35,10 @@ class RolloutWorker:
         if threads:
             torch.set_num_threads(threads)
         self.tokenizer = Tokenizer.load(tokenizer_dir)
-        # server = (url, model name): generate on an OpenAI-compatible server, whose weights the pool pushes
-        self.engine = ServerEngine(*server, self.tokenizer) if server else Engine(model.eval(), self.tokenizer)
+        # server = (url, model name, API key or None): generate on an OpenAI-compatible server, whose weights the
+        # pool pushes
+        self.engine = (ServerEngine(server[0], server[1], self.tokenizer, api_key=server[2]) if server
+                       else Engine(model.eval(), self.tokenizer))  # fmt: skip
         self.opts, self.env_opts, self.seed = opts, env_opts, seed
         self.version = -1
         self._pending: tuple[dict, int] | None = None

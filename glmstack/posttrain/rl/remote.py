@@ -13,10 +13,14 @@ both read: `ServerWeights`), every `rl.sync_every` / `agentic.sync_every` steps.
 (our server reports the version of the weights that generated it) is kept per row, so staleness is the
 sampler's, not the trainer's belief; a server that reports none (vLLM) is taken at the pushed version. `score`
 asks a server for the log-probs of given tokens (a distillation teacher).
+
+A server started with `--api-key` wants `Authorization: Bearer KEY` on every call: give `api_key` (the configs'
+`rl.rollout_server_key` / `agentic.rollout_server_key`) or set GLMSTACK_API_KEY, which the server reads too.
 """
 
 from __future__ import annotations
 
+import os
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,13 +28,16 @@ from types import SimpleNamespace
 
 from glmstack.inference.engine import GenerationResult
 
+API_KEY_ENV = "GLMSTACK_API_KEY"  # as glmstack.serve.cli's
+
 
 class ServerEngine:
-    def __init__(self, url: str, model: str, tokenizer=None, concurrency: int = 16):
+    def __init__(self, url: str, model: str, tokenizer=None, concurrency: int = 16, api_key: str | None = None):
         from openai import OpenAI
 
         self.url = url.rstrip("/")
-        self.client = OpenAI(base_url=self.url + "/v1", api_key="none")
+        self.api_key = api_key or os.environ.get(API_KEY_ENV) or None
+        self.client = OpenAI(base_url=self.url + "/v1", api_key=self.api_key or "none")
         self.model, self.tokenizer, self.concurrency = model, tokenizer, concurrency
         self._cfg = None
 
@@ -43,15 +50,17 @@ class ServerEngine:
         return self._cfg
 
     def push_weights(self, state: dict, version: int, folder: str) -> None:
-        """Make the server generate with `state` from now on: written to `folder` (a disk the server reads too)
-        and loaded by POST /update_weights_from_disk, which returns once the server's engine runs them."""
+        """Make the server generate with `state` from now on: written to `folder` (a disk the server reads too,
+        inside its --weight-root) and loaded by POST /update_weights_from_disk, which returns once the server's
+        engine runs them."""
         import httpx
         from safetensors.torch import save_file
 
         path = str(Path(folder) / "weights.safetensors")
         save_file({k: v.detach().cpu().contiguous().clone() for k, v in state.items()}, path)
+        auth = {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         r = httpx.post(self.url + "/update_weights_from_disk", json={"model_path": path, "weight_version": version},
-                       timeout=600)  # fmt: skip
+                       headers=auth, timeout=600)  # fmt: skip
         if r.status_code != 200:
             raise RuntimeError(f"the rollout server refused the weights: {r.status_code} {r.text}")
 
@@ -67,7 +76,7 @@ class ServerEngine:
                                                extra_body=extra)  # fmt: skip
             c = r.choices[0]
             ids = list(c.model_extra.get("token_ids") or c.token_ids)
-            return ids, list(c.logprobs.token_logprobs), c.finish_reason, (r.model_extra or {}).get("weight_version")
+            return ids, list(c.logprobs.token_logprobs), c.finish_reason, (c.model_extra or {}).get("weight_version")
 
         with ThreadPoolExecutor(self.concurrency) as pool:
             rows = list(pool.map(one, range(len(prompts))))
@@ -96,11 +105,12 @@ class ServerEngine:
 class ServerWeights:
     """The weight push to a rollout server (`rl.rollout_server`, `agentic.rollout_server`): once per version, from
     the trainer's process, through a file in a private folder (the server must read this disk, as SGLang's
-    update_weights_from_disk, and allow that folder: `glmstack serve --enable-weight-updates --weights-root`)."""
+    update_weights_from_disk, and allow that folder: `glmstack serve --enable-weight-updates --weight-root DIR`
+    with `folder` inside DIR). `server`: (url, model name, API key or None)."""
 
-    def __init__(self, server: tuple[str, str] | None, tokenizer=None):
-        self.engine = ServerEngine(*server, tokenizer) if server else None
-        self.folder = tempfile.TemporaryDirectory(prefix="glmstack-weights-") if server else None
+    def __init__(self, server: tuple | None, folder: str = "", tokenizer=None):
+        self.engine = ServerEngine(server[0], server[1], tokenizer, api_key=server[2]) if server else None
+        self.folder = tempfile.TemporaryDirectory(prefix="glmstack-weights-", dir=folder or None) if server else None
 
     def push(self, state: dict, version: int) -> dict | None:
         """What in-process workers get: the state itself, or None when the server took it."""

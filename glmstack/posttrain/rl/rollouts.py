@@ -147,7 +147,9 @@ class Rollouts:
             from glmstack.posttrain.rl.remote import ServerWeights
 
             if self.engine is None:
-                self.publish = ServerWeights((self.opts.rollout_server, self.opts.server_model), self.tokenizer)
+                o = self.opts
+                server = (o.rollout_server, o.server_model, o.rollout_server_key or None)
+                self.publish = ServerWeights(server, o.rollout_weights_dir, self.tokenizer)
                 self.engine = self.publish.engine
             if dist.rank() == 0:
                 self.publish.push(state, self.step)
@@ -228,7 +230,7 @@ class Rollouts:
         """The sampler's own weight versions (a server reports one per response) against the staleness bound
         `rl.tau` in trainer steps; ours otherwise. A rollout older than that means the server did not take the
         pushed weights: an error, never silently off-policy data."""
-        versions = [self.version if v is None else int(v) for v in (reported or [None])]
+        versions = [v if isinstance(v, int) else self.version for v in (reported or [None])]
         stale = [self.step - v for v in versions]
         self.staleness = (sum(stale) / len(stale), max(stale))
         if max(stale) > self.opts.tau:

@@ -83,6 +83,11 @@ class RLOptions:
     server_model: str = "glmstack"  # the `model` field sent to it
     sync_every: int = 1  # push the trainer's weights to the rollout engine / server every K trainer steps
     tau: int = 0  # staleness bound in trainer steps: a rollout from older weights is an error (>= sync_every - 1)
+    # its --api-key; "" = $GLMSTACK_API_KEY or none. The resolved config is written beside checkpoints, so prefer the
+    # environment variable for a key that matters
+    rollout_server_key: str = ""
+    # where the trainer writes its weight pushes: inside the server's --weight-root; "" = a private temporary folder
+    rollout_weights_dir: str = ""
     eval_every: int = 5  # steps between held-out evaluations (greedy), 0 = only at the start and end
     heldout_n: int = 64  # held-out problems
     heldout_level: int = 0  # their difficulty level
