@@ -67,8 +67,11 @@ def _program(args) -> str:
 def _read(path: str | None) -> str:
     if path is None:
         return ""
-    with open(path) as f:
-        return f.read()
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError as e:
+        raise SystemExit(f"glmstack sandbox: cannot read {path}: {e.strerror}") from None
 
 
 def _grade(args, limits: Limits) -> int:

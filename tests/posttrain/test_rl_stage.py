@@ -199,3 +199,17 @@ def test_dynamic_temperature_sweeps_on_a_plateau(tmp_path):
     again = rollouts(tiny_model(), cfg)
     again.load_state_dict(data.state_dict())
     assert again.state_dict() == data.state_dict()
+
+
+def test_sync_every_pushes_every_k_steps_and_counts_staleness_in_steps(tmp_path):
+    """rl.sync_every=2: the rollout engine takes the trainer's weights at steps 0 and 2 only, so step 1's rollouts
+    come from step 0's weights (1 step stale) and the engine's copy then differs from the trainer's."""
+    from glmstack.cli import main
+
+    args = ["rl", "rl_tiny", "--set", f"out_dir={tmp_path}", "--set", "steps=3", "--set", "rl.eval_every=0",
+            "--set", "rl.sync_every=2", "--set", "rl.tau=1", "--set", "log.plots=false"]  # fmt: skip
+    assert main(args) == 0
+    rows = [json.loads(x) for x in (tmp_path / "tiny" / "rl" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["weight_version"] for r in rows] == [0.0, 0.0, 2.0]
+    assert [r["staleness_max"] for r in rows] == [0.0, 1.0, 0.0]
+    assert main([*args[:-4], "--set", "rl.sync_every=2", "--set", "rl.tau=0"]) == 2  # every step-1 rollout too old

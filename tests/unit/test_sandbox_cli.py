@@ -3,6 +3,8 @@
 import io
 import json
 
+import pytest
+
 from glmstack.sandbox.cli import main
 
 
@@ -44,3 +46,8 @@ def test_tests_flag_grades_through_the_verifier(tmp_path, capsys):
     assert main([str(right), "--tests", str(tests), "--entry-point", "add", "--json"]) == 0
     v = json.loads(capsys.readouterr().out)
     assert (v["passed"], v["reason"], v["calls"]) == (True, "passed", 1)
+
+
+def test_sandbox_cli_names_a_missing_tests_file(tmp_path, capsys):
+    with pytest.raises(SystemExit, match="cannot read .*nope.py"):
+        main(["-c", "def f(x): return x", "--tests", str(tmp_path / "nope.py"), "--entry-point", "f"])
