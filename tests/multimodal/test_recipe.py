@@ -13,8 +13,9 @@ pytest.importorskip("glmstack.model.vision")  # the model half (branch vlmodel) 
 
 from glmstack.cli import main as glmstack  # noqa: E402
 from glmstack.multimodal.processor import VisionProcessor  # noqa: E402
-from glmstack.multimodal.rl import VisionRollouts, VisualQA  # noqa: E402
+from glmstack.multimodal.rl import VisualQA  # noqa: E402
 from glmstack.posttrain.rl.losses import token_logprobs  # noqa: E402
+from glmstack.posttrain.rl.rollouts import Rollouts  # noqa: E402
 from glmstack.recipes.vl_tiny import rl  # noqa: E402
 from glmstack.tokenizer import Tokenizer  # noqa: E402
 from glmstack.train.loop import VISION_INPUTS  # noqa: E402
@@ -29,7 +30,7 @@ def _mismatch(vl_folder, noise: float) -> float:
     cfg = rl()
     cfg.rl.samples_per_step, cfg.rl.eval_every, cfg.rl.heldout_n, cfg.rl.max_new_tokens = 8, 0, 1, 4
     cfg.rl.temperature, cfg.rl.rollout_noise = 1.0, noise
-    data = VisionRollouts(model=model, task=VisualQA(tok, proc), opts=cfg.rl, seed=0, micro_batches=2, tokenizer=tok)
+    data = Rollouts(model=model, task=VisualQA(tok, proc), opts=cfg.rl, seed=0, micro_batches=2, tokenizer=tok)
     batches = data.make_step()
     assert len(batches) == 2
     worst = 0.0

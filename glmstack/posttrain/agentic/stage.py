@@ -138,7 +138,7 @@ def evaluate(worker, specs: list[dict], env: EnvOptions) -> dict:
     from glmstack.posttrain.agentic.data import retry_stats
     from glmstack.posttrain.agentic.episode import run_group
 
-    trajs = run_group(worker.engine, worker.tokenizer, specs, greedy, env, list(range(len(specs))),
+    trajs = run_group(worker.policy, worker.tokenizer, specs, greedy, env, list(range(len(specs))),
                       version=worker.current_version)  # fmt: skip
     out = {"success": sum(t.success for t in trajs) / len(trajs)} | retry_stats(trajs)
     for name in sorted({s["env"] for s in specs}):

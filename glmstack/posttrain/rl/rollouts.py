@@ -92,7 +92,8 @@ class Rollouts:
             reward_lib.get(name)
         self.step, self.temperature, self.history = 0, float(opts.temperature), []
         self.queue: list[dict] = []
-        self.engine = self.eval_engine = self.publish = None
+        self.engine = self.eval_engine = None
+        self.media: list = []  # a VL batch's pixels per row (multimodal.processor.Media), else empty
         self.version: int | None = None  # the trainer step whose weights the rollout engine holds
         self.check_ranks()
         self.heldout = task.problems(split="test", n=opts.heldout_n, seed=seed, level=opts.heldout_level)
@@ -133,36 +134,22 @@ class Rollouts:
 
     # ------------------------------------------------------------------ the rollout engine
     def sync(self, perturb: bool = True, force: bool = False) -> float:
-        """Push the trainer's weights to the rollout engine when due (every `rl.sync_every` steps, or `force`): into
-        the in-process copy (made on first use, in `rl.rollout_dtype`; `perturb`: then `rl.rollout_noise`), or to
-        the rollout server (rank 0 writes them where the server reads, POST /update_weights_from_disk). The version
-        is the trainer step the weights come from."""
-        from glmstack.inference import Engine
+        """Push the trainer's whole (unsharded) weights to the rollout policy when due (every `rl.sync_every` steps,
+        or `force`): the in-process copy (made on first use, in `rl.rollout_dtype`, then `rl.rollout_noise` unless
+        `perturb` is False) or the rollout server (posttrain/policy.py). The version is the trainer step."""
+        from glmstack.posttrain.policy import make_policy
 
         t0 = time.perf_counter()
         if not (force or self.version is None or self.step - self.version >= self.opts.sync_every):
             return 0.0
-        state = self.full_state()
-        if self.opts.rollout_server:
-            from glmstack.posttrain.rl.remote import ServerWeights
-
-            if self.engine is None:
-                o = self.opts
-                server = (o.rollout_server, o.server_model, o.rollout_server_key or None)
-                self.publish = ServerWeights(server, o.rollout_weights_dir, self.tokenizer)
-                self.engine = self.publish.engine
-            if dist.rank() == 0:
-                self.publish.push(state, self.step)
-            dist.barrier()  # no rank generates before the server runs the new weights
-        else:
-            if self.engine is None:
-                rollout_model = self.plain_model(state).to(getattr(torch, self.opts.rollout_dtype))
-                self.engine = Engine(rollout_model, self.tokenizer)
-                self.engine.compact = True
-            with torch.no_grad():
-                self.engine.model.load_state_dict(state)
-            if perturb:
-                self.perturb(self.engine.model)
+        state, o = self.full_state(), self.opts
+        if self.engine is None:
+            server = (o.rollout_server, o.server_model, o.rollout_server_key or None) if o.rollout_server else None
+            self.engine = make_policy(None if server else self.plain_model(state), self.tokenizer, server=server,
+                                      weights_dir=o.rollout_weights_dir, dtype=o.rollout_dtype,
+                                      perturb=self.perturb)  # fmt: skip
+        self.engine.perturb = self.perturb if perturb and not o.rollout_server else None
+        self.engine.push(state, self.step)
         self.version = self.step
         return time.perf_counter() - t0
 
@@ -170,7 +157,7 @@ class Rollouts:
         """Held-out evaluation scores the trainer's current weights, the ones exported: the rollout copy when it
         holds exactly them (synced this step, fp32, unperturbed), else an in-process copy loaded now (a server's,
         a perturbed, bf16 or older copy is never what is scored). Collective with several ranks."""
-        from glmstack.inference import Engine
+        from glmstack.posttrain.policy import EnginePolicy
 
         o = self.opts
         if not o.rollout_server and self.version == self.step and o.rollout_dtype == "float32" and not o.rollout_noise:
@@ -178,10 +165,8 @@ class Rollouts:
             return
         state = self.full_state()
         if self.eval_engine is None or self.eval_engine is self.engine:
-            self.eval_engine = Engine(self.plain_model(state), self.tokenizer)
-            self.eval_engine.compact = True
-        with torch.no_grad():
-            self.eval_engine.model.load_state_dict(state)
+            self.eval_engine = EnginePolicy(self.plain_model(state), self.tokenizer)
+        self.eval_engine.push(state, self.step)
 
     def full_state(self) -> dict:
         """The policy's whole state on this rank (collective with several ranks: FSDP / expert shards gathered)."""
@@ -209,26 +194,27 @@ class Rollouts:
     def generate(self, problems, group_size: int, temperature: float, tag, first_row: int = 0, engine=None):
         """All problems × group_size samples -> (engine results per row, reward Samples); row i samples with the
         seed of row first_row + i (its index in the global batch). `engine`: the rollout engine by default."""
-        prompts = [p.prompt_ids for p in problems for _ in range(group_size)]
+        rows_of = [p for p in problems for _ in range(group_size)]
+        prompts, media = [p.prompt_ids for p in rows_of], [p.meta.get("media") for p in rows_of]
         seeds = [stable_seed(self.seed, tag, first_row + i) for i in range(len(prompts))]
         o = self.opts
-        res = (engine or self.engine).generate(prompts, max_new_tokens=o.max_new_tokens, temperature=temperature,
-                                               top_p=o.top_p, top_k=o.top_k, seeds=seeds, logprobs=True,
-                                               stop_ids=self._stop_ids())  # fmt: skip
+        res = (engine or self.engine).generate(prompts, o.max_new_tokens, temperature=temperature, top_p=o.top_p,
+                                               top_k=o.top_k, seeds=seeds, logprobs=True, stop_ids=self._stop_ids(),
+                                               media=media if any(m is not None for m in media) else None)  # fmt: skip
         if engine is None:
             self.check_versions(res.weight_versions)
         samples = []
         for i, toks in enumerate(res.tokens):
             text = res.text[i] if res.text is not None else ""
-            samples.append(reward_lib.Sample(meta=problems[i // group_size].meta, tokens=toks, text=text,
+            samples.append(reward_lib.Sample(meta=rows_of[i].meta, tokens=toks, text=text,
                                              finish=res.finish_reason[i], max_new_tokens=o.max_new_tokens,
                                              style=self.style))  # fmt: skip
         rows = [(prompts[i], res.tokens[i], res.logprobs[i]) for i in range(len(prompts))]
         return rows, samples
 
     def check_versions(self, reported: list | None) -> None:
-        """The sampler's own weight versions (a server reports one per response) against the staleness bound
-        `rl.tau` in trainer steps; ours otherwise. A rollout older than that means the server did not take the
+        """The sampler's own weight versions (the policy reports one per row; a server its own) against the
+        staleness bound `rl.tau` in trainer steps. A rollout older than that means the server did not take the
         pushed weights: an error, never silently off-policy data."""
         versions = [v if isinstance(v, int) else self.version for v in (reported or [None])]
         stale = [self.step - v for v in versions]
@@ -304,9 +290,11 @@ class Rollouts:
         rew = torch.tensor([r for _, r, _ in flat])
         adv = group_advantages(rew, group, std_normalize=self.opts.std_normalize)
         samples = [Sample.single_turn(prompt, toks, lps, versions=[self.version], group=i // group, index=i % group,
-                                      reward=float(r), meta=s.meta)
+                                      reward=float(r), meta=s.meta, media=s.meta.get("media"))
                    for i, ((prompt, toks, lps), r, s) in enumerate(flat)]  # fmt: skip
-        return collate(samples, adv)
+        out = collate(samples, adv)
+        self.media = [s.media for s in samples] if samples[0].media is not None else []
+        return out | ({"row": torch.arange(len(samples))} if self.media else {})
 
     @torch.no_grad()
     def old_logprobs(self, batch: dict, groups: list[torch.Tensor]) -> torch.Tensor:
@@ -348,9 +336,17 @@ class Rollouts:
                 }
                 for k in range(0, per * self.micro_batches, per):
                     idx = rows[k : k + per]
-                    out.append({key: value[idx] for key, value in batch.items()}
-                               | {"temperature": self.temperature, "stats": step_stats})  # fmt: skip
+                    out.append(self.with_pixels({key: value[idx] for key, value in batch.items()}
+                                                | {"temperature": self.temperature, "stats": step_stats}))  # fmt: skip
         return out
+
+    def with_pixels(self, micro: dict) -> dict:
+        """A VL micro-batch gets the pixels of its rows, in row order (rl_loss passes them to the model)."""
+        if "row" not in micro:
+            return micro
+        from glmstack.multimodal.processor import Media
+
+        return micro | Media.concat([self.media[r] for r in micro.pop("row").tolist()]).model_inputs()
 
     # ------------------------------------------------------------------ held-out evaluation
     def evaluate(self, temperature: float = 0.0, n: int | None = None) -> float:
