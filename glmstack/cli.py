@@ -24,7 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sft-data": ("glmstack.posttrain.synthetic:main", "write the synthetic SFT sets (arithmetic, tools, chat)"),
     "rejection-sample": ("glmstack.posttrain.rejection:main", "sample, verify and filter responses into an SFT file"),
     "expert-iteration": ("glmstack.posttrain.expert_iteration:main", "experts -> rejection sampling -> one model"),
-    "rl": ("glmstack.posttrain.rl.stage:main", "reasoning RL: GRPO/IcePop on rollouts from the engine, on the one loop"),
+    "rl": ("glmstack.posttrain.rl.stage:main", "RL on the one loop: reasoning (GRPO/IcePop), agentic, distillation or VL, as the recipe's config says"),
     "rm": ("glmstack.posttrain.rm.stage:main", "train a Bradley-Terry reward model on preference pairs (an HF folder)"),
     "distill": ("glmstack.posttrain.rl.distill:main", "on-policy cross-stage distillation from earlier stages' teachers"),
     "agentic-rl": ("glmstack.posttrain.agentic.stage:main", "agentic RL: multi-turn tool environments, async rollouts (local or Ray)"),

@@ -76,10 +76,12 @@ class VLRLConfig(RLConfig):
 
 def check(cfg: VLRLConfig) -> None:
     """posttrain/rl's checks, plus what vl-rl adds: a model to start from and one optimizer step per batch."""
+    from glmstack.multimodal.stage_setup import single_process
     from glmstack.posttrain.rl.stage import check as check_rl
 
     if not isinstance(cfg, VLRLConfig):
         raise ConfigError(f"vl-rl needs a VLRLConfig (got {type(cfg).__name__})")
+    single_process(cfg)
     if not cfg.init_from:
         raise ConfigError("init_from is required: the vision-language model folder to train (e.g. vl_tiny/sft/model)")
     if cfg.rl.ppo_epochs * cfg.rl.minibatches != 1:
@@ -130,23 +132,9 @@ def run_vl_rl(cfg: VLRLConfig, stop_at: int | None = None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
+    from glmstack.stage_cli import main_for
 
-    from glmstack.config import apply_overrides
-    from glmstack.errors import GlmstackError, one_line
-    from glmstack.recipes import recipe_function
-
-    ap = argparse.ArgumentParser(prog="glmstack vl-rl", description=__doc__.splitlines()[0])
-    ap.add_argument("recipe", help="recipe module under glmstack/recipes (e.g. vl_tiny)")
-    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    args = ap.parse_args(argv)
-    try:
-        result = run_vl_rl(apply_overrides(recipe_function(args.recipe, "rl")(), args.overrides))
-    except GlmstackError as e:
-        print(one_line("glmstack vl-rl", e), file=sys.stderr, flush=True)
-        return 2
-    print(f"rl finished: {result}", flush=True)
-    return 0 if result["stopped"] == "done" else 1
+    return main_for("vl-rl", __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,15 @@ from glmstack.multimodal.config import SYNTHETIC_VQA, VLTrainConfig, stage_dir, 
 ADAPTER = ("visual.downsample.", "visual.merger.")  # GLM-4.1V's MLP adapter: the 2x2 merge and the merger MLP
 
 
+def single_process(cfg: VLTrainConfig) -> None:
+    """VL stages train in one process: under torchrun every rank would train the same model into the same folder."""
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError(f"{cfg.stage}: vision-language stages run in one process (multi-rank VL training is not "
+                          "built); launch without torchrun")  # fmt: skip
+
+
 def data_files(cfg: VLTrainConfig) -> list[Path]:
     """The record files; synthetic:vqa is written once per run (every stage of the run reads the same files)."""
     from glmstack.multimodal import vqa

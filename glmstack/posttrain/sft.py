@@ -180,7 +180,7 @@ def export(checkpoint: Path, folder: Path, tokenizer, chat_style: str) -> Path:
 def main(argv: list[str] | None = None) -> int:
     from glmstack.stage_cli import main_for
 
-    return main_for("sft", __doc__.splitlines()[0], argv, run_fn=run_sft)
+    return main_for("sft", __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":

@@ -280,7 +280,7 @@ def run_agentic(cfg: AgenticConfig, stop_at: int | None = None) -> dict:
 def main(argv: list[str] | None = None) -> int:
     from glmstack.stage_cli import main_for
 
-    return main_for("agentic", __doc__.splitlines()[0], argv, run_fn=run_agentic)
+    return main_for("agentic-rl", __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":

@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if argv and argv[0] == "eval":
         return eval_main(argv[1:])
-    return main_for("distill", __doc__.splitlines()[0], argv, run_fn=run_distill)
+    return main_for("distill", __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":

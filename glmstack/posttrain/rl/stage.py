@@ -16,6 +16,10 @@ rl_summary.json) is described in docs/rl.md, with why a policy loss near 0 is ex
     glmstack rl rl_speedrun                                   # the SFT'd speedrun model on the compare task
     glmstack rl rl_speedrun --set rl.mismatch=none --set rl.rollout_dtype=bfloat16 --set seed=1
     glmstack rl rl_tiny --set steps=4                         # a random tiny model on the token task (smoke test)
+`glmstack rl` runs every RL path, the recipe's config naming which (glmstack/stage_cli.py): `glmstack rl
+agentic_speedrun` is agentic RL (an AgenticConfig; alias `glmstack agentic-rl`), `glmstack rl distill_speedrun`
+on-policy distillation (alias `glmstack distill`), `glmstack rl vl_tiny` a vision-language policy (alias `glmstack
+vl-rl`). They share this loss, posttrain/sample.py's Sample + collate and posttrain/policy.py's Policy.
 """
 
 from __future__ import annotations
@@ -246,7 +250,7 @@ def run_rl(cfg: RLConfig, stop_at: int | None = None, build_data=build, check_fn
 def main(argv: list[str] | None = None) -> int:
     from glmstack.stage_cli import main_for
 
-    return main_for("rl", __doc__.splitlines()[0], argv, run_fn=run_rl)
+    return main_for("rl", __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":

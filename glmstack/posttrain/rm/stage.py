@@ -220,7 +220,7 @@ def run_rm(cfg: RMConfig, stop_at: int | None = None) -> dict:
 def main(argv: list[str] | None = None) -> int:
     from glmstack.stage_cli import main_for
 
-    return main_for("rm", __doc__.splitlines()[0], argv, run_fn=run_rm)
+    return main_for("rm", __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":
