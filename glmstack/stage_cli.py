@@ -20,7 +20,6 @@ from glmstack.errors import GlmstackError, one_line
 from glmstack.recipes import load_config
 from glmstack.train import dist
 
-
 # config class name -> the stage that runs it; a config runs the entry of the first class in its MRO found here
 RUNNERS = {
     "VLRLConfig": "glmstack.multimodal.rl:run_vl_rl",

@@ -106,8 +106,8 @@ def run_vl_rl(cfg: VLRLConfig, stop_at: int | None = None) -> dict:
     from glmstack.multimodal.stage import finish, stage_dir
     from glmstack.optim import build_optimizer
     from glmstack.posttrain.rl.stage import rl_loss
-    from glmstack.tokenizer import Tokenizer
     from glmstack.train.checkpoint import resolve
+    from glmstack.train.export import stage_tokenizer
     from glmstack.train.loop import device_of, train
     from glmstack.train.stage import seed_everything
 
@@ -115,7 +115,7 @@ def run_vl_rl(cfg: VLRLConfig, stop_at: int | None = None) -> dict:
     seed_everything(cfg.seed)
     source = resolve(cfg.init_from, cfg.out_dir)
     model = load_vl_hf(source, dtype=torch.float32, device=device_of(cfg))
-    tokenizer, processor = Tokenizer.load(source), VisionProcessor.load(source)
+    tokenizer, processor = stage_tokenizer(cfg), VisionProcessor.load(source)
     optimizer, _ = build_optimizer(model, cfg.optim)
     task = VisualQA(tokenizer, processor, cfg.vl.chat_style)
     data = Rollouts(model=model, task=task, opts=cfg.rl, seed=cfg.seed, micro_batches=cfg.grad_accum,

@@ -30,6 +30,26 @@ from glmstack.posttrain.rl.remote import ServerEngine
 from glmstack.train import dist
 
 
+def full_state(model) -> dict:
+    """The trainer's whole policy state, a copy of its own on this rank: what every push sends (collective with
+    several ranks: FSDP / expert shards gathered)."""
+    if dist.is_dist():
+        return dist.full_state_dict(model, everywhere=True)
+    return {k: v.detach().cpu().clone() for k, v in dist.unwrap(model).state_dict().items()}
+
+
+def plain_copy(model, state: dict, cpu: bool = False):
+    """A single-device copy of the trainer's policy holding `state` (never the trainer's tensors): the model an
+    EnginePolicy samples with (a sharded trainer's copy is a fresh GLM). On the trainer's device unless `cpu` (an
+    agentic worker, which may live in another process)."""
+    import copy
+
+    if dist.is_dist():
+        return dist.plain_copy(dist.unwrap(model), {k: v.clone() for k, v in state.items()})
+    out = copy.deepcopy(dist.unwrap(model))
+    return out.cpu() if cpu else out
+
+
 class EnginePolicy:
     """The policy in this process (see the module docstring). `model`: its own copy (never the trainer's tensors)."""
 

@@ -31,7 +31,6 @@ did (tests/posttrain/test_rl_stage.py).
 
 from __future__ import annotations
 
-import copy
 import time
 import zlib
 
@@ -169,16 +168,14 @@ class Rollouts:
         self.eval_engine.push(state, self.step)
 
     def full_state(self) -> dict:
-        """The policy's whole state on this rank (collective with several ranks: FSDP / expert shards gathered)."""
-        if dist.is_dist():
-            return dist.full_state_dict(self.policy, everywhere=True)
-        return dist.unwrap(self.policy).state_dict()
+        from glmstack.posttrain.policy import full_state
+
+        return full_state(self.policy)
 
     def plain_model(self, state: dict):
-        """A single-device copy of the policy holding `state` (its own tensors: the trainer's are not shared)."""
-        if dist.is_dist():
-            return dist.plain_copy(dist.unwrap(self.policy), state)
-        return copy.deepcopy(dist.unwrap(self.policy))
+        from glmstack.posttrain.policy import plain_copy
+
+        return plain_copy(self.policy, state)
 
     @torch.no_grad()
     def perturb(self, model) -> None:

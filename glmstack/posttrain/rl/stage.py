@@ -192,13 +192,9 @@ def check(cfg: RLConfig) -> None:
 
 def load_tokenizer(cfg: RLConfig):
     """The init_from folder's tokenizer, or None (the token task needs none)."""
-    from glmstack.tokenizer import Tokenizer
-    from glmstack.train.checkpoint import resolve
+    from glmstack.train.export import stage_tokenizer
 
-    if not cfg.init_from:
-        return None
-    folder = resolve(cfg.init_from, cfg.out_dir)
-    return Tokenizer.load(folder) if (folder / "tokenizer.json").exists() else None
+    return stage_tokenizer(cfg, required=False)
 
 
 def build(cfg: RLConfig, model, tokenizer):
@@ -241,7 +237,7 @@ def run_rl(cfg: RLConfig, stop_at: int | None = None, build_data=build, check_fn
         if cfg.log.plots:
             plot_dashboard(folder)
         if tokenizer is not None:
-            from glmstack.posttrain.sft import export
+            from glmstack.train.export import export_checkpoint as export
 
             result["model"] = str(export(Path(result["checkpoint"]), folder / "model", tokenizer, cfg.rl.chat_style))
     return result
