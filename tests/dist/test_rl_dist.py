@@ -5,7 +5,8 @@ for reasoning RL (`glmstack rl`) and agentic RL (`glmstack agentic-rl`, synchron
 one process would draw, the seeds of their global row indices), syncs the whole policy into its own rollout engine
 (gathered from FSDP2 shards), and pads to one length over all ranks, so the loop weights every micro-batch alike.
 The single-process reference accumulates the two ranks' micro-batches (grad_accum doubled): same rows, same
-order. Dynamic sampling is off: its refills draw per rank (rollouts.py's docstring). Agentic: `groups_per_step`
+order; with dynamic sampling every round is one global draw split over the ranks, and the kept groups the first
+informative ones in global order, as one process keeps them (rollouts.py's docstring). Agentic: `groups_per_step`
 is global, rank r runs tasks r, r + 2, ... (runner.py), so the two ranks' groups are the single run's two groups.
 """
 
@@ -43,14 +44,20 @@ def _rows(out_dir, stage="rl"):
     return [json.loads(r) for r in rows]
 
 
-@pytest.mark.parametrize("dp", ["ddp", "fsdp"])
-def test_two_ranks_equal_one_process_with_the_global_batch(tmp_path, dp):
+DYNAMIC = ["rl.dynamic_sampling=true", "rl.oversample_rounds=2", "rl.curriculum=[[0, 0, 4]]"]
+
+
+@pytest.mark.parametrize(("dp", "extra"), [("ddp", []), ("fsdp", []), ("ddp", DYNAMIC)])
+def test_two_ranks_equal_one_process_with_the_global_batch(tmp_path, dp, extra):
     single = tmp_path / "single"
-    assert glmstack(["rl", "rl_tiny", *_sets([*BASE, "grad_accum=2", f"out_dir={single}"])]) == 0
+    assert glmstack(["rl", "rl_tiny", *_sets([*BASE, *extra, "grad_accum=2", f"out_dir={single}"])]) == 0
     two = tmp_path / "two"
-    mp.spawn(_worker, args=(2, free_port(), [*BASE, "grad_accum=1", f"dist.dp={dp}", f"out_dir={two}"]), nprocs=2,
-             join=True)  # fmt: skip
+    mp.spawn(_worker, args=(2, free_port(), [*BASE, *extra, "grad_accum=1", f"dist.dp={dp}", f"out_dir={two}"]),
+             nprocs=2, join=True)  # fmt: skip
     ref, got = _rows(single), _rows(two)
+    if extra:  # refills ran and kept what one process keeps
+        assert any(r["zero_var_frac"] > 0 for r in ref)
+        assert [r["kept_informative"] for r in got] == [r["kept_informative"] for r in ref]
     assert [r["step"] for r in got] == [r["step"] for r in ref] == [1, 2, 3]
     for a, b in zip(got, ref):
         assert abs(a["loss"] - b["loss"]) <= 1e-6, (dp, got, ref)  # on-policy GRPO: the loss is −mean(A) ≈ 0

@@ -20,8 +20,10 @@ Several ranks (DDP / FSDP2 / expert parallel): `rl.samples_per_step` is the glob
 step's prompts as one process would and takes its contiguous share of the groups, sampling each row with the seed
 of its global row index; every rank's rollout engine holds the whole policy (the unsharded state, gathered on
 each sync); batches are padded to one length over all ranks, so the loop weights every micro-batch alike and a
-step equals one process accumulating all ranks' micro-batches (tests/dist/test_rl_dist.py). Over-sampling rounds
-(dynamic sampling) draw per rank.
+step equals one process accumulating all ranks' micro-batches (tests/dist/test_rl_dist.py). Dynamic sampling is
+global too: every round (the batch, then each refill) is one draw split over the ranks, every rank sees all groups
+in global order (an all-gather of the sampled groups), keeps the first informative ones as one process would, and
+trains its contiguous share of them.
 
 Everything is a pure function of (seed, step): the prompts, the per-row sampling seeds and the held-out set, so the
 state (`state_dict`) is the step counter, the temperature, the reward history and the micro-batches of the current
@@ -244,39 +246,42 @@ class Rollouts:
             self.history = []
         stats["time/eval_s"] = time.perf_counter() - t0
         kept, spare, t_roll, t_rew, n_groups, n_zero, new_tok = [], [], 0.0, 0.0, 0, 0, 0
+        n_global = n_prompts * W  # groups in the global batch
         for round_ in range(1 + o.oversample_rounds):
-            need = n_prompts - len(kept)
+            need = n_global - len(kept)
             if need <= 0:
                 break
-            # round 0: the global draw, this rank's share of it; refills: each rank its own draw
-            tag = (self.step, round_) if round_ == 0 or W == 1 else (self.step, round_, rank)
-            ask = n_prompts * W if round_ == 0 else need * o.oversample
-            problems = self.task.problems(split="train", n=ask, seed=stable_seed(self.seed, *tag), level=level)
-            first = rank * n_prompts if round_ == 0 else 0
-            problems = problems[first : first + n_prompts] if round_ == 0 else problems
+            # a global draw (round 0: the batch; then refills), each rank generating its contiguous share with the
+            # seeds of the global rows; every rank then sees every group, in global order, as one process would
+            ask = n_global if round_ == 0 else need * o.oversample
+            share = -(-ask // W)
+            problems = self.task.problems(split="train", n=share * W, seed=stable_seed(self.seed, self.step, round_),
+                                          level=level)[rank * share : (rank + 1) * share]  # fmt: skip
             t0 = time.perf_counter()
-            rows, samples = self.generate(problems, group, self.temperature, tag, first * group)
+            rows, samples = self.generate(problems, group, self.temperature, (self.step, round_), rank * share * group)
             t1 = time.perf_counter()
             rew, means = reward_lib.total(samples, self.weights)
             t_roll, t_rew = t_roll + t1 - t0, t_rew + time.perf_counter() - t1
             new_tok += sum(len(r[1]) for r in rows)
             if round_ == 0:  # the policy's reward as sampled: first round only (no selection bias)
-                stats |= means | {
+                stats |= dist.means_over_ranks(means | {
                     "reward": sum(rew) / len(rew),
                     "response_len": sum(len(r[1]) for r in rows) / len(rows),
                     "truncated_frac": sum(s.finish == "length" for s in samples) / len(samples),
-                }
-            for g in range(len(problems)):
-                grp = [(rows[g * group + j], rew[g * group + j], samples[g * group + j]) for j in range(group)]
+                })  # fmt: skip
+            mine = [[(rows[g * group + j], rew[g * group + j], samples[g * group + j]) for j in range(group)]
+                    for g in range(len(problems))]  # fmt: skip
+            for grp in (g for part in dist.gather_objects(mine) for g in part):
                 values = [r for _, r, _ in grp]
                 n_groups, n_zero = n_groups + 1, n_zero + int(len(set(values)) == 1)
                 (kept if informative(values, hard_k) or not o.dynamic_sampling else spare).append(grp)
-        kept = (kept + spare)[:n_prompts]  # not enough informative groups: fill with zero-gradient ones
+        kept = (kept + spare)[:n_global]  # not enough informative groups: fill with zero-gradient ones
         stats |= {"zero_var_frac": n_zero / max(n_groups, 1), "kept_informative": float(sum(
-            len({r for _, r, _ in g}) > 1 for g in kept)) / max(n_prompts, 1),
+            len({r for _, r, _ in g}) > 1 for g in kept)) / max(n_global, 1),
             "time/rollout_s": t_roll, "time/reward_s": t_rew, "rollout_tok_per_s": new_tok / max(t_roll, 1e-9),
             "temperature": self.temperature, "weight_version": float(self.version),
             "staleness_mean": self.staleness[0], "staleness_max": float(self.staleness[1])}  # fmt: skip
+        kept = kept[rank * n_prompts : (rank + 1) * n_prompts]  # this rank's share of the global batch
         self.history.append(stats["reward"])
         self.step += self.updates
         return self.updates_of(self.batch(kept, group, stats), stats)
