@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "expert-iteration": ("glmstack.posttrain.expert_iteration:main", "experts -> rejection sampling -> one model"),
     "rl": ("glmstack.posttrain.rl.stage:main", "RL on the one loop: reasoning (GRPO/IcePop), agentic, distillation or VL, as the recipe's config says"),
     "rm": ("glmstack.posttrain.rm.stage:main", "train a Bradley-Terry reward model on preference pairs (an HF folder)"),
+    "dpo": ("glmstack.posttrain.dpo.stage:main", "DPO (cDPO, IPO) on preference pairs against a frozen reference"),
     "distill": ("glmstack.posttrain.rl.distill:main", "on-policy cross-stage distillation from earlier stages' teachers"),
     "agentic-rl": ("glmstack.posttrain.agentic.stage:main", "agentic RL: multi-turn tool environments, async rollouts (local or Ray)"),
     "vl-data": ("glmstack.multimodal.vqa:main", "write the synthetic visual QA set (PIL images + train/test chats)"),

@@ -1,6 +1,6 @@
 """`glmstack <stage> <recipe> [--stage NAME] [--set KEY=VALUE ...]`: the command side of every training stage.
 
-One body for every training command (pretrain, midtrain, sft, rl, rm and the aliases distill, agentic-rl, vl-train,
+One body for every training command (pretrain, midtrain, sft, rl, rm, dpo and the aliases distill, agentic-rl, vl-train,
 vl-rl): parse the arguments, resolve the recipe's config (glmstack.recipes.load_config: the recipe's function
 `--stage`, by default the first of the command's stage names the recipe has), run the stage the CONFIG'S CLASS names
 (`RUNNERS`: an AgenticConfig runs agentic RL whichever command loaded it, a VLTrainConfig a vision-language stage),
@@ -29,6 +29,7 @@ RUNNERS = {
     "AgenticConfig": "glmstack.posttrain.agentic.stage:run_agentic",
     "RLConfig": "glmstack.posttrain.rl.stage:run_rl",
     "RMConfig": "glmstack.posttrain.rm.stage:run_rm",
+    "DPOConfig": "glmstack.posttrain.dpo.stage:run_dpo",
     "SFTConfig": "glmstack.posttrain.sft:run_sft",
     "TrainConfig": "glmstack.train.stage:run",
 }
