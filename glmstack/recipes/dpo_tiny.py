@@ -16,6 +16,8 @@ def dpo() -> DPOConfig:
     cfg = DPOConfig(run="tiny", stage="dpo", model="tiny", seq_len=64, micro_batch_size=8, grad_accum=1, steps=10,
                     dpo=DPOOptions(synthetic_n=200, beta=0.1))  # fmt: skip
     cfg.optim.lr = 3e-3
-    cfg.schedule = dataclasses.replace(cfg.schedule, lr="constant", warmup_steps=0, mtp_weight=[[0, 0.0]])
+    cfg.schedule = dataclasses.replace(
+        cfg.schedule, lr="constant", warmup_steps=0, mtp_weight=[[0, 0.0]], aux_loss_weight=0.0
+    )  # the loss is DPO's alone
     cfg.ckpt.every, cfg.ckpt.keep_last, cfg.log.progress, cfg.log.plots = 0, 2, False, False
     return cfg

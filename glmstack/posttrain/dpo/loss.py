@@ -25,7 +25,11 @@ def completion_logps(logits: torch.Tensor, input_ids: torch.Tensor, mask: torch.
     tokens `(B,)`, their count `(B,)`). Position t's logits score token t+1; the first token is never scored."""
     from glmstack.posttrain.rl.losses import token_logprobs
 
-    logp_BT = token_logprobs(logits[:, :-1], input_ids[:, 1:]).float()  # (B, T-1)
+    return completion_sums(token_logprobs(logits[:, :-1], input_ids[:, 1:]).float(), mask)
+
+
+def completion_sums(logp_BT: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token log-probs `(B, T-1)` (of tokens 1..T-1), mask `(B, T)` -> (masked sums `(B,)`, counts `(B,)`)."""
     m_BT = mask[:, 1:].to(logp_BT.dtype)
     return (logp_BT * m_BT).sum(-1), m_BT.sum(-1)
 
