@@ -118,10 +118,13 @@ def batches(cfg: DPOConfig, tokenizer, split: str, vocab_size: int) -> DPOBatche
             f"{option}: token id {top} >= the model's vocab_size {vocab_size}: tokenizer and model differ"
         )
     try:
-        return DPOBatches(pairs, batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len, pad_id=pad_id(tokenizer),
-                          seed=cfg.seed, rank=dist.rank(), world_size=dist.world(), shuffle=train)  # fmt: skip
+        out = DPOBatches(pairs, batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len, pad_id=pad_id(tokenizer),
+                         seed=cfg.seed, rank=dist.rank(), world_size=dist.world(), shuffle=train)  # fmt: skip
     except ValueError as e:
         raise ConfigError(f"{option}: {e}") from None
+    if out.dropped_long and dist.rank() == 0:
+        print(f"dpo {split} data: {out.dropped_long} of {len(pairs)} pairs longer than seq_len={cfg.seq_len} dropped")
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------- stage
