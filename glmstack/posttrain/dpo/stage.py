@@ -102,7 +102,7 @@ def load_tokenizer(cfg: DPOConfig):
     return stage_tokenizer(cfg, cfg.dpo.tokenizer, option="dpo.tokenizer")
 
 
-def batches(cfg: DPOConfig, tokenizer, split: str, vocab_size: int) -> DPOBatches:
+def batches(cfg: DPOConfig, tokenizer, split: str) -> DPOBatches:
     """This rank's batches of `split` (train: shuffled per epoch; val: in order)."""
     from glmstack.posttrain.rm.stage import pad_id
     from glmstack.train.stage import stage_dir
@@ -112,11 +112,6 @@ def batches(cfg: DPOConfig, tokenizer, split: str, vocab_size: int) -> DPOBatche
     n = cfg.dpo.synthetic_n if train else max(1, cfg.dpo.synthetic_n // 5)
     pairs = encoded_pairs(entries, stage_dir(cfg) / "data", n, cfg.seed, "train" if train else "test", tokenizer,
                           cfg.dpo.chat_style, option)  # fmt: skip
-    top = max((max(p[0] + p[1]) for p in pairs), default=0)
-    if top >= vocab_size:
-        raise ConfigError(
-            f"{option}: token id {top} >= the model's vocab_size {vocab_size}: tokenizer and model differ"
-        )
     try:
         out = DPOBatches(pairs, batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len, pad_id=pad_id(tokenizer),
                          seed=cfg.seed, rank=dist.rank(), world_size=dist.world(), shuffle=train)  # fmt: skip
@@ -125,6 +120,12 @@ def batches(cfg: DPOConfig, tokenizer, split: str, vocab_size: int) -> DPOBatche
     if out.dropped_long and dist.rank() == 0:
         print(f"dpo {split} data: {out.dropped_long} of {len(pairs)} pairs longer than seq_len={cfg.seq_len} dropped")
     return out
+
+
+def check_vocab(data: DPOBatches, vocab_size: int) -> None:
+    top = max((max(p[0] + p[1]) for p in data.pairs), default=0)
+    if top >= vocab_size:
+        raise ConfigError(f"token id {top} >= the model's vocab_size {vocab_size}: tokenizer and model differ")
 
 
 # ---------------------------------------------------------------------------------------------------- stage
@@ -161,10 +162,13 @@ def run_dpo(cfg: DPOConfig, stop_at: int | None = None) -> dict:
     # ------------------------------------------------------------------ model, reference, data
     check(cfg)
     tokenizer = load_tokenizer(cfg)
+    dist.init_from_env(device_of(cfg).type)
+    data = batches(cfg, tokenizer, "train")  # read before a model is built: a bad record costs no allocation
+    val = batches(cfg, tokenizer, "val") if cfg.dpo.val_data else None
     model, optimizer = model_and_optimizer(cfg)
-    device, vocab = device_of(cfg), dist.unwrap(model).cfg.vocab_size
-    data = batches(cfg, tokenizer, "train", vocab)
-    val = batches(cfg, tokenizer, "val", vocab) if cfg.dpo.val_data else None
+    device = device_of(cfg)
+    for b in filter(None, (data, val)):
+        check_vocab(b, dist.unwrap(model).cfg.vocab_size)
     reference = build_reference(cfg, device)
     if cfg.dpo.reference == "cache":
         for b in filter(None, (data, val)):
