@@ -21,6 +21,8 @@ from glmstack.stage_cli import runner_for
     ("vl-rl", "vl_tiny", "vl", "run_vl_rl"),
     ("vl-train", "vl_tiny", "vl", "run_vl"),
     ("sft", "vl_tiny", "vl", "run_vl"),
+    ("dpo", "dpo_tiny", "dpo", "run_dpo"),
+    ("dpo", "dpo_speedrun", "dpo", "run_dpo"),
 ])  # fmt: skip
 def test_a_command_runs_the_stage_its_recipes_config_names(command, recipe, section, runner, capsys):
     from glmstack.recipes import load_config
