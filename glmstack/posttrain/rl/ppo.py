@@ -135,13 +135,13 @@ def ppo_loss(logp, old_logp, advantages, mask, values, old_values, returns, *, v
              reduction: str = "sample", **policy_kw) -> tuple[torch.Tensor, dict]:  # fmt: skip
     """policy_loss (the clipped surrogate, `policy_kw`: eps_low, eps_high, rollout_logp, mismatch, ...) + vf_coef ·
     value_loss. All `(B, T)`; advantages per token. stats: the policy loss's (clip_frac, ratio_mean, ...) and
-    policy_loss, value_loss, vf_clip_frac, explained_variance, values_mean, returns_mean."""
+    policy_loss, value_loss, vf_clip_frac, values_mean, returns_mean: means, so that the loop's weighted sum over
+    micro-batches is the step's (explained variance is not one: rollout_fields reports it per rollout batch)."""
     pg, stats = policy_loss(logp, old_logp, advantages, mask, reduction=reduction, **policy_kw)
     vf, vf_clip_frac = value_loss(values, old_values, returns, mask, value_clip, reduction)
     m = (mask > 0).float()
     n = m.sum().clamp(min=1)
     stats |= {"policy_loss": float(pg.detach()), "value_loss": float(vf.detach()), "vf_clip_frac": vf_clip_frac,
-              "explained_variance": explained_variance(values, returns, mask),
               "values_mean": float((values.detach() * m).sum() / n), "returns_mean": float((returns * m).sum() / n)}  # fmt: skip
     return pg + vf_coef * vf, stats
 
@@ -162,11 +162,13 @@ def ppo_objective(model, hidden_BTD, logp_BT, old_BT, mask_BT, batch: dict, opts
 
 
 @torch.no_grad()
-def rollout_fields(policy, reference, batch: dict, groups: list[torch.Tensor], temperature: float, opts) -> dict:
-    """What PPO adds to a rollout batch (`batch["rewards"]` (B,): the sequence rewards), all `(B, L)` on the CPU:
-    old_logp (the trainer at the rollout weights), values (its critic), kl (to the frozen `reference`), advantages
-    (GAE, whitened unless rl.whiten_advantages is off), returns. One policy forward per group of rows: the first
-    update's micro-batches, so that its log-probs and values equal these bit for bit (as rollouts.old_logprobs)."""
+def rollout_fields(policy, reference, batch: dict, groups: list[torch.Tensor], temperature: float, opts):
+    """What PPO adds to a rollout batch (`batch["rewards"]` (B,): the sequence rewards) -> (fields, figures).
+    fields, all `(B, L)` on the CPU: old_logp (the trainer at the rollout weights), values (its critic), kl (to the
+    frozen `reference`), advantages (GAE, whitened unless rl.whiten_advantages is off), returns. figures: the
+    critic's explained variance of the returns over the whole batch (TRL's `explained_variance`) and the advantages'
+    raw mean / std. One policy forward per group of rows: the first update's micro-batches, so that its log-probs
+    and values equal these bit for bit (as rollouts.old_logprobs)."""
     device = next(dist.unwrap(policy).parameters()).device
     old, values, ref = (torch.zeros_like(batch["rollout_logp"]) for _ in range(3))
     lp = lambda logits, tgt: token_logprobs(logits.float(), tgt, temperature, opts.top_p, opts.top_k).cpu()
@@ -178,6 +180,12 @@ def rollout_fields(policy, reference, batch: dict, groups: list[torch.Tensor], t
     mask = batch["mask"]
     rewards, kl = kl_rewards(batch["rewards"], old, ref, mask, opts.kl_coef)
     adv, returns = gae(rewards, values, mask, opts.gamma, opts.gae_lambda)
+    m = (mask > 0).float()
+    n = m.sum().clamp(min=1)
+    raw_mean = (adv * m).sum() / n
+    figures = {"explained_variance": explained_variance(values, returns, mask), "advantages_mean": float(raw_mean),
+               "advantages_std": float((((adv - raw_mean) * m).square().sum() / n).sqrt())}  # fmt: skip
     if opts.whiten_advantages:
         adv = whiten(adv, mask)
-    return {"old_logp": old, "values": values * (mask > 0), "kl": kl, "advantages": adv, "returns": returns}
+    fields = {"old_logp": old, "values": values * m, "kl": kl, "advantages": adv, "returns": returns}
+    return fields, figures

@@ -333,8 +333,9 @@ class Rollouts:
                 g = torch.Generator().manual_seed(stable_seed(self.seed, "epoch", first, epoch))
                 order = torch.randperm(n, generator=g)
             if self.opts.loss == "ppo" and epoch == 0:  # π_old, the critic's values, KL-in-reward, GAE (ppo.py)
-                batch |= rollout_fields(self.policy, self.reference, batch, list(order.split(per)), self.temperature,
-                                        self.opts)  # fmt: skip
+                fields, figures = rollout_fields(self.policy, self.reference, batch, list(order.split(per)),
+                                                 self.temperature, self.opts)  # fmt: skip
+                batch, stats = batch | fields, stats | figures
             elif self.updates > 1 and epoch == 0:
                 batch["old_logp"] = self.old_logprobs(batch, list(order.split(per)))
             for m in range(self.opts.minibatches):
