@@ -7,7 +7,8 @@ GLM-5 §3.2 Eq. 1 / GLM-4.5 §3.2 (research/rl-recipe.md §1): per optimizer ste
   -> this loss: log-probs from the trainer's logits / the rollout temperature over the same top-k / top-p nucleus,
      old log-probs = their detached copy (one optimizer step per rollout batch: on-policy; with rl.ppo_epochs /
      rl.minibatches > 1, the trainer's log-probs at the rollout weights, computed by rollouts.py), the policy loss
-     (rl.loss: grpo = clipped surrogate with rl.mismatch none | tis | icepop; dis; cispo; gspo)  (losses.py)
+     (rl.loss: grpo = clipped surrogate with rl.mismatch none | tis | icepop; dis; cispo; gspo)  (losses.py),
+     or ppo: the same surrogate on per-token GAE advantages + a value head's clipped loss        (ppo.py)
   -> the loop's optimizer step, guard, checkpoint, metrics.jsonl.
 The curriculum is a stage table `rl.curriculum` = [[from_step, level, group_size(, hard_k)], ...]; dynamic temperature
 (`rl.dynamic_temperature`) raises the temperature when the reward plateaus. The dashboard (metrics.jsonl, plots/,
@@ -16,6 +17,7 @@ rl_summary.json) is described in docs/rl.md, with why a policy loss near 0 is ex
     glmstack rl rl_speedrun                                   # the SFT'd speedrun model on the compare task
     glmstack rl rl_speedrun --set rl.mismatch=none --set rl.rollout_dtype=bfloat16 --set seed=1
     glmstack rl rl_tiny --set steps=4                         # a random tiny model on the token task (smoke test)
+    glmstack rl rl_tiny --set rl.loss=ppo --set steps=8       # PPO with a critic (docs/rl.md)
 `glmstack rl` runs every RL path, the recipe's config naming which (glmstack/stage_cli.py): `glmstack rl
 agentic_speedrun` is agentic RL (an AgenticConfig; alias `glmstack agentic-rl`), `glmstack rl distill_speedrun`
 on-policy distillation (alias `glmstack distill`), `glmstack rl vl_tiny` a vision-language policy (alias `glmstack
