@@ -92,6 +92,8 @@ def check(cfg: VLRLConfig) -> None:
         raise ConfigError(
             f"rl.task={cfg.rl.task!r}: vl-rl trains on its visual QA task only (rl.task={VisualQA.name!r})"
         )
+    if cfg.rl.loss == "ppo":
+        raise ConfigError("rl.loss=ppo: vl-rl has no value head (PPO with a critic is text RL only: glmstack rl)")
     if cfg.rl.rollout_server:
         raise ConfigError("rl.rollout_server: vl-rl rolls out in process only (its prompts carry pixels); unset it")
     # rl.task names posttrain/rl's text tasks; vl-rl's task is VisualQA, so check the rest with the default task

@@ -253,6 +253,9 @@ def check(cfg: DistillConfig) -> None:
     check_sampling(cfg)
     if any(t.server for t in teachers_of(cfg)) and (o.temperature != 1.0 or o.top_p < 1.0 or o.top_k):
         raise ConfigError("a teacher server reports raw log-probs: use rl.temperature=1, top_p=1, top_k=0")
+    if cfg.rl.loss == "ppo":
+        raise ConfigError("rl.loss=ppo learns a critic from rewards; distillation's advantage is the teacher's (grpo, "
+                          "dis, cispo)")  # fmt: skip
     if cfg.rl.loss == "gspo":
         raise ConfigError("rl.loss=gspo has one advantage per sequence; distillation's is per token (grpo, dis, cispo)")
     if cfg.rl.samples_per_step % (cfg.grad_accum * o.minibatches):

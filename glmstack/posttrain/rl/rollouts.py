@@ -15,6 +15,8 @@ so the loop's per-micro-batch weights (by input tokens) are equal and a sample-m
 With PPO-style updates (`rl.ppo_epochs` × `rl.minibatches` optimizer steps per rollout batch) the batch also carries
 `old_logp (B, L)`: the trainer's log-probs at the rollout weights, computed once before the first update; each epoch
 visits the samples in a fresh order (a pure function of seed, step and epoch) cut into `minibatches` steps.
+With `rl.loss=ppo` (ppo.py) the hook `ppo.rollout_fields` computes, at the same point, `old_logp`, the critic's
+`values`, the `kl` to the frozen reference, and per-token GAE `advantages (B, L)` and `returns`.
 
 Several ranks (DDP / FSDP2 / expert parallel): `rl.samples_per_step` is the global batch. Every rank draws the
 step's prompts as one process would and takes its contiguous share of the groups, sampling each row with the seed
@@ -40,6 +42,7 @@ import torch
 
 from glmstack.posttrain.rl import rewards as reward_lib
 from glmstack.posttrain.rl.losses import group_advantages, token_logprobs
+from glmstack.posttrain.rl.ppo import rollout_fields
 from glmstack.posttrain.sample import Sample, collate
 from glmstack.train import dist
 
@@ -85,8 +88,10 @@ def plateaued(history: list[float], window: int, tol: float) -> bool:
 class Rollouts:
     """Iterable of RL micro-batches for the loop (see the module docstring); `state_dict` makes resume exact."""
 
-    def __init__(self, *, model, task, opts, seed: int, micro_batches: int, tokenizer=None, style="glm-4.5"):
+    def __init__(self, *, model, task, opts, seed: int, micro_batches: int, tokenizer=None, style="glm-4.5",
+                 reference=None):  # fmt: skip
         self.policy, self.task, self.opts, self.seed = model, task, opts, seed
+        self.reference = reference  # rl.loss=ppo: the frozen model of the KL-in-reward (ppo.py)
         self.micro_batches, self.tokenizer, self.style = micro_batches, tokenizer, style
         self.weights = [tuple(w) for w in opts.rewards] or [(r, 1.0) for r in task.rewards]
         for name, _ in self.weights:
@@ -296,6 +301,7 @@ class Rollouts:
                    for i, ((prompt, toks, lps), r, s) in enumerate(flat)]  # fmt: skip
         out = collate(samples, adv)
         self.media = [s.media for s in samples] if samples[0].media is not None else []
+        out |= {"rewards": rew} if self.opts.loss == "ppo" else {}  # ppo.rollout_fields puts them at the last token
         return out | ({"row": torch.arange(len(samples))} if self.media else {})
 
     @torch.no_grad()
@@ -326,7 +332,11 @@ class Rollouts:
             if self.updates > 1:
                 g = torch.Generator().manual_seed(stable_seed(self.seed, "epoch", first, epoch))
                 order = torch.randperm(n, generator=g)
-            if self.updates > 1 and epoch == 0:
+            if self.opts.loss == "ppo" and epoch == 0:  # π_old, the critic's values, KL-in-reward, GAE (ppo.py)
+                fields, figures = rollout_fields(self.policy, self.reference, batch, list(order.split(per)),
+                                                 self.temperature, self.opts)  # fmt: skip
+                batch, stats = batch | fields, stats | figures
+            elif self.updates > 1 and epoch == 0:
                 batch["old_logp"] = self.old_logprobs(batch, list(order.split(per)))
             for m in range(self.opts.minibatches):
                 rows = order[m * per_step : (m + 1) * per_step]
