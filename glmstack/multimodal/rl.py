@@ -76,12 +76,10 @@ class VLRLConfig(RLConfig):
 
 def check(cfg: VLRLConfig) -> None:
     """posttrain/rl's checks, plus what vl-rl adds: a model to start from and one optimizer step per batch."""
-    from glmstack.multimodal.stage_setup import single_process
     from glmstack.posttrain.rl.stage import check as check_rl
 
     if not isinstance(cfg, VLRLConfig):
         raise ConfigError(f"vl-rl needs a VLRLConfig (got {type(cfg).__name__})")
-    single_process(cfg)
     if not cfg.init_from:
         raise ConfigError("init_from is required: the vision-language model folder to train (e.g. vl_tiny/sft/model)")
     if cfg.rl.ppo_epochs * cfg.rl.minibatches != 1:
@@ -106,27 +104,31 @@ def run_vl_rl(cfg: VLRLConfig, stop_at: int | None = None) -> dict:
     from glmstack.model.vision import load_vl_hf
     from glmstack.multimodal.processor import VisionProcessor
     from glmstack.multimodal.stage import finish, stage_dir
+    from glmstack.multimodal.stage_setup import data_parallel
     from glmstack.optim import build_optimizer
     from glmstack.posttrain.rl.stage import rl_loss
+    from glmstack.train import dist
     from glmstack.train.checkpoint import resolve
     from glmstack.train.export import stage_tokenizer
     from glmstack.train.loop import device_of, train
     from glmstack.train.stage import seed_everything
 
     check(cfg)
+    data_parallel(cfg, device_of(cfg))
     seed_everything(cfg.seed)
     source = resolve(cfg.init_from, cfg.out_dir)
     model = load_vl_hf(source, dtype=torch.float32, device=device_of(cfg))
     tokenizer, processor = stage_tokenizer(cfg), VisionProcessor.load(source)
     optimizer, _ = build_optimizer(model, cfg.optim)
+    model = dist.parallelize(model, cfg.dist.dp, find_unused=cfg.dist.find_unused_parameters)  # DDP under torchrun
     task = VisualQA(tokenizer, processor, cfg.vl.chat_style)
     data = Rollouts(model=model, task=task, opts=cfg.rl, seed=cfg.seed, micro_batches=cfg.grad_accum,
-                          tokenizer=tokenizer, style=cfg.vl.chat_style)  # fmt: skip
+                    tokenizer=tokenizer, style=cfg.vl.chat_style)  # fmt: skip
     folder = stage_dir(cfg)
     result = train(model=model, optimizer=optimizer, data=data, cfg=cfg, stage_dir=folder, loss_fn=rl_loss(cfg.rl),
                    stop_at=stop_at)  # fmt: skip
-    result = finish(cfg, result, model, tokenizer, processor, folder)
-    if result["stopped"] == "done" and cfg.log.plots:
+    result = finish(cfg, result, dist.unwrap(model), tokenizer, processor, folder)
+    if result["stopped"] == "done" and cfg.log.plots and dist.rank() == 0:
         from glmstack.posttrain.rl.dashboard import plot_dashboard
 
         plot_dashboard(folder)

@@ -20,8 +20,9 @@ Per stage:
     glmstack vl-train vl_tiny --stage align
     glmstack vl-train vl_tiny --stage sft --set steps=100 --stop-at 50     # then the same with --resume auto
     glmstack sft vl_tiny --print-config                                    # any stage command runs a VL config
-The command is glmstack/stage_cli.py's, as every training stage's (--resume, --stop-at, --print-config). One process:
-multi-rank VL training is not built, and a torchrun launch is refused (stage_setup.single_process).
+The command is glmstack/stage_cli.py's, as every training stage's (--resume, --stop-at, --print-config). Under torchrun
+the align / sft stages and vl-rl train data-parallel (DDP; `dist.dp=fsdp` and expert parallel are refused, as is the
+vit stage: stage_setup.data_parallel); `micro_batch_size × grad_accum × ranks` is the global batch.
 """
 
 from __future__ import annotations
@@ -38,11 +39,11 @@ from glmstack.multimodal.config import SYNTHETIC_VQA, VLOptions, VLTrainConfig, 
 from glmstack.multimodal.stage_setup import (
     build_model,
     data_files,
+    data_parallel,
     export,
     freeze,
     load_tokenizer,
     processor_for,
-    single_process,
 )
 
 
@@ -50,49 +51,57 @@ from glmstack.multimodal.stage_setup import (
 def build_data(cfg: VLTrainConfig, tokenizer, processor, records: list[dict]):
     """`synthetic:vqa` alone: the endless stream (a fresh image every row); otherwise the records, encoded."""
     from glmstack.multimodal.data import VisionSFT, VQAStream, encode_records
+    from glmstack.train import dist
 
+    ranks = {"rank": dist.rank(), "world_size": dist.world()}  # each rank its share of every global batch
     if cfg.vl.data == [SYNTHETIC_VQA] and cfg.vl.stream:
         return VQAStream(tokenizer, processor, batch_size=cfg.micro_batch_size, seed=cfg.seed,
-                         style=cfg.vl.chat_style)  # fmt: skip
+                         style=cfg.vl.chat_style, **ranks)  # fmt: skip
     examples = encode_records(tokenizer, processor, records, cfg.vl.chat_style)
     try:
-        return VisionSFT(examples, batch_size=cfg.micro_batch_size, seed=cfg.seed, max_len=cfg.seq_len)
+        return VisionSFT(examples, batch_size=cfg.micro_batch_size, seed=cfg.seed, max_len=cfg.seq_len, **ranks)
     except ValueError as e:
         raise ConfigError(f"{cfg.stage} data: {e}") from None
 
 
 # ---------------------------------------------------------------------------------------------------- stage
 def run_vl(cfg: VLTrainConfig, stop_at: int | None = None) -> dict:
-    """Train one stage, export its model folder, score the held-out set."""
+    """Train one stage, export its model folder, score the held-out set. Several ranks (torchrun): DDP, each rank
+    its share of every global batch (the data's rank / world_size), rank 0 exporting and scoring."""
     from glmstack.multimodal.data import read_multimodal
     from glmstack.optim import build_optimizer
     from glmstack.posttrain.sft import sft_loss
+    from glmstack.train import dist
     from glmstack.train.loop import device_of, train
     from glmstack.train.stage import seed_everything
 
     if not isinstance(cfg, VLTrainConfig):
         raise ConfigError(f"a vision-language stage needs a VLTrainConfig (got {type(cfg).__name__})")
-    single_process(cfg)
+    device = device_of(cfg)
+    data_parallel(cfg, device)
     folder = stage_dir(cfg)
     folder.mkdir(parents=True, exist_ok=True)
     seed_everything(cfg.seed)
     records = read_multimodal(data_files(cfg), log=print)
     tokenizer = load_tokenizer(cfg, records)
-    device = device_of(cfg)
     model = build_model(cfg, tokenizer, device)
     trainable = freeze(model, cfg.vl.train)
     print(f"{cfg.stage}: {trainable:,} of {model.num_params():,} parameters train (vl.train={cfg.vl.train})", flush=True)
     processor = processor_for(cfg, model)
     data = build_data(cfg, tokenizer, processor, records)
     optimizer, _ = build_optimizer(model, cfg.optim)
+    model = dist.parallelize(model, cfg.dist.dp, find_unused=cfg.dist.find_unused_parameters)
     result = train(model=model, optimizer=optimizer, data=data, cfg=cfg, stage_dir=folder, loss_fn=sft_loss,
                    stop_at=stop_at)  # fmt: skip
-    return finish(cfg, result, model, tokenizer, processor, folder)
+    return finish(cfg, result, dist.unwrap(model), tokenizer, processor, folder)
 
 
 def finish(cfg, result: dict, model, tokenizer, processor, folder: Path) -> dict:
-    """After a finished run (vl stages and vl-rl): export the model folder, score the held-out set (eval.json)."""
-    if result["stopped"] != "done":
+    """After a finished run (vl stages and vl-rl), on rank 0: export the model folder, score the held-out set
+    (eval.json)."""
+    from glmstack.train import dist
+
+    if result["stopped"] != "done" or dist.rank() != 0:
         return result
     result["model"] = str(export(model, tokenizer, processor, folder / "model", cfg.vl.chat_style))
     if cfg.vl.eval_n:

@@ -12,17 +12,24 @@ import torch
 
 from glmstack.config import ConfigError
 from glmstack.multimodal.config import SYNTHETIC_VQA, VLTrainConfig, stage_dir, vqa_folder
+from glmstack.train import dist
 
 ADAPTER = ("visual.downsample.", "visual.merger.")  # GLM-4.1V's MLP adapter: the 2x2 merge and the merger MLP
 
 
-def single_process(cfg: VLTrainConfig) -> None:
-    """VL stages train in one process: under torchrun every rank would train the same model into the same folder."""
-    import os
+def data_parallel(cfg: VLTrainConfig, device, allowed: bool = True) -> None:
+    """Join the process group under torchrun; VL stages parallelise by DDP only (FSDP2 / expert parallel shard
+    the text GLM's blocks, not a GLMV's), and the vit stage (`allowed=False`) runs in one process."""
+    from glmstack.train import dist
 
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ConfigError(f"{cfg.stage}: vision-language stages run in one process (multi-rank VL training is not "
-                          "built); launch without torchrun")  # fmt: skip
+    dist.init_from_env(device.type)
+    if not dist.is_dist():
+        return
+    if not allowed:
+        raise ConfigError(f"{cfg.stage}: the ViT stage runs in one process; launch it without torchrun")
+    if cfg.dist.dp not in ("auto", "ddp") or cfg.dist.expert_parallel:
+        raise ConfigError(f"{cfg.stage}: vision-language stages run data-parallel with DDP (dist.dp=ddp or auto, no "
+                          "expert parallel)")  # fmt: skip
 
 
 def data_files(cfg: VLTrainConfig) -> list[Path]:
@@ -35,8 +42,9 @@ def data_files(cfg: VLTrainConfig) -> list[Path]:
             paths.append(Path(entry))
             continue
         folder = vqa_folder(cfg)
-        if not (folder / "train.jsonl").exists():
+        if dist.rank() == 0 and not (folder / "train.jsonl").exists():
             vqa.write(folder, cfg.vl.synthetic_n, seed=cfg.seed, test_n=max(cfg.vl.eval_n, 1))
+        dist.barrier()  # the other ranks read what rank 0 wrote
         paths.append(folder / "train.jsonl")
     return paths
 
@@ -52,8 +60,9 @@ def load_tokenizer(cfg: VLTrainConfig, records: list[dict]):
     from glmstack.chat.schema import visible_text
 
     texts = [visible_text(m.get("content")) for r in records for m in r["messages"]]
-    tok = Tokenizer.train(texts * 4, vocab_size=cfg.vl.tokenizer_vocab)
-    tok.save(stage_dir(cfg) / "tokenizer", chat_style=cfg.vl.chat_style)
+    tok = Tokenizer.train(texts * 4, vocab_size=cfg.vl.tokenizer_vocab)  # the same on every rank (same records)
+    if dist.rank() == 0:
+        tok.save(stage_dir(cfg) / "tokenizer", chat_style=cfg.vl.chat_style)
     return tok
 
 

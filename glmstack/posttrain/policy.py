@@ -44,9 +44,10 @@ def plain_copy(model, state: dict, cpu: bool = False):
     agentic worker, which may live in another process)."""
     import copy
 
-    if dist.is_dist():
-        return dist.plain_copy(dist.unwrap(model), {k: v.clone() for k, v in state.items()})
-    out = copy.deepcopy(dist.unwrap(model))
+    inner = dist.unwrap(model)
+    if dist.optimizer_is_sharded(model):
+        return dist.plain_copy(inner, {k: v.clone() for k, v in state.items()})  # FSDP2 / expert shards: a fresh GLM
+    out = copy.deepcopy(inner)  # whole on every rank (one process, DDP): a copy, a GLMV too
     return out.cpu() if cpu else out
 
 

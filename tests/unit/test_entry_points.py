@@ -42,9 +42,3 @@ def test_stage_flag_picks_the_recipe_function(capsys):
     assert runner_for(load_config("vl_tiny", "vit", [])).__name__ == "run_vit"
     assert glmstack(["rl", "rl_tiny", "--stage", "nope"]) == 2
     assert "has no nope() stage" in capsys.readouterr().err
-
-
-def test_vl_stages_refuse_several_ranks(monkeypatch, capsys):
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    assert glmstack(["vl-train", "vl_tiny", "--stage", "align", "--set", "steps=1"]) == 2
-    assert "one process" in capsys.readouterr().err
