@@ -66,9 +66,14 @@ class Experts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(E, 2 * F_, D))  # per expert [gate; up] rows
         self.down_proj = nn.Parameter(torch.empty(E, D, F_))
 
+    def banks(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gate_up (E, 2F, D), down (E, D, F)) as the forward uses them; LoRA adds its per-expert deltas here
+        (model/lora.py)."""
+        return self.gate_up_proj, self.down_proj
+
     def forward(self, x_TD, topk_idx_TK, topk_w_TK):
         fn = experts_grouped if self.use_grouped_mm and _grouped_mm_ok(x_TD) else experts_loop
-        return fn(x_TD, topk_idx_TK, topk_w_TK, self.gate_up_proj, self.down_proj)
+        return fn(x_TD, topk_idx_TK, topk_w_TK, *self.banks())
 
 
 def _grouped_mm_ok(x: torch.Tensor) -> bool:

@@ -82,6 +82,10 @@ class ExpertParallel(nn.Module):
         for p in (self.gate_up_proj, self.down_proj):
             p._ep_sharded = True
 
+    def banks(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's (gate_up (E/W, 2F, D), down (E/W, D, F)); LoRA adds its per-expert deltas here."""
+        return self.gate_up_proj, self.down_proj
+
     def forward(self, x_TD, topk_idx_TK, topk_w_TK):
         T, K = topk_idx_TK.shape
         expert_N = topk_idx_TK.reshape(-1)
@@ -101,8 +105,7 @@ class ExpertParallel(nn.Module):
         """Each received pair through its one local expert (gate value 1; weighting happens at the token)."""
         from glmstack.model.moe import _grouped_mm_ok, experts_grouped, experts_loop
 
-        w_gu = _ScaleGrad.apply(self.gate_up_proj, self.grad_scale)
-        w_dn = _ScaleGrad.apply(self.down_proj, self.grad_scale)
+        w_gu, w_dn = (_ScaleGrad.apply(w, self.grad_scale) for w in self.banks())
         ones_M1 = torch.ones(local_M.shape[0], 1, device=x_MD.device)
         fn = experts_grouped if self.use_grouped_mm and _grouped_mm_ok(x_MD) else experts_loop
         return fn(x_MD, local_M[:, None], ones_M1, w_gu, w_dn)
