@@ -185,8 +185,10 @@ def find_targets(model: nn.Module, targets: list[str]) -> tuple[list[str], list[
             if isinstance(getattr(m, b, None), nn.Parameter) and getattr(m, b).dim() == 3 and hit(f"{name}.{b}"):
                 banks.append(f"{name}.{b}")
     if not linears and not banks:
-        raise ConfigError(f"lora.targets {targets} match no weight of this model "
-                          f"(aliases: {', '.join(TARGET_ALIASES)}; or glob patterns over module names)")
+        raise ConfigError(
+            f"lora.targets {targets} match no weight of this model "
+            f"(aliases: {', '.join(TARGET_ALIASES)}; or glob patterns over module names)"
+        )
     return linears, banks
 
 
@@ -274,8 +276,10 @@ def merged_state_dict(model: nn.Module, state: dict | None = None) -> dict[str, 
         prefix = f"{name}." if name else ""
         if isinstance(m, LoraLinear):
             if f"{prefix}weight" not in state or not state[f"{prefix}weight"].is_floating_point():
-                raise ConfigError(f"{name}: merging needs a floating-point base weight (a quantized base: dequantize "
-                                  f"the checkpoint first)")
+                raise ConfigError(
+                    f"{name}: merging needs a floating-point base weight (a quantized base: dequantize "
+                    f"the checkpoint first)"
+                )
             pairs = [("weight", m.lora_scaling, "lora_A", "lora_B")]
         else:
             pairs = [(b, m.lora_scaling[b], f"lora_A.{b}", f"lora_B.{b}") for b in m.lora_A]

@@ -63,16 +63,18 @@ def _bank_keys(hf_path: str, banks: list[str]) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------- save
-def adapter_tensors(model) -> tuple[dict[str, torch.Tensor], dict[str, tuple[int, float]], list[str], list[str]]:
-    """-> (PEFT key -> tensor, HF target path -> (r, scaling), target_modules, target_parameters)."""
+def adapter_tensors(model, state: dict | None = None):
+    """-> (PEFT key -> tensor, HF target path -> (r, scaling), target_modules, target_parameters). `state`: a full
+    (gathered) state dict to read the adapters from instead of the model's own (FSDP2, expert parallel)."""
+    state = model.state_dict() if state is None else state
     names = hf_module_names(model)
     tensors, ranks, modules, params = {}, {}, [], []
     for name, m in lora.adapted_modules(model):
-        hf = names[name]
+        hf, at = names[name], lambda suffix, name=name: state[f"{name}.{suffix}"].detach()
         if isinstance(m, lora.LoraLinear):
-            tensors[f"{PREFIX}{hf}.lora_A.weight"] = m.lora_A.detach()
-            tensors[f"{PREFIX}{hf}.lora_B.weight"] = m.lora_B.detach()
-            ranks[hf] = (m.lora_A.shape[0], m.lora_scaling)
+            A_rI, B_Or = at("lora_A"), at("lora_B")
+            tensors[f"{PREFIX}{hf}.lora_A.weight"], tensors[f"{PREFIX}{hf}.lora_B.weight"] = A_rI, B_Or
+            ranks[hf] = (A_rI.shape[0], m.lora_scaling)
             if hf.rsplit(".", 1)[-1] in MLP_LEAVES:
                 params.append(f"{hf}.weight")  # a 2-D parameter target (module docstring)
             else:
@@ -80,7 +82,7 @@ def adapter_tensors(model) -> tuple[dict[str, torch.Tensor], dict[str, tuple[int
             continue
         banks = [b for b in lora.BANKS if b in m.lora_A]
         for bank, path in _bank_keys(hf, banks).items():
-            A_ErI, B_EOr = m.lora_A[bank].detach(), m.lora_B[bank].detach()
+            A_ErI, B_EOr = at(f"lora_A.{bank}"), at(f"lora_B.{bank}")
             E, r, _ = A_ErI.shape
             tensors[f"{PREFIX}{path}.lora_A.weight"] = A_ErI.reshape(E * r, -1)  # (E·r, I), expert slowest
             tensors[f"{PREFIX}{path}.lora_B.weight"] = B_EOr.permute(1, 2, 0).reshape(B_EOr.shape[1], r * E)  # (O, r·E)
@@ -89,10 +91,11 @@ def adapter_tensors(model) -> tuple[dict[str, torch.Tensor], dict[str, tuple[int
     return tensors, ranks, modules, params
 
 
-def save_adapter(model, folder: str | os.PathLike, base: str = "") -> Path:
-    """Write `model`'s adapters as a PEFT folder (tensors as they are held, contiguous); -> the folder."""
+def save_adapter(model, folder: str | os.PathLike, base: str = "", state: dict | None = None) -> Path:
+    """Write `model`'s adapters as a PEFT folder (tensors as they are held, contiguous); -> the folder. `state`: as
+    in adapter_tensors."""
     cfg = getattr(model, "lora_config", None) or lora.LoraConfig()
-    tensors, ranks, modules, params = adapter_tensors(model)
+    tensors, ranks, modules, params = adapter_tensors(model, state)
     if not tensors:
         raise CheckpointError("save_adapter: the model has no LoRA adapters (apply_lora or load_adapter first)")
     r, alpha, rank_pattern, alpha_pattern = _patterns(ranks, cfg.use_rslora)
@@ -138,7 +141,7 @@ def read_adapter(folder: str | os.PathLike) -> tuple[dict, dict[str, torch.Tenso
     if bad:
         raise CheckpointError(f"{folder}: only plain LoRA adapters load here (found {', '.join(bad)})")
     with safe_open(str(w_path), "pt") as f:
-        tensors = {k.removeprefix(PREFIX): f.get_tensor(k) for k in f.keys()}
+        tensors = {k.removeprefix(PREFIX): f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
     return config, tensors
 
 
@@ -148,8 +151,11 @@ def load_adapter(model, folder: str | os.PathLike, trainable: bool = False) -> l
     config, tensors = read_adapter(folder)
     plan, errors = _plan(model, config, tensors)
     if errors:
-        raise CheckpointError(f"{folder}: this adapter does not fit the model (an adapter for another base?):\n  "
-                              + "\n  ".join(errors[:20]) + (f"\n  ... {len(errors) - 20} more" if len(errors) > 20 else ""))
+        raise CheckpointError(
+            f"{folder}: this adapter does not fit the model (an adapter for another base?):\n  "
+            + "\n  ".join(errors[:20])
+            + (f"\n  ... {len(errors) - 20} more" if len(errors) > 20 else "")
+        )
     model.requires_grad_(False)
     for ours, kind, A, B, s in plan:
         _install(model, ours, kind, A, B, s, float(config.get("glmstack_dropout", config.get("lora_dropout") or 0.0)))
@@ -213,8 +219,10 @@ def _entry(model, ours, module, bank, hf_path, A, B, config, errors):
             A = A.reshape(E, r, I)
             B = B.reshape(O, r, E).permute(2, 0, 1)  # (E, O, r)
     if bank is None and (tuple(A.shape), tuple(B.shape)) != want or bank and A.dim() != 3:
-        errors.append(f"{PREFIX}{target}: lora_A {tuple(A.shape)}, lora_B {tuple(B.shape)}; this model needs "
-                      f"{want[0]} and {want[1]} for some rank r")
+        errors.append(
+            f"{PREFIX}{target}: lora_A {tuple(A.shape)}, lora_B {tuple(B.shape)}; this model needs "
+            f"{want[0]} and {want[1]} for some rank r"
+        )
         return None
     alpha = _pattern_value(config.get("alpha_pattern") or {}, target, config["lora_alpha"])
     scaling = float(alpha) / (math.sqrt(r) if config.get("use_rslora") else r)

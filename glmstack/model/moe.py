@@ -215,6 +215,8 @@ class MoE(nn.Module):
     def muon_blocks(self) -> dict[str, tuple]:
         """Muon orthogonalises each expert's W_gate and W_up apart, as the dense MLP's gate_proj and up_proj (declared
         here, not on Experts, so an expert-parallel replacement of `experts` keeps the rule)."""
+        if not isinstance(getattr(self.experts, "gate_up_proj", None), nn.Parameter):
+            return {}  # quantized experts (QLoRA's frozen base): nothing of theirs is optimised
         F_ = self.experts.gate_up_proj.shape[1] // 2
         return {"experts.gate_up_proj": (1, (F_, F_))}
 

@@ -110,9 +110,13 @@ def save_model(model: torch.nn.Module, folder: Path) -> None:
     inner = dist.unwrap(model)
     try:
         from glmstack.model import GLM, save_hf
+        from glmstack.model.lora import has_lora
+        from glmstack.model.lora_peft import save_adapter
     except ImportError:
         GLM = None
-    if GLM is not None and isinstance(inner, GLM):
+    if GLM is not None and isinstance(inner, GLM) and has_lora(inner):  # the adapter beside a reference to the base
+        save_adapter(inner, folder, base=getattr(inner, "lora_base", ""), state=state)
+    elif GLM is not None and isinstance(inner, GLM):
         save_hf(dist.plain_copy(inner, state), folder)
     elif _is_vl(inner):  # a vision-language model (single device): its glm4v_moe / glm4v folder
         from glmstack.model.vision import save_vl_hf

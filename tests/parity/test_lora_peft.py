@@ -84,8 +84,13 @@ def test_peft_adapter_loads_in_glmstack(kind, tmp_path):
     hf = hf_model(cfg)
     hf.save_pretrained(tmp_path / "base")
     mlp = [f"{p}.{n}.weight" for p in ("mlp", "shared_experts") for n in ("gate_proj", "up_proj", "down_proj")]
-    config = peft.LoraConfig(r=4, lora_alpha=12, init_lora_weights=False, target_modules=ATTN[kind],
-                             target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj", *mlp])
+    config = peft.LoraConfig(
+        r=4,
+        lora_alpha=12,
+        init_lora_weights=False,
+        target_modules=ATTN[kind],
+        target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj", *mlp],
+    )
     pm = peft.get_peft_model(hf, config).eval()
     pm.save_pretrained(tmp_path / "adapter")
     ours = hf_tie_order(load_hf(tmp_path / "base", dtype=torch.float32))

@@ -88,10 +88,15 @@ def test_batched_expert_adapters_equal_a_per_expert_reference():
     x = torch.randn(T, cfg.hidden_size)
     idx, w = torch.rand(T, E).topk(K, dim=-1).indices, torch.rand(T, K)
     s = experts.lora_scaling["gate_up_proj"]
-    gu = torch.stack([experts.gate_up_proj[e] + s * experts.lora_B["gate_up_proj"][e] @ experts.lora_A["gate_up_proj"][e]
-                      for e in range(E)])
-    dn = torch.stack([experts.down_proj[e] + s * experts.lora_B["down_proj"][e] @ experts.lora_A["down_proj"][e]
-                      for e in range(E)])
+    gu = torch.stack(
+        [
+            experts.gate_up_proj[e] + s * experts.lora_B["gate_up_proj"][e] @ experts.lora_A["gate_up_proj"][e]
+            for e in range(E)
+        ]
+    )
+    dn = torch.stack(
+        [experts.down_proj[e] + s * experts.lora_B["down_proj"][e] @ experts.lora_A["down_proj"][e] for e in range(E)]
+    )
     with torch.no_grad():
         torch.testing.assert_close(experts(x, idx, w), experts_loop(x, idx, w, gu, dn), atol=1e-5, rtol=0)
 
@@ -114,3 +119,18 @@ def test_targets_that_match_nothing_are_an_error():
         apply_lora(tiny(), LoraConfig(targets=["*.no_such_proj"]))
     with pytest.raises(ConfigError, match="lora.r"):
         apply_lora(tiny(), LoraConfig(r=0))
+
+
+def test_int4_layer_passes_gradients_to_its_input():
+    """QLoRA: a frozen INT4 layer's input gradient is dy @ W with W the weight its kernel multiplies by."""
+    from glmstack.inference.quant import Int4Linear
+
+    w = torch.randn(48, 64, generator=torch.Generator().manual_seed(0)) * 0.1
+    layer = Int4Linear(w, None, 32)
+    W = layer.dequantize(torch.float32)
+    assert (W - w).abs().max() < 0.1 * w.abs().max()  # int4: close to the original, not equal
+    x = torch.randn(5, 64, requires_grad=True)
+    layer(x).float().pow(2).sum().backward()
+    x2 = x.detach().clone().requires_grad_()
+    torch.nn.functional.linear(x2.bfloat16(), W.bfloat16()).float().pow(2).sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad, atol=5e-2, rtol=5e-2)
