@@ -8,12 +8,12 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "parity"))
-from hf_helpers import random_ids, randomise_  # noqa: E402
+from hf_helpers import random_ids, randomise_
 
-from glmstack.cli import main  # noqa: E402
-from glmstack.model import GLM, ModelConfig, load_hf, save_hf  # noqa: E402
-from glmstack.model.lora import LoraConfig, apply_lora, lora_names  # noqa: E402
-from glmstack.model.lora_peft import save_adapter  # noqa: E402
+from glmstack.cli import main
+from glmstack.model import GLM, ModelConfig, load_hf, save_hf
+from glmstack.model.lora import LoraConfig, apply_lora, lora_names
+from glmstack.model.lora_peft import save_adapter
 
 ALL = ["attention", "mlp", "experts", "indexer", "mtp"]
 
