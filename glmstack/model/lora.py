@@ -235,14 +235,18 @@ def has_lora(model: nn.Module) -> bool:
 def initial_tensors(model: nn.Module, seed: int = 0, device="cpu"):
     """(name, tensor) of every adapter as PEFT initialises them: A ~ U(-1/sqrt(I), 1/sqrt(I)) (kaiming_uniform with
     a = sqrt(5)), B = 0, so the adapted model starts equal to its base. One seeded stream in name order, so every
-    rank of a sharded model draws the same values (train/dist.py: materialize)."""
+    rank of a sharded model draws the same values (train/dist.py: materialize). Names and shapes are read now, before
+    expert parallel splits the banks, so the stream holds whole adapters whatever happens to the model after."""
+    plan = [(n, p.shape, p.dtype) for n, p in sorted(model.named_parameters(), key=lambda kv: kv[0]) if is_lora_name(n)]
+    return _draw(plan, seed, device)
+
+
+def _draw(plan, seed: int, device):
     gen = torch.Generator(device=device).manual_seed(seed)
-    for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
-        if not is_lora_name(name):
-            continue
-        t = torch.zeros(p.shape, dtype=p.dtype, device=device)
+    for name, shape, dtype in plan:
+        t = torch.zeros(shape, dtype=dtype, device=device)
         if ".lora_A" in name:
-            bound = 1.0 / math.sqrt(p.shape[-1])
+            bound = 1.0 / math.sqrt(shape[-1])
             t.uniform_(-bound, bound, generator=gen)
         yield name, t
 
