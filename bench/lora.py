@@ -30,11 +30,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from glmstack.model import GLM, ModelConfig  # noqa: E402
-from glmstack.model.lora import LoraConfig, apply_lora  # noqa: E402
-from glmstack.optim import build_optimizer  # noqa: E402
-from glmstack.train.config import OptimConfig, TrainConfig  # noqa: E402
-from glmstack.train.loop import LoopState, _train_step, pretrain_loss  # noqa: E402
+from glmstack.model import GLM, ModelConfig
+from glmstack.model.lora import LoraConfig, apply_lora
+from glmstack.optim import build_optimizer
+from glmstack.train.config import OptimConfig, TrainConfig
+from glmstack.train.loop import LoopState, _train_step, pretrain_loss
 
 
 def setup(kind: str, base: GLM, rank: int, batch: dict):
