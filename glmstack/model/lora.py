@@ -42,7 +42,9 @@ TARGET_ALIASES: dict[str, list[str]] = {
                                                "kv_a_proj_with_mqa", "kv_b_proj")],
     "mlp": [f"*mlp.{n}" for n in ("gate_proj", "up_proj", "down_proj")]
     + [f"*mlp.shared_experts.{n}" for n in ("gate_proj", "up_proj", "down_proj")],
-    "experts": ["*mlp.experts.gate_up_proj", "*mlp.experts.down_proj"],
+    # the banks, or one Linear per expert where the experts are quantized (QLoRA: inference/quant.py QuantExperts)
+    "experts": ["*mlp.experts.gate_up_proj", "*mlp.experts.down_proj"]
+    + [f"*mlp.experts.*.{n}" for n in ("gate_proj", "up_proj", "down_proj")],
     "indexer": [f"*self_attn.indexer.{n}" for n in ("wq_b", "wk", "weights_proj")],
     "mtp": ["mtp.*.eh_proj"],
 }  # fmt: skip

@@ -15,6 +15,8 @@ PEFT's layout (peft 0.21, tuners/lora/layer.py; docs ../shared/research/wave3-fa
     transformers 5, PEFT re-routes any `target_modules` entry named gate_proj / up_proj / down_proj to the routed
     experts' fused banks (its v4 -> v5 MoE conversion for glm4_moe, glm4_moe_lite and glm_moe_dsa), so an MLP named
     there would be silently dropped. As a 2-D parameter target the keys are the Linear's.
+  * quantized experts (QLoRA: one Linear per expert) are written as the bank layout too: gate and up fuse into one
+    gate_up pair of rank 2r (A stacked, B block-diagonal), carried by `rank_pattern` / `alpha_pattern`.
 Names are exact module paths, so PEFT adapts exactly the layers we did. Scaling s = lora_alpha / r (rsLoRA:
 / sqrt(r)); `rank_pattern` / `alpha_pattern` carry per-module exceptions. PEFT refuses dropout on parameter targets,
 so a config with any is written with lora_dropout 0 (dropout is a training-time choice; the weights are the same).
@@ -42,6 +44,7 @@ from glmstack.model.hf import _hf_prefix
 CONFIG_NAME, WEIGHTS_NAME = "adapter_config.json", "adapter_model.safetensors"
 PREFIX = "base_model.model."
 MLP_LEAVES = ("gate_proj", "up_proj", "down_proj")  # PEFT re-routes these target_modules names (docstring)
+EXPERT_LINEAR = re.compile(r"(.+\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)")  # a quantized expert's Linear
 
 
 # ---------------------------------------------------------------- names
@@ -69,8 +72,14 @@ def adapter_tensors(model, state: dict | None = None):
     state = model.state_dict() if state is None else state
     names = hf_module_names(model)
     tensors, ranks, modules, params = {}, {}, [], []
+    per_expert: dict[str, dict] = {}  # quantized experts' Linears (QLoRA), written as PEFT's banks below
     for name, m in lora.adapted_modules(model):
-        hf, at = names[name], lambda suffix, name=name: state[f"{name}.{suffix}"].detach()
+        hf, at = names.get(name), lambda suffix, name=name: state[f"{name}.{suffix}"].detach()
+        expert = EXPERT_LINEAR.fullmatch(name)
+        if expert:
+            owner, e, proj = expert.groups()
+            per_expert.setdefault(owner, {})[int(e), proj] = (at("lora_A"), at("lora_B"), m.lora_scaling)
+            continue
         if isinstance(m, lora.LoraLinear):
             A_rI, B_Or = at("lora_A"), at("lora_B")
             tensors[f"{PREFIX}{hf}.lora_A.weight"], tensors[f"{PREFIX}{hf}.lora_B.weight"] = A_rI, B_Or
@@ -80,15 +89,46 @@ def adapter_tensors(model, state: dict | None = None):
             else:
                 modules.append(hf)
             continue
-        banks = [b for b in lora.BANKS if b in m.lora_A]
-        for bank, path in _bank_keys(hf, banks).items():
-            A_ErI, B_EOr = at(f"lora_A.{bank}"), at(f"lora_B.{bank}")
-            E, r, _ = A_ErI.shape
-            tensors[f"{PREFIX}{path}.lora_A.weight"] = A_ErI.reshape(E * r, -1)  # (E·r, I), expert slowest
-            tensors[f"{PREFIX}{path}.lora_B.weight"] = B_EOr.permute(1, 2, 0).reshape(B_EOr.shape[1], r * E)  # (O, r·E)
-            ranks[f"{hf}.{bank}"] = (r, m.lora_scaling[bank])
-            params.append(f"{hf}.{bank}")
+        banks = {b: (at(f"lora_A.{b}"), at(f"lora_B.{b}"), m.lora_scaling[b]) for b in lora.BANKS if b in m.lora_A}
+        _write_banks(hf, banks, tensors, ranks, params)
+    for owner, pairs in per_expert.items():
+        _write_banks(_hf_prefix(f"{owner}.x", model.cfg.num_hidden_layers).rsplit(".", 1)[0],
+                     stack_expert_pairs(pairs), tensors, ranks, params)  # fmt: skip
     return tensors, ranks, modules, params
+
+
+def stack_expert_pairs(pairs: dict) -> dict[str, tuple]:
+    """Per-expert Linear adapters {(e, proj): (A (r, I), B (O, r), s)} -> bank -> (A (E, r', I), B (E, O, r'), s).
+    gate and up fuse into gate_up as one pair of rank 2r: A = [A_gate; A_up], B = diag(B_gate, B_up), so
+    B A = [B_gate A_gate; B_up A_up] (what PEFT's own v4 -> v5 conversion does, rank and alpha doubled)."""
+    E = 1 + max(e for e, _ in pairs)
+    out = {}
+    if all((e, p) in pairs for e in range(E) for p in ("gate_proj", "up_proj")):
+        A, B = [], []
+        for e in range(E):
+            (Ag, Bg, s), (Au, Bu, _) = pairs[e, "gate_proj"], pairs[e, "up_proj"]
+            A.append(torch.cat([Ag, Au]))
+            B.append(torch.block_diag(Bg, Bu))
+        out["gate_up_proj"] = (torch.stack(A), torch.stack(B), s)
+    if all((e, "down_proj") in pairs for e in range(E)):
+        out["down_proj"] = (torch.stack([pairs[e, "down_proj"][0] for e in range(E)]),
+                            torch.stack([pairs[e, "down_proj"][1] for e in range(E)]), pairs[0, "down_proj"][2])  # fmt: skip
+    if not out or len(out) * (2 if "gate_up_proj" in out else 1) < len({p for _, p in pairs}):
+        raise CheckpointError(
+            "save_adapter: quantized experts adapted on only some experts or on gate_proj without "
+            "up_proj; PEFT's expert layout needs every expert and gate with up"
+        )
+    return out
+
+
+def _write_banks(hf: str, banks: dict, tensors: dict, ranks: dict, params: list) -> None:
+    for bank, path in _bank_keys(hf, list(banks)).items():
+        A_ErI, B_EOr, s = banks[bank]
+        E, r, _ = A_ErI.shape
+        tensors[f"{PREFIX}{path}.lora_A.weight"] = A_ErI.reshape(E * r, -1)  # (E·r, I), expert slowest
+        tensors[f"{PREFIX}{path}.lora_B.weight"] = B_EOr.permute(1, 2, 0).reshape(B_EOr.shape[1], r * E)  # (O, r·E)
+        ranks[f"{hf}.{bank}"] = (r, s)
+        params.append(f"{hf}.{bank}")
 
 
 def save_adapter(model, folder: str | os.PathLike, base: str = "", state: dict | None = None) -> Path:

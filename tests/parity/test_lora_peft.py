@@ -128,3 +128,23 @@ def test_adapter_for_another_base_is_refused(tmp_path):
     lite = GLM(tiny("glm4_moe_lite")).init_weights(seed=0)
     with pytest.raises(CheckpointError, match="no such module"):
         load_adapter(lite, tmp_path / "a")
+
+
+def test_qlora_expert_adapter_loads_in_peft(tmp_path):
+    """Adapters trained on an INT4 base's per-expert Linears, written as banks with rank_pattern (gate_up at 2r),
+    load in PEFT onto the unquantized base as glmstack loads them."""
+    from glmstack.inference.quant import quantize_
+
+    cfg = tiny("glm4_moe")
+    base = GLM(cfg).init_weights(seed=3)
+    save_hf(base, tmp_path / "base")
+    q = quantize_(GLM(cfg).init_weights(seed=3), "int4")
+    apply_lora(q, LoraConfig(r=2, alpha=4, targets=["experts", "attention"]))
+    train_like(q)
+    save_adapter(q, tmp_path / "adapter")
+    load_adapter(base, tmp_path / "adapter")
+    hf = transformers.Glm4MoeForCausalLM.from_pretrained(tmp_path / "base", dtype=torch.float32).eval()
+    pm = peft.PeftModel.from_pretrained(hf, tmp_path / "adapter").eval()
+    ids = random_ids(cfg, seed=4)
+    with torch.no_grad():
+        torch.testing.assert_close(base.eval()(ids).logits, pm(ids).logits, atol=1e-4, rtol=0)

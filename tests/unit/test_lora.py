@@ -134,3 +134,28 @@ def test_int4_layer_passes_gradients_to_its_input():
     x2 = x.detach().clone().requires_grad_()
     torch.nn.functional.linear(x2.bfloat16(), W.bfloat16()).float().pow(2).sum().backward()
     torch.testing.assert_close(x.grad, x2.grad, atol=5e-2, rtol=5e-2)
+
+
+def test_qlora_expert_adapters_save_as_peft_banks(tmp_path):
+    """On an INT4 base the experts are one Linear each; their adapters are written as PEFT's bank layout (gate and
+    up fused at rank 2r) and load onto the unquantized base as the same per-expert deltas."""
+    from glmstack.inference.quant import quantize_
+    from glmstack.model.lora_peft import load_adapter, read_adapter, save_adapter
+
+    cfg = ModelConfig.preset("tiny", num_nextn_predict_layers=0)
+    q = quantize_(GLM(cfg).init_weights(seed=0), "int4")
+    apply_lora(q, LoraConfig(r=2, alpha=3, use_rslora=True, targets=["experts"]))
+    perturb_adapters(q)
+    save_adapter(q, tmp_path)
+    config, _ = read_adapter(tmp_path)
+    assert config["rank_pattern"] == {
+        r"model\.layers\.1\.mlp\.experts\.gate_up_proj": 4,
+        r"model\.layers\.2\.mlp\.experts\.gate_up_proj": 4,
+    }
+    plain = GLM(cfg).init_weights(seed=0)
+    load_adapter(plain, tmp_path)
+    bank, per = plain.layers[1].mlp.experts, q.layers[1].mlp.experts
+    for e in range(cfg.n_routed_experts):
+        want = torch.cat([per[e].gate_proj.lora_delta(), per[e].up_proj.lora_delta()])
+        torch.testing.assert_close(bank.lora_delta("gate_up_proj")[e], want, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(bank.lora_delta("down_proj")[e], per[e].down_proj.lora_delta(), atol=1e-6, rtol=1e-5)
