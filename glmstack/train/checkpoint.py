@@ -60,8 +60,18 @@ def resolve(ref: str, out_dir: str) -> Path:
         if (cand / "config.json").exists() and any(cand.glob("*.safetensors")):
             return cand
         if (cand / LATEST).exists():
-            return latest(cand)
+            return _not_an_adapter(ref, latest(cand))
+        if (cand / "adapter_config.json").exists():
+            _not_an_adapter(ref, cand)
     raise ConfigError(f"init_from={ref!r}: no HF checkpoint folder, stage folder or run/stage under {out_dir}")
+
+
+def _not_an_adapter(ref: str, folder: Path) -> Path:
+    """A LoRA stage's checkpoint holds only the adapter: a later stage starts from the merged model."""
+    if (folder / "adapter_config.json").exists() and not (folder / "config.json").exists():
+        raise ConfigError(f"init_from={ref!r}: {folder} is a LoRA adapter, not a model; fold it into its base first "
+                          f"(glmstack merge BASE {folder} --out DIR) and start from DIR")
+    return folder
 
 
 def check_resumable(folder: str | Path) -> Path:

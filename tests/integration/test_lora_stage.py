@@ -5,6 +5,7 @@ QLoRA trains on an INT4 base."""
 import json
 import math
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -72,3 +73,11 @@ def test_qlora_on_int4_base(tmp_path):
     assert all(math.isfinite(loss) for loss in losses)
     folder = checkpoint.latest(tmp_path / "q" / "pretrain")
     assert (folder / "adapter_model.safetensors").is_file()
+
+
+def test_a_later_stage_from_an_adapter_is_told_to_merge(tmp_path):
+    from glmstack.config import ConfigError
+
+    run(_cfg(tmp_path, "a", "steps=1"))
+    with pytest.raises(ConfigError, match="is a LoRA adapter.*glmstack merge"):
+        run(load_config("tiny", "midtrain", FAST[:-3] + [f"out_dir={tmp_path}", "run=a", "init_from=a/pretrain"]))
