@@ -12,8 +12,8 @@ thread) and wall clock; ratios are to full from the same run. Memory per step, c
 which CPU torch does not keep): weights + gradients + optimizer state + the activations autograd saves for backward
 (each storage once); on CUDA also torch.cuda.max_memory_allocated.
 
-    python bench/lora.py                    # 4 x 256 tokens, r 16, 8 measured rounds after 2 warm-up rounds
-    python bench/lora.py --rank 8 --json
+    python bench/lora.py                    # 4 x 256 tokens, r 8, 8 measured rounds after 2 warm-up rounds
+    python bench/lora.py --rank 16 --json
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq", type=int, default=256)
-    p.add_argument("--rank", type=int, default=16)
+    p.add_argument("--rank", type=int, default=8)  # LoraConfig.r's default
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--json", action="store_true")
