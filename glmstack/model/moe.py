@@ -144,9 +144,13 @@ class _SortedExperts(torch.autograd.Function):
         dys_ND = dy_TD.index_select(0, tok_N)
         dxs_ND, dh_NF2 = torch.empty_like(xs_ND), torch.empty_like(h_NF2)
         dwk_N = dy_TD.new_empty(len(tok_N), dtype=torch.float32)
-        dw_gu, dw_d = torch.empty_like(w_gu_EFD), torch.empty_like(w_d_EDF)
+        # a frozen bank (LoRA on other weights, model/lora.py) needs no weight gradient: skip its GEMMs
+        want_gu, want_d = ctx.needs_input_grad[2], ctx.needs_input_grad[3]
+        dw_gu = torch.empty_like(w_gu_EFD) if want_gu else None
+        dw_d = torch.empty_like(w_d_EDF) if want_d else None
         for e, (a, b) in _blocks(ctx.counts):
-            torch.mm(dys_ND[a:b].t(), actw_NF[a:b], out=dw_d[e])
+            if want_d:
+                torch.mm(dys_ND[a:b].t(), actw_NF[a:b], out=dw_d[e])
             g_nF = dys_ND[a:b] @ w_d_EDF[e]  # d/d(weighted activation)
             gate, up = h_NF2[a:b].chunk(2, dim=-1)
             sig = torch.sigmoid(gate)
@@ -156,12 +160,13 @@ class _SortedExperts(torch.autograd.Function):
             g_nF.mul_(wk_N1[a:b])  # d/d activation
             torch.mul(g_nF, silu, out=dup)
             torch.mul(g_nF.mul_(up), silu.mul_(1 - sig).add_(sig), out=dgate)  # silu' = sig + silu (1 - sig)
-            torch.mm(dh_NF2[a:b].t(), xs_ND[a:b], out=dw_gu[e])
+            if want_gu:
+                torch.mm(dh_NF2[a:b].t(), xs_ND[a:b], out=dw_gu[e])
             torch.mm(dh_NF2[a:b], w_gu_EFD[e], out=dxs_ND[a:b])
         for e, n in enumerate(ctx.counts):
-            if not n:  # an expert no token chose
-                dw_gu[e].zero_()
-                dw_d[e].zero_()
+            for dw in (dw_gu, dw_d):
+                if not n and dw is not None:  # an expert no token chose
+                    dw[e].zero_()
         dx_TD = torch.zeros_like(dy_TD).index_add_(0, tok_N, dxs_ND)
         dw_TK = torch.empty_like(dwk_N).index_copy_(0, order_N, dwk_N).view(-1, ctx.K)
         return dx_TD, dw_TK.to(ctx.w_dtype), dw_gu, dw_d, None, None, None

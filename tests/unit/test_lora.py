@@ -159,3 +159,18 @@ def test_qlora_expert_adapters_save_as_peft_banks(tmp_path):
         want = torch.cat([per[e].gate_proj.lora_delta(), per[e].up_proj.lora_delta()])
         torch.testing.assert_close(bank.lora_delta("gate_up_proj")[e], want, atol=1e-6, rtol=1e-5)
         torch.testing.assert_close(bank.lora_delta("down_proj")[e], per[e].down_proj.lora_delta(), atol=1e-6, rtol=1e-5)
+
+
+def test_frozen_banks_get_no_gradient_and_the_rest_is_unchanged():
+    """Adapters on attention only: the sorted experts skip the frozen banks' weight GEMMs; every adapter gradient
+    equals the per-expert loop reference's."""
+    grads = []
+    for grouped in (True, False):
+        model = GLM(ModelConfig.preset("tiny", use_grouped_mm=grouped)).init_weights(seed=0)
+        apply_lora(model, LoraConfig(r=3, targets=["attention"]))
+        perturb_adapters(model)
+        model(ids(), labels=ids(seed=3)).loss.backward()
+        assert model.layers[1].mlp.experts.gate_up_proj.grad is None
+        grads.append({n: model.get_parameter(n).grad for n in lora_names(model)})
+    for n, g in grads[0].items():
+        torch.testing.assert_close(g, grads[1][n], atol=1e-5, rtol=1e-4, msg=n)
