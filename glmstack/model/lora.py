@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from glmstack.errors import ConfigError
+from glmstack.model import moe
 
 # alias -> glob patterns over module names (experts: the bank parameter's name)
 TARGET_ALIASES: dict[str, list[str]] = {
@@ -112,9 +113,29 @@ class LoraExperts(nn.Module):
     lora_B: nn.ParameterDict  # bank name -> (E, O, r)
     lora_scaling: dict  # bank name -> s
 
+    lora_fast = True  # False: always the reference (W + s·BA into the base kernels)
+
     def banks(self):
         return tuple(w + self.lora_delta(n).to(w.dtype) if n in self.lora_A else w
                      for n, w in zip(BANKS, super().banks()))  # fmt: skip
+
+    def forward(self, x_TD, topk_idx_TK, topk_w_TK):
+        """Where the base would run experts_sorted (CPU): the low-rank terms inside its blocks, no dense delta and no
+        bank weight gradient; elsewhere (grouped GEMM, the loop, expert parallel) the reference through banks()."""
+        if not (self.lora_fast and isinstance(self, moe.Experts) and moe.runs_sorted(self, x_TD)):
+            return super().forward(x_TD, topk_idx_TK, topk_w_TK)
+        return moe.experts_sorted(x_TD, topk_idx_TK, topk_w_TK, self.gate_up_proj, self.down_proj,
+                                  lora=self.lora_operands(x_TD.dtype))  # fmt: skip
+
+    def lora_operands(self, dtype) -> tuple:
+        """(A_gu, s·B_gu, A_d, s·B_d), None for a bank without an adapter (experts_sorted's `lora`)."""
+        out = []
+        for bank in BANKS:
+            if bank in self.lora_A:
+                out += [self.lora_A[bank].to(dtype), (self.lora_B[bank] * self.lora_scaling[bank]).to(dtype)]
+            else:
+                out += [None, None]
+        return tuple(out)
 
     def lora_delta(self, bank: str) -> torch.Tensor:
         """s · B_e A_e for every expert e: (E, O, I)."""

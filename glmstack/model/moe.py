@@ -76,6 +76,11 @@ class Experts(nn.Module):
         return fn(x_TD, topk_idx_TK, topk_w_TK, *self.banks())
 
 
+def runs_sorted(experts: Experts, x: torch.Tensor) -> bool:
+    """Experts.forward would take experts_sorted (the CPU fast path) for this input."""
+    return experts.use_grouped_mm and _grouped_mm_ok(x) and not _grouped_mm_kernel_ok(x)
+
+
 def _grouped_mm_ok(x: torch.Tensor) -> bool:
     """experts_grouped runs here (it picks the kernel itself); False sends callers to the reference loop."""
     return x.device.type in ("cpu", "cuda") and x.dtype in (torch.float32, torch.bfloat16, torch.float16)
@@ -108,15 +113,19 @@ def experts_grouped_mm(x_TD, topk_idx_TK, topk_w_TK, w_gate_up_EFD, w_down_EDF):
 
 
 @torch.compiler.disable  # host-side counts: compiled, every new count pattern would be a recompile
-def experts_sorted(x_TD, topk_idx_TK, topk_w_TK, w_gate_up_EFD, w_down_EDF):
+def experts_sorted(x_TD, topk_idx_TK, topk_w_TK, w_gate_up_EFD, w_down_EDF, lora=None):
     """Same sort as experts_grouped_mm, then one matmul per expert on contiguous row blocks, the gate weights applied
     in sorted order and the K outputs summed by one index_add, with a hand-written backward (no zero-filled slice
-    gradients, no index_put, no un-sort): the fast path where _grouped_mm has no kernel."""
+    gradients, no index_put, no un-sort): the fast path where _grouped_mm has no kernel.
+    lora: per-expert low-rank terms (A_gu (E, r, D), sB_gu (E, 2F, r), A_d (E, r, F), sB_d (E, D, r)), B already
+    scaled, None for a bank without: each block adds (x A_eᵀ) sB_eᵀ beside its GEMM (model/lora.py), so a frozen
+    bank's dense weight gradient is never formed."""
     K = topk_idx_TK.shape[1]
     flat_N = topk_idx_TK.reshape(-1)
     order_N = flat_N.argsort(stable=True)
     counts = torch.bincount(flat_N, minlength=w_gate_up_EFD.shape[0]).tolist()  # host sync: free on CPU
-    return _SortedExperts.apply(x_TD, topk_w_TK, w_gate_up_EFD, w_down_EDF, order_N, counts, K)
+    return _SortedExperts.apply(x_TD, topk_w_TK, w_gate_up_EFD, w_down_EDF, order_N, counts, K,
+                                *(lora or (None, None, None, None)))  # fmt: skip
 
 
 class _SortedExperts(torch.autograd.Function):
@@ -124,23 +133,32 @@ class _SortedExperts(torch.autograd.Function):
     scales each row's activation before the down GEMM (F wide, not D), so no (N, D) product is weighted or kept."""
 
     @staticmethod
-    def forward(ctx, x_TD, w_TK, w_gu_EFD, w_d_EDF, order_N, counts, K):
+    def forward(ctx, x_TD, w_TK, w_gu_EFD, w_d_EDF, order_N, counts, K, a_gu, b_gu, a_d, b_d):
         tok_N = order_N // K  # token of each sorted row
         wk_N1 = w_TK.reshape(-1).index_select(0, order_N).to(x_TD.dtype)[:, None]
         xs_ND = x_TD.index_select(0, tok_N)  # rows sorted by expert
         N, F2 = xs_ND.shape[0], w_gu_EFD.shape[1]
         h_NF2, actw_NF, ys_ND = x_TD.new_empty(N, F2), x_TD.new_empty(N, F2 // 2), x_TD.new_empty(xs_ND.shape)
+        u_gu_Nr = x_TD.new_empty(N, a_gu.shape[1]) if a_gu is not None else None  # x A_eᵀ, kept for backward
+        u_d_Nr = x_TD.new_empty(N, a_d.shape[1]) if a_d is not None else None
         for e, (a, b) in _blocks(counts):
             torch.mm(xs_ND[a:b], w_gu_EFD[e].t(), out=h_NF2[a:b])
+            if a_gu is not None:
+                h_NF2[a:b].addmm_(torch.mm(xs_ND[a:b], a_gu[e].t(), out=u_gu_Nr[a:b]), b_gu[e].t())
             torch.mul(_swiglu(h_NF2[a:b]), wk_N1[a:b], out=actw_NF[a:b])
             torch.mm(actw_NF[a:b], w_d_EDF[e].t(), out=ys_ND[a:b])
-        ctx.save_for_backward(xs_ND, h_NF2, actw_NF, wk_N1, w_gu_EFD, w_d_EDF, order_N, tok_N)
+            if a_d is not None:
+                ys_ND[a:b].addmm_(torch.mm(actw_NF[a:b], a_d[e].t(), out=u_d_Nr[a:b]), b_d[e].t())
+        ctx.save_for_backward(xs_ND, h_NF2, actw_NF, wk_N1, w_gu_EFD, w_d_EDF, order_N, tok_N,
+                              a_gu, b_gu, a_d, b_d, u_gu_Nr, u_d_Nr)  # fmt: skip
         ctx.counts, ctx.K, ctx.w_dtype = counts, K, w_TK.dtype
         return torch.zeros_like(x_TD).index_add_(0, tok_N, ys_ND)
 
     @staticmethod
     def backward(ctx, dy_TD):
-        xs_ND, h_NF2, actw_NF, wk_N1, w_gu_EFD, w_d_EDF, order_N, tok_N = ctx.saved_tensors
+        xs_ND, h_NF2, actw_NF, wk_N1, w_gu_EFD, w_d_EDF, order_N, tok_N, *low_rank = ctx.saved_tensors
+        a_gu, b_gu, a_d, b_d, u_gu_Nr, u_d_Nr = low_rank
+        d_low = [None if t is None else torch.zeros_like(t) for t in (a_gu, b_gu, a_d, b_d)]  # unchosen experts: 0
         dys_ND = dy_TD.index_select(0, tok_N)
         dxs_ND, dh_NF2 = torch.empty_like(xs_ND), torch.empty_like(h_NF2)
         dwk_N = dy_TD.new_empty(len(tok_N), dtype=torch.float32)
@@ -152,6 +170,11 @@ class _SortedExperts(torch.autograd.Function):
             if want_d:
                 torch.mm(dys_ND[a:b].t(), actw_NF[a:b], out=dw_d[e])
             g_nF = dys_ND[a:b] @ w_d_EDF[e]  # d/d(weighted activation)
+            if a_d is not None:  # the down adapter: grads of A_d, sB_d and its share of g
+                dv_nr = dys_ND[a:b] @ b_d[e]
+                torch.mm(dys_ND[a:b].t(), u_d_Nr[a:b], out=d_low[3][e])
+                torch.mm(dv_nr.t(), actw_NF[a:b], out=d_low[2][e])
+                g_nF.addmm_(dv_nr, a_d[e])
             gate, up = h_NF2[a:b].chunk(2, dim=-1)
             sig = torch.sigmoid(gate)
             silu = gate * sig
@@ -163,13 +186,18 @@ class _SortedExperts(torch.autograd.Function):
             if want_gu:
                 torch.mm(dh_NF2[a:b].t(), xs_ND[a:b], out=dw_gu[e])
             torch.mm(dh_NF2[a:b], w_gu_EFD[e], out=dxs_ND[a:b])
+            if a_gu is not None:  # the gate_up adapter: grads of A_gu, sB_gu and its share of dx
+                du_nr = dh_NF2[a:b] @ b_gu[e]
+                torch.mm(dh_NF2[a:b].t(), u_gu_Nr[a:b], out=d_low[1][e])
+                torch.mm(du_nr.t(), xs_ND[a:b], out=d_low[0][e])
+                dxs_ND[a:b].addmm_(du_nr, a_gu[e])
         for e, n in enumerate(ctx.counts):
             for dw in (dw_gu, dw_d):
                 if not n and dw is not None:  # an expert no token chose
                     dw[e].zero_()
         dx_TD = torch.zeros_like(dy_TD).index_add_(0, tok_N, dxs_ND)
         dw_TK = torch.empty_like(dwk_N).index_copy_(0, order_N, dwk_N).view(-1, ctx.K)
-        return dx_TD, dw_TK.to(ctx.w_dtype), dw_gu, dw_d, None, None, None
+        return dx_TD, dw_TK.to(ctx.w_dtype), dw_gu, dw_d, None, None, None, *d_low
 
 
 def _blocks(counts: list[int]):

@@ -174,3 +174,30 @@ def test_frozen_banks_get_no_gradient_and_the_rest_is_unchanged():
         grads.append({n: model.get_parameter(n).grad for n in lora_names(model)})
     for n, g in grads[0].items():
         torch.testing.assert_close(g, grads[1][n], atol=1e-5, rtol=1e-4, msg=n)
+
+
+@pytest.mark.parametrize("targets", [["experts"], ["*mlp.experts.down_proj"], ["*mlp.experts.gate_up_proj"]])
+def test_low_rank_expert_path_equals_the_merged_reference(targets):
+    """LoraExperts' fast path (low-rank terms inside experts_sorted's blocks) == W + s·BA through the same kernel
+    (lora_fast=False): output, and the gradients of the input, the gate weights and the adapters."""
+    torch.manual_seed(0)
+    experts = GLM(ModelConfig.preset("tiny")).init_weights(seed=0).layers[1].mlp.experts
+    parent = torch.nn.Module()
+    parent.mlp = torch.nn.Module()
+    parent.mlp.experts = experts
+    apply_lora(parent, LoraConfig(r=3, alpha=5, targets=targets))
+    perturb_adapters(parent)
+    T, K, E = 40, 2, experts.n_experts
+    x = torch.randn(T, experts.gate_up_proj.shape[2])
+    idx = (torch.rand(T, E) * torch.linspace(1, 0, E)).topk(K, dim=-1).indices  # last experts rarely or never chosen
+    w = torch.rand(T, K)
+    results = []
+    for fast in (True, False):
+        experts.lora_fast = fast
+        xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
+        experts(xx, idx, ww).pow(2).sum().backward()
+        grads = [p.grad.clone() for p in parent.parameters() if p.requires_grad]
+        results.append([experts(x, idx, w).detach(), xx.grad, ww.grad, *grads])
+        parent.zero_grad()
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
