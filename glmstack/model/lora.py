@@ -8,8 +8,10 @@ q_a/q_b/kv_a/kv_b/o, dense and shared-expert MLPs, the routed expert banks, the 
 Why per-expert adapters on the grouped banks: the banks gate_up_proj (E, 2F, D) and down_proj (E, D, F) are
 parameters of one module, not E nn.Linear layers, which is where other stacks silently leave experts frozen or share
 one adapter across a layer's experts (docs/lora.md). Here every expert e has its own pair A_e (r, in), B_e (out, r),
-held batched as A (E, r, in), B (E, out, r); the deltas of all experts are one bmm, added to the banks that the
-unchanged expert kernels (moe.py) then run on, so the grouped/sorted fast paths and expert parallel keep working.
+held batched as A (E, r, in), B (E, out, r). Reference path: the deltas of all experts are one bmm, added to the banks
+that the unchanged expert kernels (moe.py) run on, so the grouped GEMM, the loop and expert parallel keep working. Fast
+path (CPU, where the base runs experts_sorted): the low-rank terms run inside its per-expert blocks, so neither the
+dense delta nor the frozen bank's weight gradient is formed (`LoraExperts.lora_fast`; tests check the two equal).
 
 How: a targeted module's class is swapped for a subclass that adds the low-rank term (the same trick FSDP2's
 fully_shard uses), so the base weights keep their state-dict names (`layers.0.self_attn.q_proj.weight`) and HF
