@@ -10,8 +10,8 @@ parameters of one module, not E nn.Linear layers, which is where other stacks si
 one adapter across a layer's experts (docs/lora.md). Here every expert e has its own pair A_e (r, in), B_e (out, r),
 held batched as A (E, r, in), B (E, out, r). Reference path: the deltas of all experts are one bmm, added to the banks
 that the unchanged expert kernels (moe.py) run on, so the grouped GEMM, the loop and expert parallel keep working. Fast
-path (CPU, where the base runs experts_sorted): the low-rank terms run inside its per-expert blocks, so neither the
-dense delta nor the frozen bank's weight gradient is formed (`LoraExperts.lora_fast`; tests check the two equal).
+paths (where the base runs experts_sorted or experts_grouped_mm): the low-rank terms run inside them, so neither the
+dense delta nor the frozen bank's weight gradient is formed (`LoraExperts.lora_fast`; tests check them equal).
 
 How: a targeted module's class is swapped for a subclass that adds the low-rank term (the same trick FSDP2's
 fully_shard uses), so the base weights keep their state-dict names (`layers.0.self_attn.q_proj.weight`) and HF
@@ -122,12 +122,13 @@ class LoraExperts(nn.Module):
                      for n, w in zip(BANKS, super().banks()))  # fmt: skip
 
     def forward(self, x_TD, topk_idx_TK, topk_w_TK):
-        """Where the base would run experts_sorted (CPU): the low-rank terms inside its blocks, no dense delta and no
-        bank weight gradient; elsewhere (grouped GEMM, the loop, expert parallel) the reference through banks()."""
-        if not (self.lora_fast and isinstance(self, moe.Experts) and moe.runs_sorted(self, x_TD)):
+        """Where the base would run a fast path (experts_sorted on CPU, experts_grouped_mm on GPU): the low-rank
+        terms inside it, no dense delta and no bank weight gradient; elsewhere (the loop, expert parallel) the
+        reference through banks()."""
+        fn = moe.fast_path(self, x_TD) if self.lora_fast and isinstance(self, moe.Experts) else None
+        if fn is None:
             return super().forward(x_TD, topk_idx_TK, topk_w_TK)
-        return moe.experts_sorted(x_TD, topk_idx_TK, topk_w_TK, self.gate_up_proj, self.down_proj,
-                                  lora=self.lora_operands(x_TD.dtype))  # fmt: skip
+        return fn(x_TD, topk_idx_TK, topk_w_TK, self.gate_up_proj, self.down_proj, lora=self.lora_operands(x_TD.dtype))
 
     def lora_operands(self, dtype) -> tuple:
         """(A_gu, s·B_gu, A_d, s·B_d), None for a bank without an adapter (experts_sorted's `lora`)."""

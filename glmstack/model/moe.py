@@ -76,9 +76,12 @@ class Experts(nn.Module):
         return fn(x_TD, topk_idx_TK, topk_w_TK, *self.banks())
 
 
-def runs_sorted(experts: Experts, x: torch.Tensor) -> bool:
-    """Experts.forward would take experts_sorted (the CPU fast path) for this input."""
-    return experts.use_grouped_mm and _grouped_mm_ok(x) and not _grouped_mm_kernel_ok(x)
+def fast_path(experts: Experts, x: torch.Tensor):
+    """The fast function Experts.forward takes for this input (experts_grouped_mm / experts_sorted), or None (the
+    loop)."""
+    if not (experts.use_grouped_mm and _grouped_mm_ok(x)):
+        return None
+    return experts_grouped_mm if _grouped_mm_kernel_ok(x) else experts_sorted
 
 
 def _grouped_mm_ok(x: torch.Tensor) -> bool:
@@ -99,17 +102,33 @@ def experts_grouped(x_TD, topk_idx_TK, topk_w_TK, w_gate_up_EFD, w_down_EDF):
     return fn(x_TD, topk_idx_TK, topk_w_TK, w_gate_up_EFD, w_down_EDF)
 
 
-def experts_grouped_mm(x_TD, topk_idx_TK, topk_w_TK, w_gate_up_EFD, w_down_EDF):
-    """Sort the (token, expert) pairs by expert, two grouped GEMMs, un-sort, weighted sum over K. No host sync."""
+def experts_grouped_mm(x_TD, topk_idx_TK, topk_w_TK, w_gate_up_EFD, w_down_EDF, lora=None):
+    """Sort the (token, expert) pairs by expert, two grouped GEMMs, un-sort, weighted sum over K. No host sync.
+    lora: as experts_sorted's; each adapter is two more grouped GEMMs through its rank (r a multiple of 8 in bf16,
+    the kernel's 16-byte alignment)."""
     T, K = topk_idx_TK.shape
     flat_N = topk_idx_TK.reshape(-1)
     order_N = flat_N.argsort(stable=True)
     offs_E = expert_counts(flat_N, w_gate_up_EFD.shape[0]).cumsum(0).to(torch.int32)
+    a_gu, b_gu, a_d, b_d = lora or (None, None, None, None)
     x_ND = x_TD[order_N // K]
-    gate_NF, up_NF = torch._grouped_mm(x_ND, w_gate_up_EFD.transpose(-2, -1), offs=offs_E).chunk(2, dim=-1)
-    y_ND = torch._grouped_mm(F.silu(gate_NF) * up_NF, w_down_EDF.transpose(-2, -1), offs=offs_E)
+    h_NF2 = _grouped_low_rank(x_ND, w_gate_up_EFD, a_gu, b_gu, offs_E)
+    gate_NF, up_NF = h_NF2.chunk(2, dim=-1)
+    y_ND = _grouped_low_rank(F.silu(gate_NF) * up_NF, w_down_EDF, a_d, b_d, offs_E)
     y_TKD = y_ND[order_N.argsort()].view(T, K, -1)
     return torch.bmm(topk_w_TK.to(y_TKD.dtype).unsqueeze(1), y_TKD).squeeze(1)  # (T, D)
+
+
+def _grouped_mm(x_NI, w_EOI, offs_E):
+    return torch._grouped_mm(x_NI, w_EOI.transpose(-2, -1), offs=offs_E)  # (N, O)
+
+
+def _grouped_low_rank(x_NI, w_EOI, a_ErI, b_EOr, offs_E):
+    """x W_eᵀ per expert block, + (x A_eᵀ) B_eᵀ when the bank has an adapter (B already scaled)."""
+    y_NO = _grouped_mm(x_NI, w_EOI, offs_E)
+    if a_ErI is None:
+        return y_NO
+    return y_NO + _grouped_mm(_grouped_mm(x_NI, a_ErI, offs_E), b_EOr, offs_E)
 
 
 @torch.compiler.disable  # host-side counts: compiled, every new count pattern would be a recompile
