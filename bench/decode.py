@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from glmstack.inference import Engine
+from glmstack.inference.spec_cost import phase_costs, speedup_bound
 from glmstack.inference.speculative import frequent_tokens
 from glmstack.model import GLM, ModelConfig, load_hf, save_hf
 
@@ -247,40 +248,17 @@ def speculative_speedup(
     return rows
 
 
-@torch.inference_mode()
 def phase_times(model, sample, ks, repeats: int = 30, draft_vocab=None) -> dict:
-    """Per-phase costs at batch 1 after a 32-token prompt (ms, medians over `repeats` rounds, each phase rewound): a
-    plain step (1 token), a verify block (k + 1 tokens), one MTP step (1 position); each round runs them one after
-    the other, so, as in the decode loop, no phase finds its weights left in cache by itself."""
-    from glmstack.inference import KVCache
-    from glmstack.inference.fast import FastForward
-
-    fwd = FastForward(model, 256, {}, draft_vocab=draft_vocab)
-    cache, ids = KVCache(1, 256), sample(1, 40, torch.Generator().manual_seed(99))
-    n, mtp = model.cfg.num_hidden_layers, model.cfg.num_hidden_layers
-    pos = torch.arange(40)[None]
-    _, h = fwd.forward(ids[:, :32], pos[:, :32], cache)
-    fwd.mtp_step(0, ids[:, 1:33], h, pos[:, :32], cache)
-
-    main_layers, phases = range(n), {}
-    phases["plain"] = (lambda: fwd.forward(ids[:, 32:33], pos[:, 32:33], cache, last_only=True), 1, main_layers)
-    for k in ks:
-        block = (ids[:, 32 : 33 + k], pos[:, 32 : 33 + k])
-        phases[f"verify_{k + 1}"] = (lambda block=block: fwd.forward(*block, cache), k + 1, main_layers)
-    phases["mtp_step"] = (lambda: fwd.mtp_step(0, ids[:, 33:34], h[:, -1:], pos[:, 32:33], cache), 1, [mtp])
-    times = {name: [] for name in phases}
-    for _ in range(repeats):  # the phases interleaved, so that load on a shared machine hits them alike
-        for name, (fn, drop, layers) in phases.items():
-            t = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t)
-            cache.rewind(drop, layers=layers)
-    return {name: 1e3 * statistics.median(ts) for name, ts in times.items()}
+    """Per-phase costs at batch 1 after a 32-token prompt (ms, medians over `repeats` rounds): a plain step, a
+    verify block per k, one MTP step (glmstack.inference.spec_cost.phase_costs)."""
+    engine = Engine(model)
+    engine.draft_vocab = draft_vocab
+    return phase_costs(engine, sample(1, 40, torch.Generator().manual_seed(99)), ks, repeats)
 
 
 def bound(phases: dict, k: int, accepted: float) -> float:
     """Speedup at most: accepted tokens per round x plain step / (verify + catch-up + k - 1 draft steps)."""
-    return accepted * phases["plain"] / (phases[f"verify_{k + 1}"] + k * phases["mtp_step"])
+    return speedup_bound(phases, k, accepted)
 
 
 def main(argv=None) -> int:

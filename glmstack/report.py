@@ -142,6 +142,35 @@ def card_table(card: dict[str, dict]) -> list[str]:
     return out
 
 
+def decode_line(spec: dict) -> str:
+    """The decoding speeds, and with the cost model's figures (glmstack.inference.spec_cost) why MTP drafting is or
+    is not faster: a round costs `round_over_plain` plain steps and emits `mean_accepted` tokens."""
+    k, plain, mtp = spec.get("draft_k"), spec["tokens_per_s_plain"], spec["tokens_per_s_mtp"]
+    line = (f"Greedy decoding of the held-out prompts: {plain:.0f} tokens/s plain, {mtp:.0f} tokens/s with MTP "
+            f"drafting (k = {k})")
+    if "speedup_bound" not in spec:  # a summary written before the cost model was measured
+        return line + "."
+    tau, rounds, bound = spec["mean_accepted"], spec["round_over_plain"], spec["speedup_bound"]
+    ms = spec["phase_ms"]
+    verify, draft = ms[f"verify_{k + 1}"] / ms["plain"], ms["mtp_step"] / ms["plain"]
+    verdict = "cannot be faster than plain decoding" if bound < 1 else f"can be at most {bound:.2f}x as fast"
+    return (f"Greedy decoding of {spec['batch']} held-out prompts as one batch (batch size {spec['batch']}, "
+            f"{spec['new_tokens']} new tokens each): {plain:.0f} tokens/s plain, {mtp:.0f} tokens/s with MTP drafting "
+            f"(k = {k}), {mtp / plain:.2f}x. A draft-verify round emitted {tau:.2f} tokens on average (mean accepted "
+            f"length) and cost {rounds:.2f} plain decode steps (a verify over {k + 1} positions {verify:.2f}, {k} MTP "
+            f"steps {draft:.2f} each; timed at this batch size), so the speed-up is at most {tau:.2f} / {rounds:.2f} = {bound:.2f}x: at this "
+            f"size MTP {verdict}. Drafting pays where a round costs fewer plain steps than it emits tokens: in a large "
+            "model a verify over k + 1 positions costs about one plain step (memory-bound) and an MTP step is one "
+            "layer of dozens." + _gap(mtp / plain, bound))
+
+
+def _gap(measured: float, bound: float) -> str:
+    if measured >= bound:
+        return ""
+    return (f" The measured {measured:.2f}x is below the bound by what the bound leaves out (the catch-up over the "
+            "accepted positions, the cache rewinds, the accept checks) and by timing noise on a shared machine.")
+
+
 def _markdown(summary: dict, drawn: list[str]) -> str:
     out = [f"# {summary.get('title', 'glmstack run report')}", ""]
     if summary.get("intro"):
@@ -164,8 +193,7 @@ def _markdown(summary: dict, drawn: list[str]) -> str:
         out += [f"| {k} | {v:.1f} |" for k, v in summary["timings"].items()]
         spec = summary.get("speculative", {})
         if "tokens_per_s_plain" in spec:
-            out += ["", f"Greedy decoding of the held-out prompts: {spec['tokens_per_s_plain']:.0f} tokens/s plain, "
-                        f"{spec['tokens_per_s_mtp']:.0f} tokens/s with MTP drafting (k = {spec.get('draft_k')})."]
+            out += ["", decode_line(spec)]
     captions = {
         "losses.png": "Next-token loss (solid, moving average), MTP loss (dashed) and held-out loss (dots); the "
         "dotted line marks the start of mid-training.",

@@ -1,20 +1,17 @@
-"""Where tests find the released reference files (official chat templates, zai-org config.json files): the
-`shared/reference` folder beside the repository checkout (../shared/reference), or $GLMSTACK_REFERENCE. A test
-that needs one and does not find it skips, naming the path it looked at."""
+"""Where tests find the released reference files (official chat templates, zai-org config.json values): the copy
+kept in the repository, tests/data/reference/ (its PROVENANCE.md says where each file comes from), so a fresh
+clone runs every test that compares against them."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-import pytest
-
-REFERENCE = Path(os.environ.get("GLMSTACK_REFERENCE", Path(__file__).resolve().parents[2] / "shared" / "reference"))
+REFERENCE = Path(__file__).resolve().parent / "data" / "reference"
 
 
 def reference_file(*parts: str) -> Path:
-    """REFERENCE/parts..., or skip the calling test with the path that is missing."""
+    """REFERENCE/parts...; a missing file is an error (the copy is part of the repository), never a skip."""
     path = REFERENCE.joinpath(*parts)
-    if not path.exists():
-        pytest.skip(f"{path} not found (reference files: ../shared/reference beside the checkout, or $GLMSTACK_REFERENCE)")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: reference file missing from the repository (see {REFERENCE}/PROVENANCE.md)")
     return path

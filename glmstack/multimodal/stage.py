@@ -2,7 +2,7 @@
 
 GLM-4.1V-Thinking (arXiv 2507.01006 §4-5) trains its ViT + MLP adapter + language model in stages; at the tiny
 scale here a stage differs only by which parameters train (`vl.train`) and its schedule:
-  vit    the ViT + adapter alone, on attribute heads instead of chats (multimodal/vit_pretrain.py; run from main())
+  vit    the ViT + adapter alone, on attribute heads instead of chats (multimodal/vit_pretrain.py: a ViTConfig)
   align  `vl.train=adapter`: only the adapter (the ViT's 2x2 merge conv + the MLP merger) learns to map image
          features into the frozen decoder's embedding space (LLaVA-style alignment)
   sft    `vl.train=all`: everything, on the same chats (the answer in GLM-4.5V's answer box)
@@ -18,7 +18,10 @@ Per stage:
          preprocessor_config.json, and eval.json: held-out accuracy (multimodal.evaluate)
 
     glmstack vl-train vl_tiny --stage align
-    glmstack vl-train vl_tiny --stage sft --set steps=100
+    glmstack vl-train vl_tiny --stage sft --set steps=100 --stop-at 50     # then the same with --resume auto
+    glmstack sft vl_tiny --print-config                                    # any stage command runs a VL config
+The command is glmstack/stage_cli.py's, as every training stage's (--resume, --stop-at, --print-config). One process:
+multi-rank VL training is not built, and a torchrun launch is refused (stage_setup.single_process).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from glmstack.multimodal.stage_setup import (
     freeze,
     load_tokenizer,
     processor_for,
+    single_process,
 )
 
 
@@ -68,6 +72,7 @@ def run_vl(cfg: VLTrainConfig, stop_at: int | None = None) -> dict:
 
     if not isinstance(cfg, VLTrainConfig):
         raise ConfigError(f"a vision-language stage needs a VLTrainConfig (got {type(cfg).__name__})")
+    single_process(cfg)
     folder = stage_dir(cfg)
     folder.mkdir(parents=True, exist_ok=True)
     seed_everything(cfg.seed)
@@ -101,30 +106,9 @@ def finish(cfg, result: dict, model, tokenizer, processor, folder: Path) -> dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
+    from glmstack.stage_cli import main_for
 
-    from glmstack.config import apply_overrides
-    from glmstack.errors import GlmstackError, one_line
-    from glmstack.recipes import recipe_function
-
-    ap = argparse.ArgumentParser(prog="glmstack vl-train", description=__doc__.splitlines()[0])
-    ap.add_argument("recipe", help="recipe module under glmstack/recipes (e.g. vl_tiny)")
-    ap.add_argument("--stage", default="sft", help="the recipe's stage function: vit, align, sft")
-    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    args = ap.parse_args(argv)
-    try:
-        cfg = apply_overrides(recipe_function(args.recipe, args.stage)(), args.overrides)
-        if args.stage == "vit":
-            from glmstack.multimodal.vit_pretrain import run_vit
-
-            result = run_vit(cfg)
-        else:
-            result = run_vl(cfg)
-    except GlmstackError as e:
-        print(one_line("glmstack vl-train", e), file=sys.stderr, flush=True)
-        return 2
-    print(f"{args.stage} finished: {result}", flush=True)
-    return 0 if result["stopped"] == "done" else 1
+    return main_for("vl-train", __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ vit_pretrain.py imported each other (issue 35).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -15,6 +14,15 @@ from glmstack.config import ConfigError
 from glmstack.multimodal.config import SYNTHETIC_VQA, VLTrainConfig, stage_dir, vqa_folder
 
 ADAPTER = ("visual.downsample.", "visual.merger.")  # GLM-4.1V's MLP adapter: the 2x2 merge and the merger MLP
+
+
+def single_process(cfg: VLTrainConfig) -> None:
+    """VL stages train in one process: under torchrun every rank would train the same model into the same folder."""
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError(f"{cfg.stage}: vision-language stages run in one process (multi-rank VL training is not "
+                          "built); launch without torchrun")  # fmt: skip
 
 
 def data_files(cfg: VLTrainConfig) -> list[Path]:
@@ -34,15 +42,13 @@ def data_files(cfg: VLTrainConfig) -> list[Path]:
 
 
 def load_tokenizer(cfg: VLTrainConfig, records: list[dict]):
-    """`vl.tokenizer`, else init_from's, else a BPE trained on the records' texts (saved in the stage folder)."""
+    """`vl.tokenizer`, else init_from's (train/export.py's stage_tokenizer), else a BPE trained on the records'
+    texts (saved in the stage folder)."""
     from glmstack.tokenizer import Tokenizer
-    from glmstack.train.checkpoint import resolve
+    from glmstack.train.export import stage_tokenizer
 
     if cfg.vl.tokenizer or cfg.init_from:
-        folder = Path(cfg.vl.tokenizer) if cfg.vl.tokenizer else resolve(cfg.init_from, cfg.out_dir)
-        if not (folder / "tokenizer.json").exists():
-            raise ConfigError(f"no tokenizer.json in {folder} (set vl.tokenizer=FOLDER)")
-        return Tokenizer.load(folder)
+        return stage_tokenizer(cfg, cfg.vl.tokenizer, option="vl.tokenizer")
     from glmstack.chat.schema import visible_text
 
     texts = [visible_text(m.get("content")) for r in records for m in r["messages"]]
@@ -96,21 +102,12 @@ def freeze(model, train: str) -> int:
 
 def export(model, tokenizer, processor, folder: Path, chat_style: str) -> Path:
     """The model folder a later stage, `glmstack chat --image` and `glmstack serve` read: HF weights, tokenizer with
-    the chat template, preprocessor_config.json; written beside, then renamed into place."""
-    import shutil
-
-    from glmstack.chat.render import official_template
+    the chat template, preprocessor_config.json (train/export.py's one export)."""
     from glmstack.model.vision import save_vl_hf
+    from glmstack.train.export import export_folder
 
-    tmp = folder.with_name(f".{folder.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    save_vl_hf(model, tmp)
-    tokenizer.save(tmp, chat_style=chat_style)
-    config_path = tmp / "tokenizer_config.json"
-    config = json.loads(config_path.read_text())
-    config["chat_template"] = official_template(chat_style)
-    config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
-    processor.save(tmp)
-    shutil.rmtree(folder, ignore_errors=True)
-    tmp.rename(folder)
-    return folder
+    def write(tmp: Path) -> None:
+        save_vl_hf(model, tmp)
+        processor.save(tmp)
+
+    return export_folder(folder, tokenizer, chat_style, write)

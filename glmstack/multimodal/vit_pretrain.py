@@ -178,6 +178,7 @@ def run_vit(cfg, stop_at: int | None = None) -> dict:
     from glmstack.train.loop import device_of, train
     from glmstack.train.stage import seed_everything
 
+    setup.single_process(cfg)
     folder = stage_dir(cfg)
     folder.mkdir(parents=True, exist_ok=True)
     seed_everything(cfg.seed)

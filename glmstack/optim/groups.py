@@ -43,7 +43,8 @@ def classify(name: str, p: torch.Tensor, *, lm_head: str, router: str, embedding
         return "adamw"
     if name in embeddings or "embed_tokens" in name:  # word embedding (also an MTP layer's, if it has one)
         return "adamw"
-    if name.endswith(("lm_head.weight", "shared_head.head.weight", "score.weight")):  # score: a reward model's head
+    # score: a reward model's head; value_head: a PPO critic's (posttrain/rl/ppo.py), also an output head
+    if name.endswith(("lm_head.weight", "shared_head.head.weight", "score.weight", "value_head.weight")):
         return lm_head
     if name.endswith(".gate.weight"):  # MoE router (E, D); dense MLPs use gate_proj, so no clash
         return router

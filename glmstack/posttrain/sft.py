@@ -19,8 +19,6 @@ data + a loss over the shared stage code (glmstack/train/stage.py) and the one l
 
 from __future__ import annotations
 
-import json
-import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +26,7 @@ from pathlib import Path
 from glmstack.config import ConfigError
 from glmstack.train import dist
 from glmstack.train.config import TrainConfig
+from glmstack.train.export import export_checkpoint as export
 from glmstack.train.loop import pretrain_loss
 
 SYNTHETIC = "synthetic:"
@@ -82,13 +81,9 @@ def data_files(entries: list[str], out: Path, n: int, seed: int, split: str, gen
 
 
 def load_tokenizer(cfg: SFTConfig):
-    from glmstack.tokenizer import Tokenizer
-    from glmstack.train.checkpoint import resolve
+    from glmstack.train.export import stage_tokenizer
 
-    folder = Path(cfg.sft.tokenizer) if cfg.sft.tokenizer else resolve(cfg.init_from, cfg.out_dir)
-    if not (folder / "tokenizer.json").exists():
-        raise ConfigError(f"no tokenizer.json in {folder} (set sft.tokenizer=FOLDER)")
-    return Tokenizer.load(folder)
+    return stage_tokenizer(cfg, cfg.sft.tokenizer, option="sft.tokenizer")
 
 
 def encoded(cfg: SFTConfig, tokenizer, split: str) -> list[tuple[list[int], list[int]]]:
@@ -157,30 +152,10 @@ def run_sft(cfg: SFTConfig, stop_at: int | None = None) -> dict:
     return result
 
 
-def export(checkpoint: Path, folder: Path, tokenizer, chat_style: str) -> Path:
-    """The checkpoint's HF files + the tokenizer with `chat_style`'s official template, written atomically."""
-    from glmstack.chat.render import official_template
-
-    tmp = folder.with_name(f".{folder.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    for f in checkpoint.iterdir():
-        if f.is_file():
-            shutil.copy2(f, tmp / f.name)
-    tokenizer.save(tmp, chat_style=chat_style)
-    config_path = tmp / "tokenizer_config.json"
-    config = json.loads(config_path.read_text())
-    config["chat_template"] = official_template(chat_style)  # the tokenizer's own may be another style's
-    config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
-    shutil.rmtree(folder, ignore_errors=True)
-    tmp.rename(folder)
-    return folder
-
-
 def main(argv: list[str] | None = None) -> int:
     from glmstack.stage_cli import main_for
 
-    return main_for("sft", __doc__.splitlines()[0], argv, run_fn=run_sft)
+    return main_for("sft", __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":

@@ -37,9 +37,9 @@ class Size:
 
 # minutes -> size: a small table, not a formula, so every row can be checked by running it (docs/speedrun.md)
 SIZES = (
-    Size(minutes=0, hidden_size=64, num_hidden_layers=2, n_routed_experts=4, vocab_size=512, corpus_mb=0.5,
+    Size(minutes=0, hidden_size=64, num_hidden_layers=2, n_routed_experts=4, vocab_size=1024, corpus_mb=0.5,
          pretrain_steps=30, midtrain_steps=10, seq_len=64, mid_seq_len=128, batch_size=8,
-         sft_steps=60, sft_batch_size=4, sft_seq_len=512, rl_steps=2, rl_level=3, card_n=4),
+         sft_steps=90, sft_batch_size=4, sft_seq_len=512, rl_steps=2, rl_level=3, card_n=4),
     Size(minutes=5, hidden_size=96, num_hidden_layers=3, n_routed_experts=8, vocab_size=2048, corpus_mb=3,
          pretrain_steps=800, midtrain_steps=200, seq_len=128, mid_seq_len=256, batch_size=8,
          sft_steps=130, sft_batch_size=8, sft_seq_len=512, rl_steps=40, rl_level=3, card_n=16),

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from glmstack.multimodal.config import VLOptions, VLTrainConfig
+from glmstack.multimodal.config import ViTConfig, VLOptions, VLTrainConfig
 
 RUN = "vl_tiny"
 VISION = {"patch_size": 4, "image_size": 64, "hidden_size": 64, "num_heads": 4, "intermediate_size": 128}
 
 
-def _base(stage: str, steps: int, lr: float, train: str, init_from: str = "") -> VLTrainConfig:
-    cfg = VLTrainConfig(run=RUN, stage=stage, seq_len=128, micro_batch_size=16, steps=steps, init_from=init_from,
+def _base(stage: str, steps: int, lr: float, train: str, init_from: str = "", kind=VLTrainConfig) -> VLTrainConfig:
+    cfg = kind(run=RUN, stage=stage, seq_len=128, micro_batch_size=16, steps=steps, init_from=init_from,
                         vl=VLOptions(train=train, model_overrides={"vision_config": dict(VISION)}))  # fmt: skip
     cfg.optim.lr = lr
     cfg.schedule = dataclasses.replace(cfg.schedule, warmup_steps=min(20, steps // 10), mtp_weight=[[0, 0.0]],
@@ -34,9 +34,9 @@ def _base(stage: str, steps: int, lr: float, train: str, init_from: str = "") ->
     return cfg
 
 
-def vit() -> VLTrainConfig:
+def vit() -> ViTConfig:
     """The ViT + adapter learn the scenes' attributes through classification heads (multimodal/vit_pretrain.py)."""
-    cfg = _base("vit", steps=1200, lr=3e-2, train="vision")
+    cfg = _base("vit", steps=1200, lr=3e-2, train="vision", kind=ViTConfig)
     cfg.micro_batch_size = 64
     return cfg
 

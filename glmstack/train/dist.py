@@ -81,6 +81,15 @@ def max_over_ranks(x: int) -> int:
     return int(t.item())
 
 
+def gather_objects(obj) -> list:
+    """Every rank's picklable `obj`, in rank order, on every rank (one process: [obj])."""
+    if not is_dist():
+        return [obj]
+    out = [None] * world()
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def means_over_ranks(values: dict[str, float]) -> dict[str, float]:
     """Average every scalar of a dict over ranks in one all-reduce."""
     if not is_dist() or not values:

@@ -64,6 +64,14 @@ def build_model(cfg: TrainConfig, device: torch.device):
     return model
 
 
+def initial_model(cfg: TrainConfig, device: torch.device):
+    """The stage's starting model (init_from's weights or the seeded init) on `device`, not parallelised and not
+    compiled: the frozen reference of a preference stage (posttrain/dpo) is what the policy was at step 0."""
+    model, tensors = _meta_model(cfg, device)
+    dist.materialize(model, device, tensors)
+    return model
+
+
 def compile_blocks(model) -> None:
     """torch.compile each decoder block's (and MTP layer's) forward, in place: state-dict names do not change and
     FSDP2's per-block hooks stay outside the compiled code. Per block rather than the whole model because the

@@ -261,20 +261,20 @@ def test_internal_errors_name_a_request_id_not_the_exception(server, caplog):
 
 
 def test_rl_client_sends_the_key(ckpt, tmp_path, monkeypatch):
-    """The RL / agentic client (rl.remote.ServerEngine) against a keyed server that takes pushes: tokens and a weight
-    push with the key (given, or from GLMSTACK_API_KEY), a 401 without it."""
-    from glmstack.posttrain.rl.remote import ServerEngine
+    """The RL / agentic policy on a server (posttrain.policy.ServerPolicy) against a keyed server that takes pushes:
+    tokens and a weight push with the key (given, or from GLMSTACK_API_KEY), a 401 without it."""
+    from glmstack.posttrain.policy import ServerPolicy
 
     srv = RunningServer(ckpt, api_key=KEY, enable_weight_updates=True, weight_root=str(tmp_path))
     try:
         monkeypatch.delenv("GLMSTACK_API_KEY", raising=False)
-        res = ServerEngine(srv.url, "tiny", api_key=KEY).generate([[5, 6, 7]], 3, temperature=1.0, seeds=[0])
+        res = ServerPolicy(srv.url, "tiny", api_key=KEY).generate([[5, 6, 7]], 3, temperature=1.0, seeds=[0])
         monkeypatch.setenv("GLMSTACK_API_KEY", KEY)
-        ServerEngine(srv.url, "tiny").push_weights(load_hf(ckpt).state_dict(), 7, str(tmp_path))
+        ServerPolicy(srv.url, "tiny", weights_dir=str(tmp_path)).push(load_hf(ckpt).state_dict(), 7)
         version = httpx.get(srv.url + "/get_weight_version", headers={"authorization": f"Bearer {KEY}"}).json()
         monkeypatch.delenv("GLMSTACK_API_KEY")
         with pytest.raises(RuntimeError, match="401"):
-            ServerEngine(srv.url, "tiny").push_weights(load_hf(ckpt).state_dict(), 8, str(tmp_path))
+            ServerPolicy(srv.url, "tiny", weights_dir=str(tmp_path)).push(load_hf(ckpt).state_dict(), 8)
     finally:
         srv.stop()
     assert len(res.tokens[0]) == 3 and version["weight_version"] == 7

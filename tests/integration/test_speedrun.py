@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import shutil
 import subprocess
 import sys
 import time
@@ -87,6 +89,14 @@ def test_report_and_figures(runs):
     assert fig["speculative output == greedy"] is True  # MTP drafting never changes greedy output
     assert fig["MTP mean accepted length"] > 1.0  # 1.0 = every draft rejected; more = drafts were accepted
     assert fig["MTP acceptance at depth 1"] > 0
+    # the decoding line: batch size, k, accepted length and the bound computed from the measured phase times
+    spec = json.loads((out / "summary.json").read_text())["speculative"]
+    ms, tau = spec["phase_ms"], spec["mean_accepted"]
+    assert spec["speedup_bound"] == pytest.approx(tau * ms["plain"] / (ms["verify_4"] + 3 * ms["mtp_step"]))
+    line = next(s for s in report.splitlines() if s.startswith("Greedy decoding"))
+    for part in (f"batch size {spec['batch']}", "(k = 3)", f"emitted {tau:.2f} tokens", "at most",
+                 f"= {spec['speedup_bound']:.2f}x"):  # fmt: skip
+        assert part in line, (part, line)
 
 
 @pytest.mark.slow
@@ -101,7 +111,8 @@ def test_rerun_continues_and_skips_finished_stages(runs):
     assert "step     30/30" in pre and "step      1/" not in pre, "pre-training started over"
     after_sft_kill = runs["logs"]["rl" if "rl" in runs["logs"] else "card"]
     sft = after_sft_kill.split("] sft: ")[1].split("] rl: ")[0]
-    assert "step     60/60" in sft and "step      1/" not in sft, "SFT started over"
+    steps = size_for(1).sft_steps
+    assert f"step {steps:6d}/{steps}" in sft and "step      1/" not in sft, "SFT started over"
     if "rl" in runs["logs"]:
         rl = runs["logs"]["card"].split("] rl: ")[1].split("] evaluate: ")[0]
         assert "resuming from" in rl and "step      1/" not in rl, "RL started over"
@@ -158,6 +169,111 @@ def test_serve_streams_thinking(runs):
         server.wait(timeout=30)
 
 
+def _python(code: str, cwd=None, timeout=300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop(speedrun.STOP_ENV, None)
+    return subprocess.run([sys.executable, "-c", code], check=False, cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)  # fmt: skip
+
+
+HIDE_BFCL = "import sys; sys.modules['bfcl_eval'] = None; "  # what Python sees where bfcl-eval was never installed
+
+
+@pytest.mark.slow
+def test_card_without_an_optional_package(runs, tmp_path):
+    """bfcl-eval hidden from the interpreter: the card and report stages of a finished run, redone, finish; the BFCL
+    row reads "not installed", every other metric is a number; `glmstack eval --tasks bfcl` says so in one line."""
+    out = tmp_path / "run"
+    shutil.copytree(runs["b"], out)
+    for stage in ("card", "report"):
+        shutil.rmtree(out / stage)
+    argv = ["--out", str(out), "--minutes", "1", "--seed", "0"]
+    done = _python(HIDE_BFCL + f"from glmstack.speedrun import main; raise SystemExit(main({argv!r}))")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    card = json.loads((out / "summary.json").read_text())["card"]
+    assert {col["BFCL simple"] for col in card.values()} == {"not installed (bfcl-eval)"}
+    assert all(isinstance(v, float) for col in card.values() for k, v in col.items() if k != "BFCL simple")
+    assert "| BFCL simple | not installed (bfcl-eval) |" in (out / "report.md").read_text()
+    argv = ["--model", str(out / "sft" / "model"), "--tasks", "bfcl", "--limit", "1", "--out", str(tmp_path / "e")]
+    ev = _python(HIDE_BFCL + f"from glmstack.eval.cli import main; raise SystemExit(main({argv!r}))")
+    assert ev.returncode == 2 and "task bfcl needs the bfcl-eval package" in ev.stderr, ev.stderr[-3000:]
+
+
+# README commands the test does not run, and why
+NOT_RUN = {
+    "glmstack speedrun [--out runs/speedrun] [--minutes 20] [--seed 0]": "the synopsis of what made the folders (the "
+    "fixture ran it with --minutes 1)",
+    "glmstack sft sft_speedrun": "trains SFT again into runs/speedrun/sft (the speedrun's sft stage ran it)",
+    "GLMSTACK_API_KEY=secret glmstack serve ...": "a placeholder (`...`) for the commands above",
+}
+
+
+def readme_commands() -> list[str]:
+    """The README's commands on a speedrun's folders: inline `glmstack ... runs/speedrun...` spans and the lines of
+    its indented command blocks that start with glmstack (or pipe into it), comments cut."""
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    found = re.findall(r"`((?:echo [^`|]*\| )?glmstack [^`]*runs/speedrun[^`]*)`", text)
+    for line in text.splitlines():
+        cmd = line[4:].split("  #")[0].strip() if line.startswith("    ") else ""
+        if re.match(r"(\w+=\S+ )?(echo .*\| )?glmstack ", cmd):
+            found.append(cmd)
+    return list(dict.fromkeys(found))
+
+
+@pytest.mark.slow
+def test_readme_commands_on_a_speedrun(runs, tmp_path):
+    """Each README command on a speedrun's folders, verbatim, in a folder whose runs/speedrun is the 1-minute run
+    (port 8000 swapped for a free one): exits 0. Each server starts and answers; the last one stays up while the
+    other commands run, so the endpoint command has it to talk to."""
+    from serve_fixture import free_port
+
+    commands = readme_commands()
+    assert set(NOT_RUN) <= set(commands), "NOT_RUN names a command the README no longer has"
+    todo = [c for c in commands if c not in NOT_RUN and ("runs/speedrun" in c or "--endpoint" in c)]
+    serves = [c for c in todo if c.startswith("glmstack serve")]
+    others = [c for c in todo if c not in serves]
+    assert serves and any(c.startswith("glmstack eval --model runs/speedrun") for c in others), todo
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "speedrun").symlink_to(runs["b"])
+    port = str(free_port())
+    shell = f'glmstack() {{ "{sys.executable}" -m glmstack.cli "$@"; }}; '  # the checkout under test
+    env = {k: v for k, v in os.environ.items() if k != speedrun.STOP_ENV} | {"OMP_NUM_THREADS": "1"}
+
+    def swap_port(cmd: str) -> str:
+        cmd = cmd.replace(":8000/", f":{port}/").replace("--port 8000", f"--port {port}")
+        return cmd if "--port" in cmd or not cmd.startswith("glmstack serve") else f"{cmd} --port {port}"
+
+    for i, cmd in enumerate(serves):
+        server = subprocess.Popen(["bash", "-c", shell + swap_port(cmd)], cwd=tmp_path, env=env, text=True,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+        try:
+            _wait_for(port, server, cmd)
+            if i == len(serves) - 1:
+                for other in others:
+                    stdin = "What is 2 + 3?\n" if "glmstack chat" in other and "|" not in other else ""
+                    res = subprocess.run(["bash", "-c", shell + swap_port(other)], check=False, cwd=tmp_path, env=env,
+                                         text=True, input=stdin, capture_output=True, timeout=300)  # fmt: skip
+                    assert res.returncode == 0, (other, res.stdout[-2000:], res.stderr[-2000:])
+        finally:
+            os.killpg(server.pid, 15)  # the shell and the server it started
+            server.wait(timeout=30)
+    assert (tmp_path / "runs" / "eval" / "report.md").exists()
+
+
+def _wait_for(port: str, server: subprocess.Popen, cmd: str) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5)
+            return
+        except OSError:
+            assert server.poll() is None, (cmd, server.stderr.read()[-3000:])
+            assert time.monotonic() < deadline, f"{cmd}: no answer in 120 s"
+            time.sleep(0.3)
+
+
 def test_stage_runner_skips_done_and_stops(tmp_path, monkeypatch):
     calls = []
 
@@ -211,3 +327,23 @@ def test_report_from_metrics_files(tmp_path):
     assert "| answer | 42 |" in report
     for png in ("losses.png", "lr.png", "expert_load.png", "perplexity_by_position.png", "accepted_length.png"):
         assert f"plots/{png}" in report and (tmp_path / "plots" / png).exists()
+
+
+def test_decoding_line_says_why():
+    """The report's decoding line: batch size, k, accepted length, what a round costs and the bound, with the
+    verdict the bound gives (a summary without the cost model keeps the short line)."""
+    from glmstack.report import decode_line
+
+    spec = {"draft_k": 3, "batch": 8, "new_tokens": 48, "mean_accepted": 1.8, "tokens_per_s_plain": 5843.0,
+            "tokens_per_s_mtp": 2759.0, "phase_ms": {"plain": 1.0, "verify_4": 2.5, "mtp_step": 0.5},
+            "round_over_plain": 4.0, "speedup_bound": 0.45}  # fmt: skip
+    line = decode_line(spec)
+    for part in ("batch size 8", "48 new tokens", "5843 tokens/s plain", "2759 tokens/s with MTP", "(k = 3), 0.47x",
+                 "emitted 1.80 tokens", "cost 4.00 plain decode steps", "4 positions 2.50", "3 MTP steps 0.50 each",
+                 "at most 1.80 / 4.00 = 0.45x", "cannot be faster than plain decoding"):  # fmt: skip
+        assert part in line, (part, line)
+    assert "leaves out" not in line  # measured 0.47x >= the bound 0.45x
+    faster = decode_line(spec | {"speedup_bound": 1.5})
+    assert "can be at most 1.50x as fast" in faster and "The measured 0.47x is below the bound" in faster
+    old = {k: spec[k] for k in ("draft_k", "tokens_per_s_plain", "tokens_per_s_mtp")}
+    assert decode_line(old).endswith("2759 tokens/s with MTP drafting (k = 3).")

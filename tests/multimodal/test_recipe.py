@@ -13,8 +13,9 @@ pytest.importorskip("glmstack.model.vision")  # the model half (branch vlmodel) 
 
 from glmstack.cli import main as glmstack  # noqa: E402
 from glmstack.multimodal.processor import VisionProcessor  # noqa: E402
-from glmstack.multimodal.rl import VisionRollouts, VisualQA  # noqa: E402
+from glmstack.multimodal.rl import VisualQA  # noqa: E402
 from glmstack.posttrain.rl.losses import token_logprobs  # noqa: E402
+from glmstack.posttrain.rl.rollouts import Rollouts  # noqa: E402
 from glmstack.recipes.vl_tiny import rl  # noqa: E402
 from glmstack.tokenizer import Tokenizer  # noqa: E402
 from glmstack.train.loop import VISION_INPUTS  # noqa: E402
@@ -29,7 +30,7 @@ def _mismatch(vl_folder, noise: float) -> float:
     cfg = rl()
     cfg.rl.samples_per_step, cfg.rl.eval_every, cfg.rl.heldout_n, cfg.rl.max_new_tokens = 8, 0, 1, 4
     cfg.rl.temperature, cfg.rl.rollout_noise = 1.0, noise
-    data = VisionRollouts(model=model, task=VisualQA(tok, proc), opts=cfg.rl, seed=0, micro_batches=2, tokenizer=tok)
+    data = Rollouts(model=model, task=VisualQA(tok, proc), opts=cfg.rl, seed=0, micro_batches=2, tokenizer=tok)
     batches = data.make_step()
     assert len(batches) == 2
     worst = 0.0
@@ -78,3 +79,32 @@ def test_recipe_runs_every_stage_and_writes_the_report(tmp_path, capsys):
     # a re-run skips the finished stages
     assert glmstack(["vl-recipe", "vl_tiny", *small]) == 0
     assert "vit: already done" in capsys.readouterr().out
+
+
+def _vl_rl(vl_folder, out, *extra) -> list[dict]:
+    """`glmstack rl vl_tiny` (the recipe's rl() is a VLRLConfig: stage_cli runs VL RL) -> its metrics rows."""
+    args = ["rl", "vl_tiny", "--set", f"init_from={vl_folder}", "--set", f"out_dir={out}", "--set", "steps=3",
+            "--set", "rl.samples_per_step=8", "--set", "rl.curriculum=[[0, 0, 4]]", "--set", "rl.max_new_tokens=4",
+            "--set", "rl.heldout_n=2", "--set", "rl.eval_every=0", "--set", "grad_accum=1", "--set",
+            "micro_batch_size=8", "--set", "log.plots=false", "--set", "log.progress=false", "--set", "vl.eval_n=0",
+            "--set", "rl.entropy_coef=0.05", *extra]  # the entropy bonus: a gradient though the rewards may all be 0
+    assert glmstack(args) == 0
+    return [json.loads(x) for x in (out / "vl_tiny" / "rl" / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_rl_command_runs_vl_rl_with_its_mismatch_on_the_dashboard(vl_folder, tmp_path):
+    """Issue 35: with rl.rollout_noise the VL run's dashboard shows the mismatch and IcePop masking every step; with
+    noise 0 the first-step invariants hold (rollout = trainer log-probs in fp32, PPO KL exactly 0); --stop-at and
+    --resume on a VL stage continue bit for bit."""
+    noisy = _vl_rl(vl_folder, tmp_path / "noisy", "--set", "rl.rollout_noise=1.0", "--set", "rl.mismatch_high=1.05",
+                   "--set", "rl.mismatch_low=0.95")  # fmt: skip
+    assert len(noisy) == 3
+    assert all(r["mean_abs_logp_diff"] > 1e-3 for r in noisy) and sum(r["mismatch_masked_frac"] for r in noisy) > 0
+    clean = _vl_rl(vl_folder, tmp_path / "clean")
+    assert clean[0]["mean_abs_logp_diff"] < 1e-4 and clean[0]["ppo_kl"] == 0.0
+    assert clean[0]["mismatch_masked_frac"] == 0.0
+    assert glmstack(["rl", "vl_tiny", "--set", f"init_from={vl_folder}", "--print-config"]) == 0
+    _ = _vl_rl(vl_folder, tmp_path / "split", "--stop-at", "1")
+    resumed = _vl_rl(vl_folder, tmp_path / "split")
+    assert [r["loss"] for r in resumed] == [r["loss"] for r in clean]
+    assert [r["grad_norm"] for r in resumed] == [r["grad_norm"] for r in clean] and clean[-1]["grad_norm"] > 0

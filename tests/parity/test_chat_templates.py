@@ -1,9 +1,10 @@
 """glmstack.chat.render == the official GLM chat templates rendered by transformers' jinja code.
 
 References: the official templates vendored in glmstack/chat/templates (glm-4.6.jinja for style "glm-4.5",
-glm-4.7.jinja for "glm-4.7"; checked byte-equal to ../shared/reference/chat_templates when present, tests/reference.py), rendered with `transformers.utils.chat_template_utils.render_jinja_template` (trim_blocks,
-lstrip_blocks, tojson = json.dumps(ensure_ascii=False)), i.e. exactly what `apply_chat_template(tokenize=False)`
-returns. Conversations come from hypothesis: all roles, unicode, list contents, reasoning in both forms, tool calls
+glm-4.7.jinja for "glm-4.7"; checked byte-equal to the reference copy in tests/data/reference/chat_templates, whose
+PROVENANCE.md names their origin), rendered with `transformers.utils.chat_template_utils.render_jinja_template`
+(trim_blocks, lstrip_blocks, tojson = json.dumps(ensure_ascii=False)), i.e. exactly what
+`apply_chat_template(tokenize=False)` returns. Conversations come from hypothesis: all roles, unicode, list contents, reasoning in both forms, tool calls
 with nested arguments, consecutive tool results, thinking on/off, clear_thinking.
 
     pytest tests/parity/test_chat_templates.py              # 60 conversations per style + fixed examples
@@ -15,14 +16,13 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from reference import REFERENCE as SHARED_REFERENCE
+from reference import reference_file
 
 from glmstack.chat import render
 from glmstack.chat.render import TEMPLATE_FILES, official_template
 
 chat_template_utils = pytest.importorskip("transformers.utils.chat_template_utils")
 
-REFERENCE = SHARED_REFERENCE / "chat_templates"
 STYLES = list(TEMPLATE_FILES)
 
 
@@ -35,10 +35,7 @@ def official(messages, tools=None, style="glm-4.5", **kwargs) -> str:
 
 @pytest.mark.parametrize("style", STYLES)
 def test_vendored_templates_match_reference(style):
-    path = REFERENCE / TEMPLATE_FILES[style]
-    if not path.exists():
-        pytest.skip(f"reference copy {path} not available")
-    assert official_template(style) == path.read_text()
+    assert official_template(style) == reference_file("chat_templates", TEMPLATE_FILES[style]).read_text()
 
 
 # ---- strategies -----------------------------------------------------------------------------------------------

@@ -154,5 +154,5 @@ def test_group_faults_give_a_groups_episodes_the_same_failures(base_dir, tok, to
     env = EnvOptions(fault_p=0.5, group_faults=together)
     worker = RolloutWorker(load_hf(base_dir), str(base_dir), opts, env, seed=0)
     spec = CalculatorEnv.sample(random.Random(0), "train") | {"env": f"{__name__}:FaultDraws"}
-    trajs = run_group(worker.engine, tok, [spec] * 4, opts, env, [11, 12, 13, 14])
+    trajs = run_group(worker.policy, tok, [spec] * 4, opts, env, [11, 12, 13, 14])
     assert len({t.parts["draw"] for t in trajs}) == (1 if together else 4)

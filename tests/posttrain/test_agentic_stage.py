@@ -35,7 +35,7 @@ def test_trajectory_tokens_and_logprobs_are_what_the_trainer_sees(base_dir, tok)
     worker = RolloutWorker(model, str(base_dir), opts, EnvOptions(), seed=0)
     rng = random.Random(0)
     specs = [env_class(n).sample(rng, "train") for n in ["roles"] * 7 + ["calculator"]]
-    trajs = run_group(worker.engine, tok, specs, opts, EnvOptions(), list(range(8)))
+    trajs = run_group(worker.policy, tok, specs, opts, EnvOptions(), list(range(8)))
     assert any(t.turns == 2 for t in trajs), "a roles episode should reach its reviewer turn"
     for t in trajs:
         assert len(t.ids) == len(t.mask) == len(t.logprobs) and sum(t.mask) > 0

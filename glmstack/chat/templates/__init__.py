@@ -5,5 +5,5 @@
 - glm-4.7.jinja: the GLM-4.7 / GLM-4.7-Flash template as vendored by a llama.cpp fork
   (models/templates/GLM-4.7-Flash.jinja, MIT). Style "glm-4.7" (GLM-5 uses the same rules).
 Byte-identical to the chat_template of zai-org's released tokenizer_config.json files
-(tests/parity/test_chat_templates.py checks against a reference copy when one is present).
+(tests/parity/test_chat_templates.py checks them against the reference copy in tests/data/reference).
 """

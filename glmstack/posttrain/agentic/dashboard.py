@@ -1,6 +1,6 @@
-"""The agentic RL dashboard: plots from the stage's metrics.jsonl (nothing hooked into the loop).
+"""The agentic RL seeds table: the plots are the one RL dashboard's (posttrain/rl/dashboard.py, agentic panels).
 
-    python -m glmstack.posttrain.agentic.dashboard runs/speedrun/agentic     # redraws plots/agentic_*.png
+    python -m glmstack.posttrain.agentic.dashboard runs/speedrun/agentic     # redraws plots/agentic_*.png (rl's)
     python -m glmstack.posttrain.agentic.dashboard --compare clean=RUN_A/agentic,RUN_B/agentic faults=RUN_C/agentic \\
         [--plot out.png] [--key heldout_success]
         # per setting over its seeds: greedy held-out success (mean ± std) at every evaluated step, without and
@@ -13,46 +13,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from glmstack.posttrain.rl.dashboard import mean_std, plot_dashboard
 from glmstack.train.metrics import read_metrics
-
-PANELS = {
-    "agentic_success": ("success", "reward", "heldout_success", "heldout_faults_success"),
-    "agentic_episode": ("turns", "tool_calls", "malformed_frac", "loop_frac", "truncated_frac"),
-    "agentic_retry": ("retry_frac", "heldout_faults_retry_frac"),  # after a failed call: called again
-    "agentic_staleness": ("staleness_mean", "staleness_max", "rollout/stale", "rollout/env_error", "rollout/padded"),
-    "agentic_throughput": ("traj_per_s",),
-    "agentic_time": ("time/wait_s", "time/sync_s", "time/eval_s"),
-    "agentic_loss": ("loss", "masked_frac", "grad_norm"),
-}
-
-
-def plot_dashboard(folder: str | Path) -> list[Path]:
-    from glmstack.train.plots import draw_curves
-
-    folder = Path(folder)
-    rows = read_metrics(folder / "metrics.jsonl")
-    written = []
-    for title, keys in PANELS.items():
-        curves = []
-        for k in keys:
-            pts = [(r["step"], r[k]) for r in rows if k in r and r[k] is not None]
-            if pts:
-                xs, ys = zip(*pts)
-                curves.append((k, list(xs), list(ys), ".-"))
-        out = folder / "plots" / f"{title}.png"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        if draw_curves(out, title, "step", "", curves):
-            written.append(out)
-    return written
-
-
-def _mean_std(xs: list[float]) -> str:
-    if not xs:
-        return "-"
-    m = sum(xs) / len(xs)
-    sd = (sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5 if len(xs) > 1 else 0.0
-    return f"{m:.3f} ± {sd:.3f}"
-
 
 COLUMNS = {"heldout_success": "held-out", "heldout_faults_success": "with failures",
            "heldout_faults_retry_frac": "retried after a failure"}  # fmt: skip
@@ -84,7 +46,7 @@ def compare(settings: dict[str, list[Path]]) -> str:
     lines = ["| setting | seeds | " + " | ".join(f"{COLUMNS[k]} @{u}" for k, u in keys) + " | reward, steps 1-8 |",
              "|---|---|" + "---|" * (len(keys) + 1)]  # fmt: skip
     for name, folders in settings.items():
-        cells = [_mean_std(evals[name].get(k, [])) for k in keys] + [_mean_std(early[name])]
+        cells = [mean_std(evals[name].get(k, [])) for k in keys] + [mean_std(early[name])]
         lines.append(f"| {name} | {len(folders)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

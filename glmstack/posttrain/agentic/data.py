@@ -18,8 +18,8 @@ from __future__ import annotations
 import time
 
 from glmstack.posttrain.agentic.groups import advantages
+from glmstack.posttrain.policy import full_state
 from glmstack.posttrain.sample import collate
-from glmstack.train import dist
 
 
 def reset_optimizer(optimizer) -> None:
@@ -53,9 +53,7 @@ class AgenticData:
 
     def weights(self) -> dict:
         """The policy's whole state, a copy (collective with several ranks: FSDP / expert shards gathered)."""
-        if dist.is_dist():
-            return dist.full_state_dict(self.policy, everywhere=True)
-        return {k: v.detach().cpu().clone() for k, v in dist.unwrap(self.policy).state_dict().items()}
+        return full_state(self.policy)
 
     def make_step(self) -> list[dict]:
         stats = {}

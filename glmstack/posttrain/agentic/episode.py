@@ -65,8 +65,10 @@ def run_group(engine, tokenizer, specs: list[dict], opts: EpisodeOptions, env_op
         res = engine.generate([trajs[i].ids for i in live], max_new_tokens=budget, temperature=opts.temperature,
                               top_p=opts.top_p, top_k=opts.top_k, logprobs=True,
                               seeds=[stable_seed(seeds[i], "turn", turn) for i in live])  # fmt: skip
-        for i, toks, lps, finish in zip(live, res.tokens, res.logprobs, res.finish_reason):
-            _advance(trajs[i], envs[i], toks, lps, finish, v, tokenizer, opts, observation)
+        # each turn records the version the sampler reports for it (a server: the weights that generated it)
+        versions = [w if isinstance(w, int) else v for w in (res.weight_versions or [v] * len(live))]
+        for i, toks, lps, finish, w in zip(live, res.tokens, res.logprobs, res.finish_reason, versions):
+            _advance(trajs[i], envs[i], toks, lps, finish, w, tokenizer, opts, observation)
     for t, env in zip(trajs, envs):
         if env.status == "running":  # out of turns while still calling tools
             env.abort("truncated")

@@ -18,22 +18,22 @@ import copy
 from collections import deque
 
 from glmstack.posttrain.agentic.worker import RolloutWorker
-from glmstack.posttrain.rl.remote import ServerWeights
+from glmstack.posttrain.policy import make_policy
 
 
 class LocalPool:
     def __init__(self, model, tokenizer_dir: str, opts, env_opts, seed: int, workers: int, group_size: int,
                  server: tuple | None = None, weights_dir: str = ""):  # fmt: skip
         self.args = (tokenizer_dir, opts, env_opts, seed)
-        self.model, self.group_size, self.server = model, group_size, server
-        self.publish = ServerWeights(server, weights_dir)
+        self.model, self.group_size, self.server_args = model, group_size, server
+        self.server = make_policy(None, server=server, weights_dir=weights_dir) if server else None
         self.workers = [self._make() for _ in range(workers)]
         self.queue: deque = deque()
         self.restarts = self.resubmitted = 0  # in-process workers do not die
 
     def _make(self) -> RolloutWorker:
         model = None if self.server else copy.deepcopy(self.model)
-        return RolloutWorker(model, *self.args, server=self.server)
+        return RolloutWorker(model, *self.args, server=self.server_args)
 
     def submit(self, w: int, task_id: int, spec: dict) -> None:
         self.queue.append((w, task_id, spec))
@@ -43,7 +43,7 @@ class LocalPool:
         return [(task_id, self.workers[w].rollout(task_id, spec, self.group_size))]
 
     def set_weights(self, state: dict, version: int) -> None:
-        state = self.publish.push(state, version)
+        state = push_to_server(self.server, state, version)
         for w in self.workers:
             w.set_weights(state, version)
 
@@ -52,7 +52,16 @@ class LocalPool:
 
     def close(self) -> None:
         self.queue.clear()
-        self.publish.close()
+        if self.server is not None:
+            self.server.close()
+
+
+def push_to_server(server, state: dict, version: int) -> dict | None:
+    """What the workers get: the state itself, or None when the rollout server took it (they learn the version)."""
+    if server is None:
+        return state
+    server.push(state, version)
+    return None
 
 
 def ray_worker_class():
@@ -91,7 +100,7 @@ class RayPool:
         self.cls = ray_worker_class()
         self.model_ref = ray.put(None if server else copy.deepcopy(model).cpu())
         self.args = (tokenizer_dir, opts, env_opts, seed, threads, server)
-        self.publish = ServerWeights(server, weights_dir)
+        self.server = make_policy(None, server=server, weights_dir=weights_dir) if server else None
         self.group_size = group_size
         self.actors = [self._make() for _ in range(workers)]
         self.refs: dict = {}  # ObjectRef -> (worker, task_id, spec, actor)
@@ -130,7 +139,7 @@ class RayPool:
             self.actors[w].set_weights.remote(*self.weights)
 
     def set_weights(self, state: dict, version: int) -> None:
-        state = self.publish.push(state, version)
+        state = push_to_server(self.server, state, version)
         self.weights = (self.ray.put(state), version)
         for a in self.actors:
             a.set_weights.remote(*self.weights)
@@ -149,4 +158,5 @@ class RayPool:
         for a in self.actors:
             self.ray.kill(a, no_restart=True)
         self.refs.clear()
-        self.publish.close()
+        if self.server is not None:
+            self.server.close()

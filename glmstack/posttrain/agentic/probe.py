@@ -32,7 +32,7 @@ def probe(model_dir: str, env: str, level: int = 0, n: int = 128, seed: int = 0,
     worker = RolloutWorker(load_hf(model_dir), model_dir, episode, EnvOptions(), seed)
     worker.set_weights(None, 0)
     run = EpisodeOptions(**{**vars(episode), "temperature": temperature})
-    trajs = run_group(worker.engine, worker.tokenizer, specs, run, EnvOptions(fault_p=fault_p),
+    trajs = run_group(worker.policy, worker.tokenizer, specs, run, EnvOptions(fault_p=fault_p),
                       list(range(len(specs))), version=lambda: 0)  # fmt: skip
     distinct = len({json.dumps(s, sort_keys=True) for s in specs})
     return {"success": sum(t.success for t in trajs) / len(trajs), "distinct": distinct} | retry_stats(trajs)

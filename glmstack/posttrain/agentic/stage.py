@@ -27,6 +27,7 @@ from glmstack.config import ConfigError
 from glmstack.posttrain.agentic.env import EnvOptions
 from glmstack.posttrain.agentic.envs import env_class
 from glmstack.posttrain.agentic.episode import EpisodeOptions
+from glmstack.posttrain.policy import plain_copy
 from glmstack.posttrain.rl.rollouts import stable_seed
 from glmstack.train import dist
 from glmstack.train.config import DistConfig, TrainConfig
@@ -138,7 +139,7 @@ def evaluate(worker, specs: list[dict], env: EnvOptions) -> dict:
     from glmstack.posttrain.agentic.data import retry_stats
     from glmstack.posttrain.agentic.episode import run_group
 
-    trajs = run_group(worker.engine, worker.tokenizer, specs, greedy, env, list(range(len(specs))),
+    trajs = run_group(worker.policy, worker.tokenizer, specs, greedy, env, list(range(len(specs))),
                       version=worker.current_version)  # fmt: skip
     out = {"success": sum(t.success for t in trajs) / len(trajs)} | retry_stats(trajs)
     for name in sorted({s["env"] for s in specs}):
@@ -158,7 +159,7 @@ def held_out_eval(cfg: AgenticConfig, model, tokenizer_dir: str):
 
     def run(state: dict) -> dict:
         if "w" not in holder:
-            holder["w"] = RolloutWorker(plain_policy(model, state), tokenizer_dir, o.episode, o.env, cfg.seed)
+            holder["w"] = RolloutWorker(plain_copy(model, state, cpu=True), tokenizer_dir, o.episode, o.env, cfg.seed)
         w = holder["w"]
         w.set_weights(state, -1)
         plain = {**vars(o.env), "crash_p": 0.0, "group_faults": False}  # held-out episodes fail independently
@@ -199,18 +200,11 @@ def check(cfg: AgenticConfig) -> None:
         raise ConfigError("agentic: workers, group_size, groups_per_step, sync_every and inflight must be >= 1")
 
 
-def plain_policy(model, state: dict):
-    """A single-device CPU copy of the policy holding `state` (a sharded trainer's copy is a fresh GLM)."""
-    if dist.is_dist():
-        return dist.plain_copy(dist.unwrap(model), {k: v.clone() for k, v in state.items()})
-    return copy.deepcopy(dist.unwrap(model)).cpu()
-
-
 def make_pool(cfg: AgenticConfig, model, tokenizer_dir: str, state: dict):
     from glmstack.posttrain.agentic.pools import LocalPool, RayPool
 
     o = cfg.agentic
-    args = (plain_policy(model, state), tokenizer_dir, o.episode, o.env, cfg.seed, o.workers, o.group_size)
+    args = (plain_copy(model, state, cpu=True), tokenizer_dir, o.episode, o.env, cfg.seed, o.workers, o.group_size)
     server = (o.rollout_server, o.server_model, o.rollout_server_key or None) if o.rollout_server else None
     if cfg.runner == "ray":
         return RayPool(*args, address=cfg.ray.address, num_cpus=cfg.ray.num_cpus, threads=cfg.ray.worker_threads,
@@ -242,7 +236,7 @@ def build(cfg: AgenticConfig, model, optimizer, tokenizer_dir: str):
 def run_agentic(cfg: AgenticConfig, stop_at: int | None = None) -> dict:
     """Model and optimiser as every stage builds them, the runner's trajectories as the data, the DIS loss; then
     the final held-out success (agentic_summary.json), plots and an HF model folder."""
-    from glmstack.posttrain.agentic.dashboard import plot_dashboard
+    from glmstack.posttrain.rl.dashboard import plot_dashboard
     from glmstack.posttrain.rl.stage import rl_loss
     from glmstack.train.checkpoint import resolve
     from glmstack.train.loop import train
@@ -269,10 +263,10 @@ def run_agentic(cfg: AgenticConfig, stop_at: int | None = None) -> dict:
         (folder / "agentic_summary.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
         if cfg.log.plots:
             plot_dashboard(folder)
-        from glmstack.posttrain.sft import export
-        from glmstack.tokenizer import Tokenizer
+        from glmstack.train.export import export_checkpoint as export
+        from glmstack.train.export import stage_tokenizer
 
-        tok = Tokenizer.load(folder_in)
+        tok = stage_tokenizer(cfg)
         result["model"] = str(export(Path(result["checkpoint"]), folder / "model", tok, cfg.agentic.episode.chat_style))
     return result
 
@@ -280,7 +274,7 @@ def run_agentic(cfg: AgenticConfig, stop_at: int | None = None) -> dict:
 def main(argv: list[str] | None = None) -> int:
     from glmstack.stage_cli import main_for
 
-    return main_for("agentic", __doc__.splitlines()[0], argv, run_fn=run_agentic)
+    return main_for("agentic-rl", __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,12 @@
-"""The RL dashboard: plots and a summary drawn from the stage's metrics.jsonl (nothing hooked into the loop).
+"""The one RL dashboard (every RL path: reasoning, agentic, distillation, VL): plots and a summary drawn from the
+stage's metrics.jsonl (nothing hooked into the loop). A panel is drawn when the run logged any of its figures.
 
-Panels (docs/rl.md says how to read them): reward and held-out accuracy; response length; entropy; clip fraction
-and the mismatch correction's masked fraction; mean |logp_train − logp_rollout|; the zero-variance group fraction;
-rollout and train tokens/s; where a step's time goes (rollout / reward / train / weight sync / held-out eval). Train
-time is what is left of the loop's step time (input tokens / the loop's tok_per_s) after the others.
+Panels (docs/rl.md and docs/agentic.md say how to read them): reward and held-out accuracy; response length;
+entropy; clip fraction and the mismatch correction's masked fraction; mean |logp_train − logp_rollout|; the
+zero-variance group fraction; rollout and train tokens/s; where a step's time goes (rollout / reward / train /
+weight sync / held-out eval); staleness in trainer steps; and the agentic episodes' panels (success, turns and
+failures, retries after a failed call, throughput, waiting). Train time is what is left of the loop's step time
+(input tokens / the loop's tok_per_s) after the others.
 
     python -m glmstack.posttrain.rl.dashboard runs/speedrun/rl      # redraws runs/speedrun/rl/plots/rl_*.png
     python -m glmstack.posttrain.rl.dashboard --compare out.png grpo=runs/a/rl,runs/b/rl icepop=runs/c/rl,runs/d/rl
@@ -28,6 +31,14 @@ PANELS = {
     "rl_throughput": ("rollout_tok_per_s", "train_tok_per_s"),
     "rl_time_split": ("time/rollout_s", "time/reward_s", "time/train_s", "time/sync_s", "time/eval_s"),
     "rl_loss": ("loss",),
+    "rl_staleness": ("staleness_mean", "staleness_max", "weight_version"),
+    # agentic RL (posttrain/agentic): episodes, failures, the asynchronous runner
+    "agentic_success": ("success", "reward", "heldout_success", "heldout_faults_success"),
+    "agentic_episode": ("turns", "tool_calls", "malformed_frac", "loop_frac", "truncated_frac"),
+    "agentic_retry": ("retry_frac", "heldout_faults_retry_frac"),  # after a failed call: called again
+    "agentic_staleness": ("rollout/stale", "rollout/env_error", "rollout/padded"),
+    "agentic_throughput": ("traj_per_s",),
+    "agentic_time": ("time/wait_s", "time/sync_s", "time/eval_s"),
 }
 
 
@@ -54,7 +65,7 @@ def plot_dashboard(folder: str | Path) -> list[Path]:
     for title, keys in PANELS.items():
         curves = []
         for k in keys:
-            pts = [(r["step"], r[k]) for r in rows if k in r]
+            pts = [(r["step"], r[k]) for r in rows if r.get(k) is not None]
             if pts:
                 xs, ys = zip(*pts)
                 curves.append((k, list(xs), list(ys), ".-" if len(xs) < 30 else "-"))
@@ -86,7 +97,7 @@ def summary(folder: str | Path, result: dict) -> dict:
             "steps": result.get("step"), "means": {k: mean(k) for k in keys}, "time_split": split}  # fmt: skip
 
 
-def _mean_std(xs: list[float]) -> str:
+def mean_std(xs: list[float]) -> str:
     xs = [x for x in xs if x is not None]
     if not xs:
         return "-"
@@ -142,7 +153,7 @@ def compare(groups: dict[str, list[str]], plot_path: str | None = None, upto: in
             rewards.append([r["reward"] for r in with_reward])
             norms.append([r["grad_norm"] for r in rows])
             heldout.append(curve)
-        lines.append(f"| {name} ({len(folders)}) | " + " | ".join(_mean_std(per[c]) for c in cols) + " |")
+        lines.append(f"| {name} ({len(folders)}) | " + " | ".join(mean_std(per[c]) for c in cols) + " |")
         steps = [s for s, _ in heldout[0]][: min(map(len, heldout))]
         curves.append((name, _seed_mean(rewards), _seed_mean(norms), (steps, _seed_mean([[a for _, a in h]
                                                                                        for h in heldout]))))  # fmt: skip

@@ -10,7 +10,8 @@ earlier stages' final checkpoints, each with the prompts of its own stage ("mixe
 a skill an earlier stage had and a later stage lost is pulled back where the teacher disagrees with the student.
 
 How it runs: the RL stage (stage.py) with this data stream. Per step, `Distillation`
-  1. syncs the student's weights into its rollout engine (as Rollouts);
+  1. pushes the student's weights to its rollout policy (as Rollouts: in process, or `rl.rollout_server` with
+     `rl.sync_every` / `rl.tau`, posttrain/policy.py);
   2. splits `rl.samples_per_step` over the teachers by `weight` (largest remainder) and draws each teacher's
      prompts from its task (`tasks.py`) at its level, one sample per prompt (group size 1);
   3. builds the micro-batches as Rollouts does and has each teacher score its rows' sampled tokens: log-probs of
@@ -147,7 +148,8 @@ class Distillation(Rollouts):
             owner += [k] * n
             rewards += task_reward
         stats |= {"reward": sum(rewards) / len(rewards), "temperature": self.temperature,
-                  "response_len": sum(len(r[1]) for r, _, _ in flat) / len(flat)}  # fmt: skip
+                  "response_len": sum(len(r[1]) for r, _, _ in flat) / len(flat), "weight_version": float(self.version),
+                  "staleness_mean": self.staleness[0], "staleness_max": float(self.staleness[1])}  # fmt: skip
         self.history.append(stats["reward"])
         self.step += self.updates
         batch, t0 = self.batch([[s] for s in flat], 1, stats), time.perf_counter()
@@ -251,11 +253,11 @@ def check(cfg: DistillConfig) -> None:
     check_sampling(cfg)
     if any(t.server for t in teachers_of(cfg)) and (o.temperature != 1.0 or o.top_p < 1.0 or o.top_k):
         raise ConfigError("a teacher server reports raw log-probs: use rl.temperature=1, top_p=1, top_k=0")
+    if cfg.rl.loss == "ppo":
+        raise ConfigError("rl.loss=ppo learns a critic from rewards; distillation's advantage is the teacher's (grpo, "
+                          "dis, cispo)")  # fmt: skip
     if cfg.rl.loss == "gspo":
         raise ConfigError("rl.loss=gspo has one advantage per sequence; distillation's is per token (grpo, dis, cispo)")
-    if cfg.rl.rollout_server:
-        raise ConfigError("rl.rollout_server: distillation samples from the in-process student (a server keeps its "
-                          "own weights)")  # fmt: skip
     if cfg.rl.samples_per_step % (cfg.grad_accum * o.minibatches):
         raise ConfigError(f"rl.samples_per_step={cfg.rl.samples_per_step} does not split into grad_accum="
                           f"{cfg.grad_accum} x rl.minibatches={o.minibatches} micro-batches")  # fmt: skip
@@ -314,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if argv and argv[0] == "eval":
         return eval_main(argv[1:])
-    return main_for("distill", __doc__.splitlines()[0], argv, run_fn=run_distill)
+    return main_for("distill", __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":

@@ -7,12 +7,11 @@ go out concurrently, so the server's continuous batching serves them together.
 
 Servers report raw log-probs (before temperature / top-k / top-p; vLLM's default, ours too), which are the sampling
 distribution's only at temperature 1 without top-k / top-p; other settings are refused rather than silently
-compared against the wrong distribution. There is no weight push over the OpenAI API itself: the trainer pushes
-its weights with `push_weights` (our server's and SGLang's POST /update_weights_from_disk, through a file on a disk
-both read: `ServerWeights`), every `rl.sync_every` / `agentic.sync_every` steps. Each response's `weight_version`
-(our server reports the version of the weights that generated it) is kept per row, so staleness is the
-sampler's, not the trainer's belief; a server that reports none (vLLM) is taken at the pushed version. `score`
-asks a server for the log-probs of given tokens (a distillation teacher).
+compared against the wrong distribution. There is no weight push over the OpenAI API itself: posttrain/policy.py's
+ServerPolicy (this client + a push) sends the trainer's weights through our server's and SGLang's POST
+/update_weights_from_disk. Each response's `weight_version` (our server reports the version of the weights that
+generated it) is kept per row, so staleness is the sampler's, not the trainer's belief. `score` asks a server for
+the log-probs of given tokens (a distillation teacher).
 
 A server started with `--api-key` wants `Authorization: Bearer KEY` on every call: give `api_key` (the configs'
 `rl.rollout_server_key` / `agentic.rollout_server_key`) or set GLMSTACK_API_KEY, which the server reads too.
@@ -21,9 +20,7 @@ A server started with `--api-key` wants `Authorization: Bearer KEY` on every cal
 from __future__ import annotations
 
 import os
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from types import SimpleNamespace
 
 from glmstack.inference.engine import GenerationResult
@@ -48,21 +45,6 @@ class ServerEngine:
             card = next(m for m in self.client.models.list().data if m.id == self.model)
             self._cfg = SimpleNamespace(max_position_embeddings=int(card.model_extra["max_model_len"]))
         return self._cfg
-
-    def push_weights(self, state: dict, version: int, folder: str) -> None:
-        """Make the server generate with `state` from now on: written to `folder` (a disk the server reads too,
-        inside its --weight-root) and loaded by POST /update_weights_from_disk, which returns once the server's
-        engine runs them."""
-        import httpx
-        from safetensors.torch import save_file
-
-        path = str(Path(folder) / "weights.safetensors")
-        save_file({k: v.detach().cpu().contiguous().clone() for k, v in state.items()}, path)
-        auth = {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        r = httpx.post(self.url + "/update_weights_from_disk", json={"model_path": path, "weight_version": version},
-                       headers=auth, timeout=600)  # fmt: skip
-        if r.status_code != 200:
-            raise RuntimeError(f"the rollout server refused the weights: {r.status_code} {r.text}")
 
     def generate(self, prompts, max_new_tokens: int, *, temperature: float, top_p: float = 1.0, top_k: int = 0,
                  seeds, logprobs: bool = True, stop_ids=None) -> GenerationResult:  # fmt: skip
@@ -100,25 +82,3 @@ class ServerEngine:
 
         with ThreadPoolExecutor(self.concurrency) as pool:
             return list(pool.map(one, sequences))
-
-
-class ServerWeights:
-    """The weight push to a rollout server (`rl.rollout_server`, `agentic.rollout_server`): once per version, from
-    the trainer's process, through a file in a private folder (the server must read this disk, as SGLang's
-    update_weights_from_disk, and allow that folder: `glmstack serve --enable-weight-updates --weight-root DIR`
-    with `folder` inside DIR). `server`: (url, model name, API key or None)."""
-
-    def __init__(self, server: tuple | None, folder: str = "", tokenizer=None):
-        self.engine = ServerEngine(server[0], server[1], tokenizer, api_key=server[2]) if server else None
-        self.folder = tempfile.TemporaryDirectory(prefix="glmstack-weights-", dir=folder or None) if server else None
-
-    def push(self, state: dict, version: int) -> dict | None:
-        """What in-process workers get: the state itself, or None when the server took it."""
-        if self.engine is None:
-            return state
-        self.engine.push_weights(state, version, self.folder.name)
-        return None
-
-    def close(self) -> None:
-        if self.folder is not None:
-            self.folder.cleanup()

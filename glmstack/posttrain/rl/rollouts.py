@@ -15,13 +15,17 @@ so the loop's per-micro-batch weights (by input tokens) are equal and a sample-m
 With PPO-style updates (`rl.ppo_epochs` × `rl.minibatches` optimizer steps per rollout batch) the batch also carries
 `old_logp (B, L)`: the trainer's log-probs at the rollout weights, computed once before the first update; each epoch
 visits the samples in a fresh order (a pure function of seed, step and epoch) cut into `minibatches` steps.
+With `rl.loss=ppo` (ppo.py) the hook `ppo.rollout_fields` computes, at the same point, `old_logp`, the critic's
+`values`, the `kl` to the frozen reference, and per-token GAE `advantages (B, L)` and `returns`.
 
 Several ranks (DDP / FSDP2 / expert parallel): `rl.samples_per_step` is the global batch. Every rank draws the
 step's prompts as one process would and takes its contiguous share of the groups, sampling each row with the seed
 of its global row index; every rank's rollout engine holds the whole policy (the unsharded state, gathered on
 each sync); batches are padded to one length over all ranks, so the loop weights every micro-batch alike and a
-step equals one process accumulating all ranks' micro-batches (tests/dist/test_rl_dist.py). Over-sampling rounds
-(dynamic sampling) draw per rank.
+step equals one process accumulating all ranks' micro-batches (tests/dist/test_rl_dist.py). Dynamic sampling is
+global too: every round (the batch, then each refill) is one draw split over the ranks, every rank sees all groups
+in global order (an all-gather of the sampled groups), keeps the first informative ones as one process would, and
+trains its contiguous share of them.
 
 Everything is a pure function of (seed, step): the prompts, the per-row sampling seeds and the held-out set, so the
 state (`state_dict`) is the step counter, the temperature, the reward history and the micro-batches of the current
@@ -31,7 +35,6 @@ did (tests/posttrain/test_rl_stage.py).
 
 from __future__ import annotations
 
-import copy
 import time
 import zlib
 
@@ -39,6 +42,7 @@ import torch
 
 from glmstack.posttrain.rl import rewards as reward_lib
 from glmstack.posttrain.rl.losses import group_advantages, token_logprobs
+from glmstack.posttrain.rl.ppo import rollout_fields
 from glmstack.posttrain.sample import Sample, collate
 from glmstack.train import dist
 
@@ -84,15 +88,18 @@ def plateaued(history: list[float], window: int, tol: float) -> bool:
 class Rollouts:
     """Iterable of RL micro-batches for the loop (see the module docstring); `state_dict` makes resume exact."""
 
-    def __init__(self, *, model, task, opts, seed: int, micro_batches: int, tokenizer=None, style="glm-4.5"):
+    def __init__(self, *, model, task, opts, seed: int, micro_batches: int, tokenizer=None, style="glm-4.5",
+                 reference=None):  # fmt: skip
         self.policy, self.task, self.opts, self.seed = model, task, opts, seed
+        self.reference = reference  # rl.loss=ppo: the frozen model of the KL-in-reward (ppo.py)
         self.micro_batches, self.tokenizer, self.style = micro_batches, tokenizer, style
         self.weights = [tuple(w) for w in opts.rewards] or [(r, 1.0) for r in task.rewards]
         for name, _ in self.weights:
             reward_lib.get(name)
         self.step, self.temperature, self.history = 0, float(opts.temperature), []
         self.queue: list[dict] = []
-        self.engine = self.eval_engine = self.publish = None
+        self.engine = self.eval_engine = None
+        self.media: list = []  # a VL batch's pixels per row (multimodal.processor.Media), else empty
         self.version: int | None = None  # the trainer step whose weights the rollout engine holds
         self.check_ranks()
         self.heldout = task.problems(split="test", n=opts.heldout_n, seed=seed, level=opts.heldout_level)
@@ -133,36 +140,22 @@ class Rollouts:
 
     # ------------------------------------------------------------------ the rollout engine
     def sync(self, perturb: bool = True, force: bool = False) -> float:
-        """Push the trainer's weights to the rollout engine when due (every `rl.sync_every` steps, or `force`): into
-        the in-process copy (made on first use, in `rl.rollout_dtype`; `perturb`: then `rl.rollout_noise`), or to
-        the rollout server (rank 0 writes them where the server reads, POST /update_weights_from_disk). The version
-        is the trainer step the weights come from."""
-        from glmstack.inference import Engine
+        """Push the trainer's whole (unsharded) weights to the rollout policy when due (every `rl.sync_every` steps,
+        or `force`): the in-process copy (made on first use, in `rl.rollout_dtype`, then `rl.rollout_noise` unless
+        `perturb` is False) or the rollout server (posttrain/policy.py). The version is the trainer step."""
+        from glmstack.posttrain.policy import make_policy
 
         t0 = time.perf_counter()
         if not (force or self.version is None or self.step - self.version >= self.opts.sync_every):
             return 0.0
-        state = self.full_state()
-        if self.opts.rollout_server:
-            from glmstack.posttrain.rl.remote import ServerWeights
-
-            if self.engine is None:
-                o = self.opts
-                server = (o.rollout_server, o.server_model, o.rollout_server_key or None)
-                self.publish = ServerWeights(server, o.rollout_weights_dir, self.tokenizer)
-                self.engine = self.publish.engine
-            if dist.rank() == 0:
-                self.publish.push(state, self.step)
-            dist.barrier()  # no rank generates before the server runs the new weights
-        else:
-            if self.engine is None:
-                rollout_model = self.plain_model(state).to(getattr(torch, self.opts.rollout_dtype))
-                self.engine = Engine(rollout_model, self.tokenizer)
-                self.engine.compact = True
-            with torch.no_grad():
-                self.engine.model.load_state_dict(state)
-            if perturb:
-                self.perturb(self.engine.model)
+        state, o = self.full_state(), self.opts
+        if self.engine is None:
+            server = (o.rollout_server, o.server_model, o.rollout_server_key or None) if o.rollout_server else None
+            self.engine = make_policy(None if server else self.plain_model(state), self.tokenizer, server=server,
+                                      weights_dir=o.rollout_weights_dir, dtype=o.rollout_dtype,
+                                      perturb=self.perturb)  # fmt: skip
+        self.engine.perturb = self.perturb if perturb and not o.rollout_server else None
+        self.engine.push(state, self.step)
         self.version = self.step
         return time.perf_counter() - t0
 
@@ -170,7 +163,7 @@ class Rollouts:
         """Held-out evaluation scores the trainer's current weights, the ones exported: the rollout copy when it
         holds exactly them (synced this step, fp32, unperturbed), else an in-process copy loaded now (a server's,
         a perturbed, bf16 or older copy is never what is scored). Collective with several ranks."""
-        from glmstack.inference import Engine
+        from glmstack.posttrain.policy import EnginePolicy
 
         o = self.opts
         if not o.rollout_server and self.version == self.step and o.rollout_dtype == "float32" and not o.rollout_noise:
@@ -178,22 +171,18 @@ class Rollouts:
             return
         state = self.full_state()
         if self.eval_engine is None or self.eval_engine is self.engine:
-            self.eval_engine = Engine(self.plain_model(state), self.tokenizer)
-            self.eval_engine.compact = True
-        with torch.no_grad():
-            self.eval_engine.model.load_state_dict(state)
+            self.eval_engine = EnginePolicy(self.plain_model(state), self.tokenizer)
+        self.eval_engine.push(state, self.step)
 
     def full_state(self) -> dict:
-        """The policy's whole state on this rank (collective with several ranks: FSDP / expert shards gathered)."""
-        if dist.is_dist():
-            return dist.full_state_dict(self.policy, everywhere=True)
-        return dist.unwrap(self.policy).state_dict()
+        from glmstack.posttrain.policy import full_state
+
+        return full_state(self.policy)
 
     def plain_model(self, state: dict):
-        """A single-device copy of the policy holding `state` (its own tensors: the trainer's are not shared)."""
-        if dist.is_dist():
-            return dist.plain_copy(dist.unwrap(self.policy), state)
-        return copy.deepcopy(dist.unwrap(self.policy))
+        from glmstack.posttrain.policy import plain_copy
+
+        return plain_copy(self.policy, state)
 
     @torch.no_grad()
     def perturb(self, model) -> None:
@@ -209,26 +198,27 @@ class Rollouts:
     def generate(self, problems, group_size: int, temperature: float, tag, first_row: int = 0, engine=None):
         """All problems × group_size samples -> (engine results per row, reward Samples); row i samples with the
         seed of row first_row + i (its index in the global batch). `engine`: the rollout engine by default."""
-        prompts = [p.prompt_ids for p in problems for _ in range(group_size)]
+        rows_of = [p for p in problems for _ in range(group_size)]
+        prompts, media = [p.prompt_ids for p in rows_of], [p.meta.get("media") for p in rows_of]
         seeds = [stable_seed(self.seed, tag, first_row + i) for i in range(len(prompts))]
         o = self.opts
-        res = (engine or self.engine).generate(prompts, max_new_tokens=o.max_new_tokens, temperature=temperature,
-                                               top_p=o.top_p, top_k=o.top_k, seeds=seeds, logprobs=True,
-                                               stop_ids=self._stop_ids())  # fmt: skip
+        res = (engine or self.engine).generate(prompts, o.max_new_tokens, temperature=temperature, top_p=o.top_p,
+                                               top_k=o.top_k, seeds=seeds, logprobs=True, stop_ids=self._stop_ids(),
+                                               media=media if any(m is not None for m in media) else None)  # fmt: skip
         if engine is None:
             self.check_versions(res.weight_versions)
         samples = []
         for i, toks in enumerate(res.tokens):
             text = res.text[i] if res.text is not None else ""
-            samples.append(reward_lib.Sample(meta=problems[i // group_size].meta, tokens=toks, text=text,
+            samples.append(reward_lib.Sample(meta=rows_of[i].meta, tokens=toks, text=text,
                                              finish=res.finish_reason[i], max_new_tokens=o.max_new_tokens,
                                              style=self.style))  # fmt: skip
         rows = [(prompts[i], res.tokens[i], res.logprobs[i]) for i in range(len(prompts))]
         return rows, samples
 
     def check_versions(self, reported: list | None) -> None:
-        """The sampler's own weight versions (a server reports one per response) against the staleness bound
-        `rl.tau` in trainer steps; ours otherwise. A rollout older than that means the server did not take the
+        """The sampler's own weight versions (the policy reports one per row; a server its own) against the
+        staleness bound `rl.tau` in trainer steps. A rollout older than that means the server did not take the
         pushed weights: an error, never silently off-policy data."""
         versions = [v if isinstance(v, int) else self.version for v in (reported or [None])]
         stale = [self.step - v for v in versions]
@@ -261,39 +251,42 @@ class Rollouts:
             self.history = []
         stats["time/eval_s"] = time.perf_counter() - t0
         kept, spare, t_roll, t_rew, n_groups, n_zero, new_tok = [], [], 0.0, 0.0, 0, 0, 0
+        n_global = n_prompts * W  # groups in the global batch
         for round_ in range(1 + o.oversample_rounds):
-            need = n_prompts - len(kept)
+            need = n_global - len(kept)
             if need <= 0:
                 break
-            # round 0: the global draw, this rank's share of it; refills: each rank its own draw
-            tag = (self.step, round_) if round_ == 0 or W == 1 else (self.step, round_, rank)
-            ask = n_prompts * W if round_ == 0 else need * o.oversample
-            problems = self.task.problems(split="train", n=ask, seed=stable_seed(self.seed, *tag), level=level)
-            first = rank * n_prompts if round_ == 0 else 0
-            problems = problems[first : first + n_prompts] if round_ == 0 else problems
+            # a global draw (round 0: the batch; then refills), each rank generating its contiguous share with the
+            # seeds of the global rows; every rank then sees every group, in global order, as one process would
+            ask = n_global if round_ == 0 else need * o.oversample
+            share = -(-ask // W)
+            problems = self.task.problems(split="train", n=share * W, seed=stable_seed(self.seed, self.step, round_),
+                                          level=level)[rank * share : (rank + 1) * share]  # fmt: skip
             t0 = time.perf_counter()
-            rows, samples = self.generate(problems, group, self.temperature, tag, first * group)
+            rows, samples = self.generate(problems, group, self.temperature, (self.step, round_), rank * share * group)
             t1 = time.perf_counter()
             rew, means = reward_lib.total(samples, self.weights)
             t_roll, t_rew = t_roll + t1 - t0, t_rew + time.perf_counter() - t1
             new_tok += sum(len(r[1]) for r in rows)
             if round_ == 0:  # the policy's reward as sampled: first round only (no selection bias)
-                stats |= means | {
+                stats |= dist.means_over_ranks(means | {
                     "reward": sum(rew) / len(rew),
                     "response_len": sum(len(r[1]) for r in rows) / len(rows),
                     "truncated_frac": sum(s.finish == "length" for s in samples) / len(samples),
-                }
-            for g in range(len(problems)):
-                grp = [(rows[g * group + j], rew[g * group + j], samples[g * group + j]) for j in range(group)]
+                })  # fmt: skip
+            mine = [[(rows[g * group + j], rew[g * group + j], samples[g * group + j]) for j in range(group)]
+                    for g in range(len(problems))]  # fmt: skip
+            for grp in (g for part in dist.gather_objects(mine) for g in part):
                 values = [r for _, r, _ in grp]
                 n_groups, n_zero = n_groups + 1, n_zero + int(len(set(values)) == 1)
                 (kept if informative(values, hard_k) or not o.dynamic_sampling else spare).append(grp)
-        kept = (kept + spare)[:n_prompts]  # not enough informative groups: fill with zero-gradient ones
+        kept = (kept + spare)[:n_global]  # not enough informative groups: fill with zero-gradient ones
         stats |= {"zero_var_frac": n_zero / max(n_groups, 1), "kept_informative": float(sum(
-            len({r for _, r, _ in g}) > 1 for g in kept)) / max(n_prompts, 1),
+            len({r for _, r, _ in g}) > 1 for g in kept)) / max(n_global, 1),
             "time/rollout_s": t_roll, "time/reward_s": t_rew, "rollout_tok_per_s": new_tok / max(t_roll, 1e-9),
             "temperature": self.temperature, "weight_version": float(self.version),
             "staleness_mean": self.staleness[0], "staleness_max": float(self.staleness[1])}  # fmt: skip
+        kept = kept[rank * n_prompts : (rank + 1) * n_prompts]  # this rank's share of the global batch
         self.history.append(stats["reward"])
         self.step += self.updates
         return self.updates_of(self.batch(kept, group, stats), stats)
@@ -304,9 +297,12 @@ class Rollouts:
         rew = torch.tensor([r for _, r, _ in flat])
         adv = group_advantages(rew, group, std_normalize=self.opts.std_normalize)
         samples = [Sample.single_turn(prompt, toks, lps, versions=[self.version], group=i // group, index=i % group,
-                                      reward=float(r), meta=s.meta)
+                                      reward=float(r), meta=s.meta, media=s.meta.get("media"))
                    for i, ((prompt, toks, lps), r, s) in enumerate(flat)]  # fmt: skip
-        return collate(samples, adv)
+        out = collate(samples, adv)
+        self.media = [s.media for s in samples] if samples[0].media is not None else []
+        out |= {"rewards": rew} if self.opts.loss == "ppo" else {}  # ppo.rollout_fields puts them at the last token
+        return out | ({"row": torch.arange(len(samples))} if self.media else {})
 
     @torch.no_grad()
     def old_logprobs(self, batch: dict, groups: list[torch.Tensor]) -> torch.Tensor:
@@ -336,7 +332,11 @@ class Rollouts:
             if self.updates > 1:
                 g = torch.Generator().manual_seed(stable_seed(self.seed, "epoch", first, epoch))
                 order = torch.randperm(n, generator=g)
-            if self.updates > 1 and epoch == 0:
+            if self.opts.loss == "ppo" and epoch == 0:  # π_old, the critic's values, KL-in-reward, GAE (ppo.py)
+                fields, figures = rollout_fields(self.policy, self.reference, batch, list(order.split(per)),
+                                                 self.temperature, self.opts)  # fmt: skip
+                batch, stats = batch | fields, stats | figures
+            elif self.updates > 1 and epoch == 0:
                 batch["old_logp"] = self.old_logprobs(batch, list(order.split(per)))
             for m in range(self.opts.minibatches):
                 rows = order[m * per_step : (m + 1) * per_step]
@@ -348,9 +348,17 @@ class Rollouts:
                 }
                 for k in range(0, per * self.micro_batches, per):
                     idx = rows[k : k + per]
-                    out.append({key: value[idx] for key, value in batch.items()}
-                               | {"temperature": self.temperature, "stats": step_stats})  # fmt: skip
+                    out.append(self.with_pixels({key: value[idx] for key, value in batch.items()}
+                                                | {"temperature": self.temperature, "stats": step_stats}))  # fmt: skip
         return out
+
+    def with_pixels(self, micro: dict) -> dict:
+        """A VL micro-batch gets the pixels of its rows, in row order (rl_loss passes them to the model)."""
+        if "row" not in micro:
+            return micro
+        from glmstack.multimodal.processor import Media
+
+        return micro | Media.concat([self.media[r] for r in micro.pop("row").tolist()]).model_inputs()
 
     # ------------------------------------------------------------------ held-out evaluation
     def evaluate(self, temperature: float = 0.0, n: int | None = None) -> float:

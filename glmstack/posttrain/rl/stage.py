@@ -7,7 +7,8 @@ GLM-5 §3.2 Eq. 1 / GLM-4.5 §3.2 (research/rl-recipe.md §1): per optimizer ste
   -> this loss: log-probs from the trainer's logits / the rollout temperature over the same top-k / top-p nucleus,
      old log-probs = their detached copy (one optimizer step per rollout batch: on-policy; with rl.ppo_epochs /
      rl.minibatches > 1, the trainer's log-probs at the rollout weights, computed by rollouts.py), the policy loss
-     (rl.loss: grpo = clipped surrogate with rl.mismatch none | tis | icepop; dis; cispo; gspo)  (losses.py)
+     (rl.loss: grpo = clipped surrogate with rl.mismatch none | tis | icepop; dis; cispo; gspo)  (losses.py),
+     or ppo: the same surrogate on per-token GAE advantages + a value head's clipped loss        (ppo.py)
   -> the loop's optimizer step, guard, checkpoint, metrics.jsonl.
 The curriculum is a stage table `rl.curriculum` = [[from_step, level, group_size(, hard_k)], ...]; dynamic temperature
 (`rl.dynamic_temperature`) raises the temperature when the reward plateaus. The dashboard (metrics.jsonl, plots/,
@@ -16,6 +17,11 @@ rl_summary.json) is described in docs/rl.md, with why a policy loss near 0 is ex
     glmstack rl rl_speedrun                                   # the SFT'd speedrun model on the compare task
     glmstack rl rl_speedrun --set rl.mismatch=none --set rl.rollout_dtype=bfloat16 --set seed=1
     glmstack rl rl_tiny --set steps=4                         # a random tiny model on the token task (smoke test)
+    glmstack rl rl_tiny --set rl.loss=ppo --set steps=8       # PPO with a critic (docs/rl.md)
+`glmstack rl` runs every RL path, the recipe's config naming which (glmstack/stage_cli.py): `glmstack rl
+agentic_speedrun` is agentic RL (an AgenticConfig; alias `glmstack agentic-rl`), `glmstack rl distill_speedrun`
+on-policy distillation (alias `glmstack distill`), `glmstack rl vl_tiny` a vision-language policy (alias `glmstack
+vl-rl`). They share this loss, posttrain/sample.py's Sample + collate and posttrain/policy.py's Policy.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from glmstack.posttrain.rl.losses import (
     regularised,
     token_logprobs,  # fmt: skip
 )
+from glmstack.posttrain.rl.ppo import ppo_objective
 from glmstack.train import dist
 from glmstack.train.config import DistConfig, TrainConfig
 from glmstack.train.loop import VISION_INPUTS
@@ -61,7 +68,8 @@ class RLOptions:
     temperature: float = 1.0  # rollout temperature (> 0); the trainer divides its logits by the same
     top_p: float = 1.0  # rollout nucleus; the trainer's log-probs use the same
     top_k: int = 0  # rollout top-k; likewise
-    loss: Literal["grpo", "dis", "cispo", "gspo"] = "grpo"  # grpo = GLM-5 Eq. 1 with rl.mismatch
+    # grpo = GLM-5 Eq. 1 with rl.mismatch; ppo = the clipped surrogate + a critic on the trunk (ppo.py, docs/rl.md)
+    loss: Literal["grpo", "dis", "cispo", "gspo", "ppo"] = "grpo"
     mismatch: Literal["none", "tis", "icepop"] = "icepop"  # train/inference correction (GLM-5: IcePop, β = 2)
     mismatch_low: float = 0.5  # 1/β
     mismatch_high: float = 2.0  # β
@@ -70,6 +78,13 @@ class RLOptions:
     reduction: Literal["sample", "token"] = "sample"  # GLM-5: per-sample mean; GLM-4.5 code RL: token mean
     std_normalize: bool = True  # GRPO advantage / group std (GLM-5 Eq. 1); False = Dr.GRPO's R − mean
     entropy_coef: float = 0.0  # entropy bonus (off in GLM-5's reasoning RL)
+    # rl.loss=ppo only (ppo.py): per-token KL-in-reward to the frozen initial model, GAE, the critic's loss
+    kl_coef: float = 0.05  # r_t = −kl_coef · (log π_old − log π_ref), the sequence reward at the last token
+    gamma: float = 1.0  # GAE discount
+    gae_lambda: float = 0.95  # GAE λ
+    value_clip: float = 0.2  # V_old ± value_clip (PPO2's clipped value loss); 0 = unclipped
+    vf_coef: float = 0.1  # loss = policy loss + vf_coef · value loss
+    whiten_advantages: bool = True  # advantages (x − mean) / std over the rollout batch's response tokens
     dynamic_sampling: bool = True  # drop groups whose rewards are all equal, over-sample to refill (DAPO)
     oversample: int = 2  # an over-sampling round asks this many times the missing prompts
     oversample_rounds: int = 1  # extra rounds at most (then zero-variance groups fill the batch)
@@ -109,7 +124,8 @@ def rl_loss(opts: RLOptions):
 
     def loss_fn(model, batch: dict, values: dict):
         vision = {k: batch[k] for k in VISION_INPUTS if k in batch}  # a vision-language policy's pixels
-        logits_BTV = model(batch["input_ids"], **vision).logits.float()
+        out = model(batch["input_ids"], **vision)
+        logits_BTV = out.logits.float()
         temp = batch["temperature"]
         logp_BT = token_logprobs(logits_BTV, batch["targets"], temp, opts.top_p, opts.top_k)
         valid = (batch["mask"] > 0) & torch.isfinite(logp_BT)  # a token outside the trainer's nucleus: dropped
@@ -130,6 +146,8 @@ def rl_loss(opts: RLOptions):
         elif opts.loss == "dis":
             loss, stats = dis_loss(logp_BT, rollout, adv, mask, eps_low=opts.eps_low, eps_high=opts.eps_high,
                                    reduction=opts.reduction)  # fmt: skip
+        elif opts.loss == "ppo":  # the critic reads this forward's trunk; the batch carries GAE's fields (ppo.py)
+            loss, stats = ppo_objective(model, out.hidden, logp_BT, old, mask, batch, opts)
         elif opts.loss == "cispo":
             loss, stats = cispo_loss(logp_BT, old, adv, mask, eps_low=opts.eps_low, eps_high=opts.eps_high,
                                      reduction=opts.reduction)  # fmt: skip
@@ -178,6 +196,8 @@ def check(cfg: RLConfig) -> None:
                           "between two pushes are up to sync_every - 1 steps old)")  # fmt: skip
     if not o.curriculum or any(len(r) not in (3, 4) for r in o.curriculum):
         raise ConfigError("rl.curriculum: give rows [from_step, level, group_size] or [..., hard_k]")
+    if o.loss == "ppo":
+        check_ppo(cfg)
     for _, _, group, hard_k in (stage_at(o.curriculum, r[0]) for r in o.curriculum):
         if hard_k >= group:
             raise ConfigError(f"rl.curriculum: hard_k={hard_k} must be below the group size {group}")
@@ -186,15 +206,29 @@ def check(cfg: RLConfig) -> None:
             raise ConfigError(problem)
 
 
+def check_ppo(cfg: RLConfig) -> None:
+    """What rl.loss=ppo supports: one process (the value head joins the GLM after it is built), the in-process
+    rollout engine (a server run is not tested with it), GAE's and the critic's ranges."""
+    import os
+
+    o = cfg.rl
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError("rl.loss=ppo runs in one process (its value head is not built for DDP / FSDP); launch "
+                          "without torchrun")  # fmt: skip
+    if o.rollout_server:
+        raise ConfigError("rl.loss=ppo rolls out in process only (not tested with a rollout server); unset "
+                          "rl.rollout_server")  # fmt: skip
+    if not (0 < o.gamma <= 1 and 0 <= o.gae_lambda <= 1 and o.value_clip >= 0 and o.vf_coef > 0 and o.kl_coef >= 0):
+        raise ConfigError(f"rl.loss=ppo: need 0 < rl.gamma <= 1, 0 <= rl.gae_lambda <= 1, rl.value_clip >= 0, "
+                          f"rl.vf_coef > 0, rl.kl_coef >= 0 (got {o.gamma}, {o.gae_lambda}, {o.value_clip}, "
+                          f"{o.vf_coef}, {o.kl_coef})")  # fmt: skip
+
+
 def load_tokenizer(cfg: RLConfig):
     """The init_from folder's tokenizer, or None (the token task needs none)."""
-    from glmstack.tokenizer import Tokenizer
-    from glmstack.train.checkpoint import resolve
+    from glmstack.train.export import stage_tokenizer
 
-    if not cfg.init_from:
-        return None
-    folder = resolve(cfg.init_from, cfg.out_dir)
-    return Tokenizer.load(folder) if (folder / "tokenizer.json").exists() else None
+    return stage_tokenizer(cfg, required=False)
 
 
 def build(cfg: RLConfig, model, tokenizer):
@@ -204,20 +238,34 @@ def build(cfg: RLConfig, model, tokenizer):
     try:
         task = make_task(cfg.rl.task, tokenizer, cfg.rl.chat_style, cfg.rl.thinking)
         return Rollouts(model=model, task=task, opts=cfg.rl, seed=cfg.seed, micro_batches=cfg.grad_accum,
-                        tokenizer=tokenizer, style=cfg.rl.chat_style)  # fmt: skip
+                        tokenizer=tokenizer, style=cfg.rl.chat_style, reference=reference(cfg))  # fmt: skip
     except ValueError as e:
         raise ConfigError(f"rl: {e}") from None
+
+
+def reference(cfg: RLConfig):
+    """PPO's frozen reference for the KL-in-reward: the stage's starting model (init_from or the seeded init), in
+    eval mode without gradients; None for the other losses."""
+    if cfg.rl.loss != "ppo":
+        return None
+    from glmstack.train.loop import device_of
+    from glmstack.train.stage import initial_model
+
+    return initial_model(cfg, device_of(cfg)).eval().requires_grad_(False)
 
 
 def run_rl(cfg: RLConfig, stop_at: int | None = None, build_data=build, check_fn=check) -> dict:
     """Model and optimiser as every stage builds them, rollouts as the data, the RL loss; then the held-out score
     of the final weights (rl_summary.json), the dashboard plots and (with a tokenizer) an HF model folder.
     `build_data` / `check_fn`: another data stream and its own checks (distill.py)."""
+    from glmstack.posttrain.rl.ppo import attach_value_head
     from glmstack.train.loop import train
     from glmstack.train.stage import model_and_optimizer, stage_dir
 
     check_fn(cfg)
     model, optimizer = model_and_optimizer(cfg)
+    if cfg.rl.loss == "ppo":  # the critic: a value head on the trunk, optimised with the policy (ppo.py)
+        optimizer = attach_value_head(model, cfg.optim, cfg.seed)
     tokenizer = load_tokenizer(cfg)
     data = build_data(cfg, model, tokenizer)  # Rollouts; distill.py passes its teachers' stream
     folder = stage_dir(cfg)
@@ -237,7 +285,7 @@ def run_rl(cfg: RLConfig, stop_at: int | None = None, build_data=build, check_fn
         if cfg.log.plots:
             plot_dashboard(folder)
         if tokenizer is not None:
-            from glmstack.posttrain.sft import export
+            from glmstack.train.export import export_checkpoint as export
 
             result["model"] = str(export(Path(result["checkpoint"]), folder / "model", tokenizer, cfg.rl.chat_style))
     return result
@@ -246,7 +294,7 @@ def run_rl(cfg: RLConfig, stop_at: int | None = None, build_data=build, check_fn
 def main(argv: list[str] | None = None) -> int:
     from glmstack.stage_cli import main_for
 
-    return main_for("rl", __doc__.splitlines()[0], argv, run_fn=run_rl)
+    return main_for("rl", __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":

@@ -68,9 +68,10 @@ def normalise(record: dict, where: str) -> tuple[list[dict], list[dict], list[di
     return chosen[:n], chosen[n:], rejected[n:]
 
 
-def read_pairs(path: Path) -> list[tuple[list[dict], list[dict], list[dict]]]:
+def read_pairs(path: Path, option: str = "rm.data") -> list[tuple[list[dict], list[dict], list[dict]]]:
+    """Every record of a preference JSONL file, normalised; `option` names the config field in a not-found error."""
     if not path.is_file():
-        raise ConfigError(f"rm.data: {path} not found")
+        raise ConfigError(f"{option}: {path} not found")
     out = []
     for i, line in enumerate(path.read_text().splitlines(), start=1):
         if not line.strip():
@@ -191,13 +192,18 @@ class PreferenceBatches:
         return self
 
     def __next__(self) -> dict:
+        take = self.next_indices()
+        chosen, rejected = [self.pairs[i][0] for i in take], [self.pairs[i][1] for i in take]
+        return pad_rows(chosen + rejected, self.seq_len, self.pad_id)
+
+    def next_indices(self) -> list[int]:
+        """This rank's pair indices for the next micro-batch; advances the position (DPO's batches reuse it)."""
         per_step = self.batch_size * self.world
         if self.pos + per_step > len(self.pairs):
             self.epoch, self.pos = self.epoch + 1, 0
         take = self.order()[self.pos + self.rank * self.batch_size : self.pos + (self.rank + 1) * self.batch_size]
         self.pos += per_step
-        chosen, rejected = [self.pairs[i][0] for i in take], [self.pairs[i][1] for i in take]
-        return pad_rows(chosen + rejected, self.seq_len, self.pad_id)
+        return take
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "pos": self.pos}

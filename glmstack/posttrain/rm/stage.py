@@ -22,7 +22,6 @@ import itertools
 import json
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -112,15 +111,9 @@ def build_reward_model(cfg: RMConfig, device: torch.device):
 
 # ---------------------------------------------------------------------------------------------------- data
 def load_tokenizer(cfg: RMConfig):
-    from glmstack.tokenizer import Tokenizer
-    from glmstack.train.checkpoint import resolve
+    from glmstack.train.export import stage_tokenizer
 
-    if not cfg.rm.tokenizer and not cfg.init_from:
-        raise ConfigError("rm.tokenizer: give a folder with tokenizer.json (or init_from a model that has one)")
-    folder = Path(cfg.rm.tokenizer) if cfg.rm.tokenizer else resolve(cfg.init_from, cfg.out_dir)
-    if not (folder / "tokenizer.json").exists():
-        raise ConfigError(f"no tokenizer.json in {folder} (set rm.tokenizer=FOLDER)")
-    return Tokenizer.load(folder)
+    return stage_tokenizer(cfg, cfg.rm.tokenizer, option="rm.tokenizer")
 
 
 def pad_id(tokenizer) -> int:
@@ -222,7 +215,7 @@ def run_rm(cfg: RMConfig, stop_at: int | None = None) -> dict:
 def main(argv: list[str] | None = None) -> int:
     from glmstack.stage_cli import main_for
 
-    return main_for("rm", __doc__.splitlines()[0], argv, run_fn=run_rm)
+    return main_for("rm", __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":
