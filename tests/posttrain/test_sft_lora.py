@@ -1,4 +1,4 @@
-"""`glmstack sft --set lora.enabled=true`: the SFT stage trains adapters only and exports the adapter folder (with
+"""`glmstack sft` and `glmstack dpo` with `lora.enabled=true`: the stage trains adapters only and exports the adapter folder (with
 the tokenizer) naming its base; `glmstack merge` turns it into a full model that differs from the base."""
 
 import json
@@ -28,3 +28,21 @@ def test_sft_with_lora_exports_an_adapter_that_merges(base_dir, tmp_path):
     ids = torch.arange(1, 33)[None]
     with torch.no_grad():
         assert (base(ids).logits - merged(ids).logits).abs().max() > 1e-3
+
+
+def test_dpo_with_lora_starts_at_its_reference_and_exports_an_adapter(base_dir, tmp_path):
+    """DPO's frozen reference is the base (train.stage.initial_model), which a fresh adapter equals: loss ln 2 at
+    step 1; the export is the adapter folder."""
+    import math
+
+    from glmstack.cli import main as cli
+    from tests.posttrain.test_dpo import args, rows
+
+    extra = ["lora.enabled=true", "lora.r=4", "optim.muon=false", "optim.lr=3e-3", "steps=3", "dpo.val_data=[]"]
+    assert cli(args(base_dir, tmp_path, *[a for kv in extra for a in ("--set", kv)])) == 0
+    stage = tmp_path / "tiny" / "dpo"
+    first, last = rows(stage)[0], rows(stage)[-1]
+    assert abs(first["loss"] - math.log(2)) < 1e-6 and last["loss"] < first["loss"]
+    assert (stage / "model" / "adapter_model.safetensors").exists() and not (
+        stage / "model" / "model.safetensors"
+    ).exists()
