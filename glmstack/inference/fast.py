@@ -38,8 +38,8 @@ import torch
 import torch.nn.functional as F
 
 from glmstack.model.attention import Attention, sdpa
-from glmstack.model.mla import MLAttention
 from glmstack.model.lora import has_lora
+from glmstack.model.mla import MLAttention
 from glmstack.model.moe import MoE, experts_grouped
 from glmstack.model.rope import RopeTable, rope_cos_sin
 
