@@ -38,6 +38,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "chat": ("glmstack.inference.cli:chat_main", "chat with a checkpoint in the terminal (GLM chat format)"),
     "serve": ("glmstack.serve.cli:main", "an OpenAI-compatible server with tools, reasoning, streaming and a chat page"),
     "convert": ("glmstack.model.convert:main", "re-shard a checkpoint and change its dtype"),
+    "merge": ("glmstack.model.merge:main", "fold a LoRA adapter (PEFT folder) into its base: a plain HF checkpoint"),
     "eval": ("glmstack.eval.cli:main", "score a checkpoint or an endpoint: ppl, HumanEval, FIM, BFCL, math"),
     "sandbox": ("glmstack.sandbox.cli:main", "run a code snippet in the sandbox"),
     "ablate": ("glmstack.ablate.cli:main", "the GLM papers' design claims measured at small scale, with 95% intervals"),

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from glmstack.model.attention import Attention, sdpa
+from glmstack.model.lora import has_lora
 from glmstack.model.mla import MLAttention
 from glmstack.model.moe import MoE, experts_grouped
 from glmstack.model.rope import RopeTable, rope_cos_sin
@@ -58,8 +59,9 @@ ONEDNN_MIN_ROWS = 16  # and every projection from this many rows (prefills, big 
 
 def supported(model) -> bool:
     """GQA models (all fast) and MLA models (GLM-4.7-Flash, GLM-5: their attention module as it is, the rest fast);
-    not quantized ones (inference/quant.py: the fast path's fp weight copies would undo the quantization)."""
-    if getattr(model, "quant_scheme", None) is not None:
+    not quantized ones (inference/quant.py: the fast path's fp weight copies would undo the quantization), nor ones
+    with LoRA adapters (model/lora.py: the copies are of the base weights; the modules add the adapters)."""
+    if getattr(model, "quant_scheme", None) is not None or has_lora(model):
         return False
     kinds = {type(b.self_attn) for b in list(model.layers) + [m.block for m in model.mtp]}
     return kinds in ({Attention}, {MLAttention})

@@ -96,14 +96,36 @@ class Int4Linear(nn.Module):
         self.register_buffer("scale_zeros", torch.stack([scale, zero], -1).transpose(0, 1).contiguous().bfloat16())
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), False)
 
+    def _mm(self, x_MK: torch.Tensor) -> torch.Tensor:
+        """x (M, K) bf16 @ W.T -> (M, N) bf16 through the device's int4 kernel."""
+        if self.packed.device.type == "cpu":
+            return torch.ops.aten._weight_int4pack_mm_for_cpu(x_MK, self.packed, self.group, self.scale_zeros)
+        return torch.ops.aten._weight_int4pack_mm(x_MK, self.packed, self.group, self.scale_zeros)
+
+    def dequantize(self, dtype=torch.bfloat16) -> torch.Tensor:
+        """W (N, K) as the kernel sees it: the kernel applied to the identity (the packed layout is the kernel's)."""
+        eye_KK = torch.eye(self.in_features, dtype=torch.bfloat16, device=self.packed.device)
+        return self._mm(eye_KK).t().to(dtype)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x_MK = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        if self.packed.device.type == "cpu":
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x_MK, self.packed, self.group, self.scale_zeros)
-        else:
-            y = torch.ops.aten._weight_int4pack_mm(x_MK, self.packed, self.group, self.scale_zeros)
+        y = _Int4MM.apply(x_MK, self) if x.requires_grad else self._mm(x_MK)
         y = y.to(x.dtype).view(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias.to(x.dtype)
+
+
+class _Int4MM(torch.autograd.Function):
+    """The int4 GEMM with a backward for its input (the kernels have none): QLoRA trains adapters below a frozen INT4
+    layer, so gradients must pass through it. dx = dy W, W dequantized for the backward only and dropped after."""
+
+    @staticmethod
+    def forward(ctx, x_MK, layer):
+        ctx.layer = layer
+        return layer._mm(x_MK)
+
+    @staticmethod
+    def backward(ctx, dy_MN):
+        return dy_MN.to(torch.bfloat16) @ ctx.layer.dequantize(), None
 
 
 # ---------------------------------------------------------------- the whole model

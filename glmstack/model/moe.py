@@ -66,9 +66,22 @@ class Experts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(E, 2 * F_, D))  # per expert [gate; up] rows
         self.down_proj = nn.Parameter(torch.empty(E, D, F_))
 
+    def banks(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gate_up (E, 2F, D), down (E, D, F)) as the forward uses them; LoRA adds its per-expert deltas here
+        (model/lora.py)."""
+        return self.gate_up_proj, self.down_proj
+
     def forward(self, x_TD, topk_idx_TK, topk_w_TK):
         fn = experts_grouped if self.use_grouped_mm and _grouped_mm_ok(x_TD) else experts_loop
-        return fn(x_TD, topk_idx_TK, topk_w_TK, self.gate_up_proj, self.down_proj)
+        return fn(x_TD, topk_idx_TK, topk_w_TK, *self.banks())
+
+
+def fast_path(experts: Experts, x: torch.Tensor):
+    """The fast function Experts.forward takes for this input (experts_grouped_mm / experts_sorted), or None (the
+    loop)."""
+    if not (experts.use_grouped_mm and _grouped_mm_ok(x)):
+        return None
+    return experts_grouped_mm if _grouped_mm_kernel_ok(x) else experts_sorted
 
 
 def _grouped_mm_ok(x: torch.Tensor) -> bool:
@@ -89,29 +102,49 @@ def experts_grouped(x_TD, topk_idx_TK, topk_w_TK, w_gate_up_EFD, w_down_EDF):
     return fn(x_TD, topk_idx_TK, topk_w_TK, w_gate_up_EFD, w_down_EDF)
 
 
-def experts_grouped_mm(x_TD, topk_idx_TK, topk_w_TK, w_gate_up_EFD, w_down_EDF):
-    """Sort the (token, expert) pairs by expert, two grouped GEMMs, un-sort, weighted sum over K. No host sync."""
+def experts_grouped_mm(x_TD, topk_idx_TK, topk_w_TK, w_gate_up_EFD, w_down_EDF, lora=None):
+    """Sort the (token, expert) pairs by expert, two grouped GEMMs, un-sort, weighted sum over K. No host sync.
+    lora: as experts_sorted's; each adapter is two more grouped GEMMs through its rank (r a multiple of 8 in bf16,
+    the kernel's 16-byte alignment)."""
     T, K = topk_idx_TK.shape
     flat_N = topk_idx_TK.reshape(-1)
     order_N = flat_N.argsort(stable=True)
     offs_E = expert_counts(flat_N, w_gate_up_EFD.shape[0]).cumsum(0).to(torch.int32)
+    a_gu, b_gu, a_d, b_d = lora or (None, None, None, None)
     x_ND = x_TD[order_N // K]
-    gate_NF, up_NF = torch._grouped_mm(x_ND, w_gate_up_EFD.transpose(-2, -1), offs=offs_E).chunk(2, dim=-1)
-    y_ND = torch._grouped_mm(F.silu(gate_NF) * up_NF, w_down_EDF.transpose(-2, -1), offs=offs_E)
+    h_NF2 = _grouped_low_rank(x_ND, w_gate_up_EFD, a_gu, b_gu, offs_E)
+    gate_NF, up_NF = h_NF2.chunk(2, dim=-1)
+    y_ND = _grouped_low_rank(F.silu(gate_NF) * up_NF, w_down_EDF, a_d, b_d, offs_E)
     y_TKD = y_ND[order_N.argsort()].view(T, K, -1)
     return torch.bmm(topk_w_TK.to(y_TKD.dtype).unsqueeze(1), y_TKD).squeeze(1)  # (T, D)
 
 
+def _grouped_mm(x_NI, w_EOI, offs_E):
+    return torch._grouped_mm(x_NI, w_EOI.transpose(-2, -1), offs=offs_E)  # (N, O)
+
+
+def _grouped_low_rank(x_NI, w_EOI, a_ErI, b_EOr, offs_E):
+    """x W_eᵀ per expert block, + (x A_eᵀ) B_eᵀ when the bank has an adapter (B already scaled)."""
+    y_NO = _grouped_mm(x_NI, w_EOI, offs_E)
+    if a_ErI is None:
+        return y_NO
+    return y_NO + _grouped_mm(_grouped_mm(x_NI, a_ErI, offs_E), b_EOr, offs_E)
+
+
 @torch.compiler.disable  # host-side counts: compiled, every new count pattern would be a recompile
-def experts_sorted(x_TD, topk_idx_TK, topk_w_TK, w_gate_up_EFD, w_down_EDF):
+def experts_sorted(x_TD, topk_idx_TK, topk_w_TK, w_gate_up_EFD, w_down_EDF, lora=None):
     """Same sort as experts_grouped_mm, then one matmul per expert on contiguous row blocks, the gate weights applied
     in sorted order and the K outputs summed by one index_add, with a hand-written backward (no zero-filled slice
-    gradients, no index_put, no un-sort): the fast path where _grouped_mm has no kernel."""
+    gradients, no index_put, no un-sort): the fast path where _grouped_mm has no kernel.
+    lora: per-expert low-rank terms (A_gu (E, r, D), sB_gu (E, 2F, r), A_d (E, r, F), sB_d (E, D, r)), B already
+    scaled, None for a bank without: each block adds (x A_eᵀ) sB_eᵀ beside its GEMM (model/lora.py), so a frozen
+    bank's dense weight gradient is never formed."""
     K = topk_idx_TK.shape[1]
     flat_N = topk_idx_TK.reshape(-1)
     order_N = flat_N.argsort(stable=True)
     counts = torch.bincount(flat_N, minlength=w_gate_up_EFD.shape[0]).tolist()  # host sync: free on CPU
-    return _SortedExperts.apply(x_TD, topk_w_TK, w_gate_up_EFD, w_down_EDF, order_N, counts, K)
+    return _SortedExperts.apply(x_TD, topk_w_TK, w_gate_up_EFD, w_down_EDF, order_N, counts, K,
+                                *(lora or (None, None, None, None)))  # fmt: skip
 
 
 class _SortedExperts(torch.autograd.Function):
@@ -119,30 +152,48 @@ class _SortedExperts(torch.autograd.Function):
     scales each row's activation before the down GEMM (F wide, not D), so no (N, D) product is weighted or kept."""
 
     @staticmethod
-    def forward(ctx, x_TD, w_TK, w_gu_EFD, w_d_EDF, order_N, counts, K):
+    def forward(ctx, x_TD, w_TK, w_gu_EFD, w_d_EDF, order_N, counts, K, a_gu, b_gu, a_d, b_d):
         tok_N = order_N // K  # token of each sorted row
         wk_N1 = w_TK.reshape(-1).index_select(0, order_N).to(x_TD.dtype)[:, None]
         xs_ND = x_TD.index_select(0, tok_N)  # rows sorted by expert
         N, F2 = xs_ND.shape[0], w_gu_EFD.shape[1]
         h_NF2, actw_NF, ys_ND = x_TD.new_empty(N, F2), x_TD.new_empty(N, F2 // 2), x_TD.new_empty(xs_ND.shape)
+        u_gu_Nr = x_TD.new_empty(N, a_gu.shape[1]) if a_gu is not None else None  # x A_eᵀ, kept for backward
+        u_d_Nr = x_TD.new_empty(N, a_d.shape[1]) if a_d is not None else None
         for e, (a, b) in _blocks(counts):
             torch.mm(xs_ND[a:b], w_gu_EFD[e].t(), out=h_NF2[a:b])
+            if a_gu is not None:
+                h_NF2[a:b].addmm_(torch.mm(xs_ND[a:b], a_gu[e].t(), out=u_gu_Nr[a:b]), b_gu[e].t())
             torch.mul(_swiglu(h_NF2[a:b]), wk_N1[a:b], out=actw_NF[a:b])
             torch.mm(actw_NF[a:b], w_d_EDF[e].t(), out=ys_ND[a:b])
-        ctx.save_for_backward(xs_ND, h_NF2, actw_NF, wk_N1, w_gu_EFD, w_d_EDF, order_N, tok_N)
+            if a_d is not None:
+                ys_ND[a:b].addmm_(torch.mm(actw_NF[a:b], a_d[e].t(), out=u_d_Nr[a:b]), b_d[e].t())
+        ctx.save_for_backward(xs_ND, h_NF2, actw_NF, wk_N1, w_gu_EFD, w_d_EDF, order_N, tok_N,
+                              a_gu, b_gu, a_d, b_d, u_gu_Nr, u_d_Nr)  # fmt: skip
         ctx.counts, ctx.K, ctx.w_dtype = counts, K, w_TK.dtype
         return torch.zeros_like(x_TD).index_add_(0, tok_N, ys_ND)
 
     @staticmethod
     def backward(ctx, dy_TD):
-        xs_ND, h_NF2, actw_NF, wk_N1, w_gu_EFD, w_d_EDF, order_N, tok_N = ctx.saved_tensors
+        xs_ND, h_NF2, actw_NF, wk_N1, w_gu_EFD, w_d_EDF, order_N, tok_N, *low_rank = ctx.saved_tensors
+        a_gu, b_gu, a_d, b_d, u_gu_Nr, u_d_Nr = low_rank
+        d_low = [None if t is None else torch.zeros_like(t) for t in (a_gu, b_gu, a_d, b_d)]  # unchosen experts: 0
         dys_ND = dy_TD.index_select(0, tok_N)
         dxs_ND, dh_NF2 = torch.empty_like(xs_ND), torch.empty_like(h_NF2)
         dwk_N = dy_TD.new_empty(len(tok_N), dtype=torch.float32)
-        dw_gu, dw_d = torch.empty_like(w_gu_EFD), torch.empty_like(w_d_EDF)
+        # a frozen bank (LoRA on other weights, model/lora.py) needs no weight gradient: skip its GEMMs
+        want_gu, want_d = ctx.needs_input_grad[2], ctx.needs_input_grad[3]
+        dw_gu = torch.empty_like(w_gu_EFD) if want_gu else None
+        dw_d = torch.empty_like(w_d_EDF) if want_d else None
         for e, (a, b) in _blocks(ctx.counts):
-            torch.mm(dys_ND[a:b].t(), actw_NF[a:b], out=dw_d[e])
+            if want_d:
+                torch.mm(dys_ND[a:b].t(), actw_NF[a:b], out=dw_d[e])
             g_nF = dys_ND[a:b] @ w_d_EDF[e]  # d/d(weighted activation)
+            if a_d is not None:  # the down adapter: grads of A_d, sB_d and its share of g
+                dv_nr = dys_ND[a:b] @ b_d[e]
+                torch.mm(dys_ND[a:b].t(), u_d_Nr[a:b], out=d_low[3][e])
+                torch.mm(dv_nr.t(), actw_NF[a:b], out=d_low[2][e])
+                g_nF.addmm_(dv_nr, a_d[e])
             gate, up = h_NF2[a:b].chunk(2, dim=-1)
             sig = torch.sigmoid(gate)
             silu = gate * sig
@@ -151,15 +202,21 @@ class _SortedExperts(torch.autograd.Function):
             g_nF.mul_(wk_N1[a:b])  # d/d activation
             torch.mul(g_nF, silu, out=dup)
             torch.mul(g_nF.mul_(up), silu.mul_(1 - sig).add_(sig), out=dgate)  # silu' = sig + silu (1 - sig)
-            torch.mm(dh_NF2[a:b].t(), xs_ND[a:b], out=dw_gu[e])
+            if want_gu:
+                torch.mm(dh_NF2[a:b].t(), xs_ND[a:b], out=dw_gu[e])
             torch.mm(dh_NF2[a:b], w_gu_EFD[e], out=dxs_ND[a:b])
+            if a_gu is not None:  # the gate_up adapter: grads of A_gu, sB_gu and its share of dx
+                du_nr = dh_NF2[a:b] @ b_gu[e]
+                torch.mm(dh_NF2[a:b].t(), u_gu_Nr[a:b], out=d_low[1][e])
+                torch.mm(du_nr.t(), xs_ND[a:b], out=d_low[0][e])
+                dxs_ND[a:b].addmm_(du_nr, a_gu[e])
         for e, n in enumerate(ctx.counts):
-            if not n:  # an expert no token chose
-                dw_gu[e].zero_()
-                dw_d[e].zero_()
+            for dw in (dw_gu, dw_d):
+                if not n and dw is not None:  # an expert no token chose
+                    dw[e].zero_()
         dx_TD = torch.zeros_like(dy_TD).index_add_(0, tok_N, dxs_ND)
         dw_TK = torch.empty_like(dwk_N).index_copy_(0, order_N, dwk_N).view(-1, ctx.K)
-        return dx_TD, dw_TK.to(ctx.w_dtype), dw_gu, dw_d, None, None, None
+        return dx_TD, dw_TK.to(ctx.w_dtype), dw_gu, dw_d, None, None, None, *d_low
 
 
 def _blocks(counts: list[int]):
@@ -210,6 +267,8 @@ class MoE(nn.Module):
     def muon_blocks(self) -> dict[str, tuple]:
         """Muon orthogonalises each expert's W_gate and W_up apart, as the dense MLP's gate_proj and up_proj (declared
         here, not on Experts, so an expert-parallel replacement of `experts` keeps the rule)."""
+        if not isinstance(getattr(self.experts, "gate_up_proj", None), nn.Parameter):
+            return {}  # quantized experts (QLoRA's frozen base): nothing of theirs is optimised
         F_ = self.experts.gate_up_proj.shape[1] // 2
         return {"experts.gate_up_proj": (1, (F_, F_))}
 

@@ -80,6 +80,8 @@ def build_model(cfg: VLTrainConfig, tokenizer, device: torch.device):
     from glmstack.model.vision import GLMV, VLConfig, load_vl_hf, token_ids
     from glmstack.train.checkpoint import resolve
 
+    if cfg.lora.enabled:  # the vision-language model has its own build and save path, not LoRA's (issue 37)
+        raise ConfigError("lora.enabled: the vision-language stages do not take LoRA yet; train them in full")
     if cfg.init_from:
         return load_vl_hf(resolve(cfg.init_from, cfg.out_dir), dtype=torch.float32, device=device)
     overrides = dict(cfg.vl.model_overrides)

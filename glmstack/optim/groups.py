@@ -132,10 +132,12 @@ class Optimizers:
 
 def _fastest_adamw(groups: list[dict]) -> dict:
     """torch's fused AdamW (one kernel over all tensors, CPU and CUDA) where it takes these parameters; foreach
-    for sharded ones (DTensors), whose fused support varies by torch version."""
+    for sharded ones (DTensors), whose fused support varies by torch version; the per-tensor loop for a mix of
+    sharded and plain ones (FSDP2 shards beside expert-parallel LoRA adapters), which foreach refuses."""
     params = [p for g in groups for p in g["params"]]
-    if any(hasattr(p, "full_tensor") for p in params):
-        return {"foreach": True}
+    sharded = [hasattr(p, "full_tensor") for p in params]
+    if any(sharded):
+        return {"foreach": all(sharded)}
     return {"fused": True}
 
 

@@ -60,8 +60,18 @@ def resolve(ref: str, out_dir: str) -> Path:
         if (cand / "config.json").exists() and any(cand.glob("*.safetensors")):
             return cand
         if (cand / LATEST).exists():
-            return latest(cand)
+            return _not_an_adapter(ref, latest(cand))
+        if (cand / "adapter_config.json").exists():
+            _not_an_adapter(ref, cand)
     raise ConfigError(f"init_from={ref!r}: no HF checkpoint folder, stage folder or run/stage under {out_dir}")
+
+
+def _not_an_adapter(ref: str, folder: Path) -> Path:
+    """A LoRA stage's checkpoint holds only the adapter: a later stage starts from the merged model."""
+    if (folder / "adapter_config.json").exists() and not (folder / "config.json").exists():
+        raise ConfigError(f"init_from={ref!r}: {folder} is a LoRA adapter, not a model; fold it into its base first "
+                          f"(glmstack merge BASE {folder} --out DIR) and start from DIR")
+    return folder
 
 
 def check_resumable(folder: str | Path) -> Path:
@@ -110,9 +120,13 @@ def save_model(model: torch.nn.Module, folder: Path) -> None:
     inner = dist.unwrap(model)
     try:
         from glmstack.model import GLM, save_hf
+        from glmstack.model.lora import has_lora
+        from glmstack.model.lora_peft import save_adapter
     except ImportError:
         GLM = None
-    if GLM is not None and isinstance(inner, GLM):
+    if GLM is not None and isinstance(inner, GLM) and has_lora(inner):  # the adapter beside a reference to the base
+        save_adapter(inner, folder, base=getattr(inner, "lora_base", ""), state=state)
+    elif GLM is not None and isinstance(inner, GLM):
         save_hf(dist.plain_copy(inner, state), folder)
     elif _is_vl(inner):  # a vision-language model (single device): its glm4v_moe / glm4v folder
         from glmstack.model.vision import save_vl_hf

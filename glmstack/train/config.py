@@ -13,6 +13,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from glmstack.model.lora import LoraConfig
+from glmstack.model.lora import problems as lora_problems
+
 
 @dataclass(kw_only=True)
 class OptimConfig:
@@ -123,6 +126,7 @@ class TrainConfig:
     log: LogConfig = field(default_factory=LogConfig)  # logging, validation, plots
     guard: GuardConfig = field(default_factory=GuardConfig)  # NaN / loss-spike guard
     dist: DistConfig = field(default_factory=DistConfig)  # torchrun parallelism
+    lora: LoraConfig = field(default_factory=LoraConfig)  # LoRA / QLoRA on a frozen base (model/lora.py); off by default
 
     def __post_init__(self):
         found = problems(self)
@@ -163,6 +167,10 @@ def problems(cfg: TrainConfig) -> list[str]:
         p.append(f"data.options: unknown key(s) {', '.join(bad)} for the {cfg.data.kind} loader; "
                  f"valid: {', '.join(sorted(allowed)) or 'none'}")
     p += _blank_problems(cfg.data.options.get("blank_infilling"))
+    if cfg.lora.enabled:
+        p += lora_problems(cfg.lora)
+        if cfg.lora.base_quant and cfg.dist.dp not in ("auto", "none"):
+            p.append("lora.base_quant (QLoRA) runs on one process here; set dist.dp=none")
     if cfg.device != "auto":
         import torch
 

@@ -179,7 +179,7 @@ def materialize(model: nn.Module, device, tensors) -> None:
     else:
         inner.to_empty(device=device)
     for _, m in _ep_modules(inner):  # to_empty made new Parameters (meta -> device), without the mark
-        for p in (m.gate_up_proj, m.down_proj):
+        for p in bank_params(m).values():
             p._ep_sharded = True
     load_full_tensors(model, tensors)
 
@@ -192,7 +192,7 @@ def load_full_tensors(model: nn.Module, tensors) -> None:
 
     inner = unwrap(model)
     own = inner.state_dict()
-    ep = {f"{name}.{p}": m for name, m in _ep_modules(inner) for p in ("gate_up_proj", "down_proj")}
+    ep = {f"{name}.{p}": m for name, m in _ep_modules(inner) for p in bank_params(m)}
     seen = set()
     for name, full in tensors:
         if name not in own:
@@ -223,6 +223,12 @@ def _ep_modules(model: nn.Module) -> list:
     from glmstack.train.expert_parallel import _ep_modules as ep_modules
 
     return ep_modules(model)
+
+
+def bank_params(m: nn.Module) -> dict:
+    from glmstack.train.expert_parallel import bank_params as params
+
+    return params(m)
 
 
 # ---------------------------------------------------------------- gradients

@@ -77,10 +77,15 @@ class ExpertParallel(nn.Module):
         self.e0 = mesh["ep"].get_local_rank() * self.n_local
         self.use_grouped_mm = experts.use_grouped_mm
         sl = slice(self.e0, self.e0 + self.n_local)
-        self.gate_up_proj = nn.Parameter(experts.gate_up_proj.detach()[sl].clone())  # (E/W, 2F, D)
-        self.down_proj = nn.Parameter(experts.down_proj.detach()[sl].clone())  # (E/W, D, F)
+        # (E/W, 2F, D) and (E/W, D, F); frozen stays frozen (a LoRA base)
+        self.gate_up_proj = nn.Parameter(experts.gate_up_proj.detach()[sl].clone(), experts.gate_up_proj.requires_grad)
+        self.down_proj = nn.Parameter(experts.down_proj.detach()[sl].clone(), experts.down_proj.requires_grad)
         for p in (self.gate_up_proj, self.down_proj):
             p._ep_sharded = True
+
+    def banks(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's (gate_up (E/W, 2F, D), down (E/W, D, F)); LoRA adds its per-expert deltas here."""
+        return self.gate_up_proj, self.down_proj
 
     def forward(self, x_TD, topk_idx_TK, topk_w_TK):
         T, K = topk_idx_TK.shape
@@ -101,8 +106,7 @@ class ExpertParallel(nn.Module):
         """Each received pair through its one local expert (gate value 1; weighting happens at the token)."""
         from glmstack.model.moe import _grouped_mm_ok, experts_grouped, experts_loop
 
-        w_gu = _ScaleGrad.apply(self.gate_up_proj, self.grad_scale)
-        w_dn = _ScaleGrad.apply(self.down_proj, self.grad_scale)
+        w_gu, w_dn = (_ScaleGrad.apply(w, self.grad_scale) for w in self.banks())
         ones_M1 = torch.ones(local_M.shape[0], 1, device=x_MD.device)
         fn = experts_grouped if self.use_grouped_mm and _grouped_mm_ok(x_MD) else experts_loop
         return fn(x_MD, local_M[:, None], ones_M1, w_gu, w_dn)
@@ -110,6 +114,32 @@ class ExpertParallel(nn.Module):
 
 def _ep_modules(model: nn.Module) -> list[tuple[str, ExpertParallel]]:
     return [(n, m) for n, m in model.named_modules() if isinstance(m, ExpertParallel)]
+
+
+def bank_params(m: nn.Module) -> dict[str, nn.Parameter]:
+    """Parameter name (within the module) -> parameter of everything split by expert: the two banks and, under LoRA,
+    their per-expert adapters (E first, like the banks: model/lora.py)."""
+    out = {"gate_up_proj": m.gate_up_proj, "down_proj": m.down_proj}
+    for kind in ("lora_A", "lora_B"):
+        for bank, p in getattr(m, kind, {}).items():
+            out[f"{kind}.{bank}"] = p
+    return out
+
+
+def _carry_adapters(src: nn.Module, dst: ExpertParallel) -> None:
+    """A LoRA bank's per-expert adapters follow its experts onto this rank (on meta: filled later by materialize)."""
+    from glmstack.model import lora
+
+    if not isinstance(src, lora.LoraExperts):
+        return
+    sl = slice(dst.e0, dst.e0 + dst.n_local)
+    for bank in src.lora_A:
+        lora.add_bank_adapter(dst, bank, src.lora_A[bank].shape[1], src.lora_scaling[bank], src.lora_A[bank].dtype)
+        with torch.no_grad():
+            for kind in ("lora_A", "lora_B"):
+                getattr(dst, kind)[bank] = nn.Parameter(getattr(src, kind)[bank].detach()[sl].clone())
+    for p in bank_params(dst).values():
+        p._ep_sharded = True
 
 
 def expert_mesh(degree: int):
@@ -136,7 +166,9 @@ def apply_expert_parallel(model: nn.Module, degree: int = 0) -> None:
     mesh = expert_mesh(degree)
     for name, experts in targets:
         parent = model.get_submodule(name.rpartition(".")[0])
-        setattr(parent, name.rpartition(".")[2], ExpertParallel(experts, mesh))
+        ep = ExpertParallel(experts, mesh)
+        _carry_adapters(experts, ep)
+        setattr(parent, name.rpartition(".")[2], ep)
 
 
 @torch.no_grad()
@@ -146,7 +178,7 @@ def reduce_expert_grads(model: nn.Module) -> None:
     mods = _ep_modules(model)
     if not mods or mods[0][1].mesh["replica"].size() == 1:
         return
-    grads = [p.grad for _, m in mods for p in (m.gate_up_proj, m.down_proj) if p.grad is not None]
+    grads = [p.grad for _, m in mods for p in bank_params(m).values() if p.grad is not None]
     if grads:
         flat = torch.cat([g.reshape(-1) for g in grads])
         dist.all_reduce(flat, group=mods[0][1].mesh["replica"].get_group())
@@ -162,16 +194,16 @@ def gather_expert_state(model: nn.Module, state: dict, everywhere: bool = False)
     (an all-gather in each expert group)."""
     for name, m in _ep_modules(model):
         if everywhere:
-            for p_name in ("gate_up_proj", "down_proj"):
-                local = getattr(m, p_name).detach().contiguous()
+            for p_name, p in bank_params(m).items():
+                local = p.detach().contiguous()
                 parts = [torch.empty_like(local) for _ in range(m.world)]
                 dist.all_gather(parts, local, group=m.group)
                 state[f"{name}.{p_name}"] = torch.cat(parts).cpu()
             continue
         if m.mesh["replica"].get_local_rank() != 0:
             continue
-        for p_name in ("gate_up_proj", "down_proj"):
-            local = getattr(m, p_name).detach().contiguous()  # on its device: NCCL gathers no CPU tensors
+        for p_name, p in bank_params(m).items():
+            local = p.detach().contiguous()  # on its device: NCCL gathers no CPU tensors
             parts = [torch.empty_like(local) for _ in range(m.world)] if dist.get_rank() == 0 else None
             dist.gather(local, parts, group_dst=0, group=m.group)
             if dist.get_rank() == 0:

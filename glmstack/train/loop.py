@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from glmstack.config import ConfigError, to_dict, write_json
+from glmstack.model.lora import has_lora
 from glmstack.optim import schedules
 from glmstack.train import balance, checkpoint, dist
 from glmstack.train.config import TrainConfig, resume_conflicts
@@ -190,7 +191,8 @@ def _train_step(model, optimizer, data_iter, cfg: TrainConfig, state: LoopState,
     state.loss_ema = loss if state.loss_ema is None else 0.95 * state.loss_ema + 0.05 * loss
     if load is not None:
         load = balance.global_load(load)
-        balance.update_biases(dist.unwrap(model), load, values["balance_rate"])
+        if not has_lora(dist.unwrap(model)):  # LoRA: the base, balancing biases included, stays as it was
+            balance.update_biases(dist.unwrap(model), load, values["balance_rate"])
         row |= balance.load_metrics(load)
     return row
 

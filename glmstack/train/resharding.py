@@ -144,9 +144,9 @@ def _parts(optimizer) -> list[tuple[str, torch.optim.Optimizer]]:
 
 def _ep_meshes(inner) -> dict:
     """Expert-parallel bank name -> its (replica, ep) device mesh."""
-    from glmstack.train.expert_parallel import _ep_modules
+    from glmstack.train.expert_parallel import _ep_modules, bank_params
 
-    return {f"{name}.{p}": m.mesh for name, m in _ep_modules(inner) for p in ("gate_up_proj", "down_proj")}
+    return {f"{name}.{p}": m.mesh for name, m in _ep_modules(inner) for p in bank_params(m)}
 
 
 def _global(local: torch.Tensor, mesh):

@@ -24,6 +24,7 @@ from glmstack.config import ConfigError, diff_fields
 from glmstack.model.config import TRAINING_FIELDS
 from glmstack.optim import build_optimizer
 from glmstack.train import checkpoint, dist
+from glmstack.train import lora as lora_stage
 from glmstack.train.config import TrainConfig, problems
 from glmstack.train.loop import device_of, pretrain_loss, train
 from glmstack.train.markov_stream import SyntheticLM
@@ -51,6 +52,10 @@ def build_model(cfg: TrainConfig, device: torch.device):
     parallel, DDP or FSDP2), then materialised on `device` from a stream of full tensors of which each rank keeps
     its part (dist.materialize), so no rank ever holds the whole model: what lets a GLM-4.5-Air recipe start."""
     model, tensors = _meta_model(cfg, device)
+    if cfg.lora.enabled and cfg.lora.base_quant:
+        return lora_stage.qlora_model(model, tensors, cfg, device)
+    if cfg.lora.enabled:
+        tensors = lora_stage.adapt(model, tensors, cfg)
     fill = lambda m: dist.materialize(m, device, tensors)
     model = dist.parallelize(model, cfg.dist.dp, cfg.dist.expert_parallel, fill=fill, ep=cfg.dist.ep,
                              find_unused=cfg.dist.find_unused_parameters)  # fmt: skip

@@ -173,6 +173,8 @@ def check(cfg: RMConfig) -> None:
         raise ConfigError(f"the rm stage needs an RMConfig (got {type(cfg).__name__})")
     if not cfg.rm.data:
         raise ConfigError("rm.data is empty: give preference JSONL files or synthetic:checkable")
+    if cfg.lora.enabled:  # its fresh score head trains in full and is saved with the model: not an adapter yet
+        raise ConfigError("lora.enabled: the rm stage does not take LoRA yet (issue 37); train the reward model in full")
 
 
 def run_rm(cfg: RMConfig, stop_at: int | None = None) -> dict:
