@@ -45,8 +45,15 @@ def plain_copy(model, state: dict, cpu: bool = False):
     import copy
 
     inner = dist.unwrap(model)
-    if dist.optimizer_is_sharded(model):
-        return dist.plain_copy(inner, {k: v.clone() for k, v in state.items()})  # FSDP2 / expert shards: a fresh GLM
+    if dist.optimizer_is_sharded(model):  # FSDP2 / expert shards: a fresh GLM, with the policy's adapters if any
+        from glmstack.model import GLM
+        from glmstack.model.lora import apply_lora, has_lora
+
+        out = GLM(inner.cfg)
+        if has_lora(inner):
+            apply_lora(out, inner.lora_config)
+        out.load_state_dict({k: v.clone() for k, v in state.items()}, assign=True)  # GLM() builds on meta
+        return out
     out = copy.deepcopy(inner)  # whole on every rank (one process, DDP): a copy, a GLMV too
     return out.cpu() if cpu else out
 

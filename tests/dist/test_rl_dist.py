@@ -47,8 +47,10 @@ def _same_weights(a, b, stage="rl", atol=1e-5):
 7.1e-6 with dynamic sampling; every Muon / norm tensor <= 1.2e-7)."""
     from safetensors.torch import load_file
 
-    def last(out):
-        return load_file(str(sorted((out / "tiny" / stage).glob("step_*"))[-1] / "model.safetensors"))
+    def last(out):  # a LoRA run's checkpoint is a PEFT adapter folder
+        step = sorted((out / "tiny" / stage).glob("step_*"))[-1]
+        return load_file(str(next(p for p in (step / "model.safetensors", step / "adapter_model.safetensors")
+                                  if p.exists())))  # fmt: skip
 
     wa, wb = last(a), last(b)
     assert wa.keys() == wb.keys()
@@ -64,7 +66,10 @@ def _rows(out_dir, stage="rl"):
 DYNAMIC = ["rl.dynamic_sampling=true", "rl.oversample_rounds=2", "rl.curriculum=[[0, 0, 4]]"]
 
 
-@pytest.mark.parametrize(("dp", "extra"), [("ddp", []), ("fsdp", []), ("ddp", DYNAMIC)])
+LORA = ["lora.enabled=true", "optim.muon=false", "optim.lr=1e-3"]  # issue 37: the rollout copy carries the adapters
+
+
+@pytest.mark.parametrize(("dp", "extra"), [("ddp", []), ("fsdp", []), ("ddp", DYNAMIC), ("fsdp", LORA)])
 def test_two_ranks_equal_one_process_with_the_global_batch(tmp_path, dp, extra):
     single = tmp_path / "single"
     assert glmstack(["rl", "rl_tiny", *_sets([*BASE, *extra, "grad_accum=2", f"out_dir={single}"])]) == 0
