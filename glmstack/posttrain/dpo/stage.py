@@ -193,8 +193,13 @@ def run_dpo(cfg: DPOConfig, stop_at: int | None = None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`glmstack dpo <recipe> ...` trains; `glmstack dpo eval MODEL ...` scores the preferred behaviour's rate."""
     from glmstack.stage_cli import main_for
 
+    if argv and argv[0] == "eval":
+        from glmstack.posttrain.dpo.behaviour import main as eval_main
+
+        return eval_main(argv[1:])
     return main_for("dpo", __doc__.splitlines()[0], argv)
 
 
