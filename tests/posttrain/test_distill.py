@@ -135,27 +135,13 @@ def test_distill_student_on_a_rollout_server_trains_the_served_policy(base_dir, 
     """`glmstack rl distill_tiny --set rl.rollout_server=URL`: the student samples on a server that gets its weights
     before every step (posttrain/policy.py), so the run's updates equal the in-process run's and the server ends
     on the exported student's weights (version = steps)."""
-    import httpx
-
-    from tests.serve_fixture import RunningServer
+    from tests.serve_fixture import rl_here_and_on_server
 
     teachers = json.dumps([{"model": str(base_dir), "task": "toy"}])
     common = ["--set", f"init_from={base_dir}", "--set", "steps=3", "--set", "rl.eval_every=0", "--set",
               "rl.heldout_n=2", "--set", "log.plots=false", "--set", f"distill.teachers={teachers}", "--set",
               "schedule.warmup_steps=0", "--set", "rl.entropy_coef=0.01"]  # fmt: skip
-    pushes = tmp_path / "pushes"
-    pushes.mkdir()
-    server = RunningServer(str(base_dir), enable_weight_updates=True, weight_root=str(pushes))
-    try:
-        assert cli(["rl", "distill_tiny", *common, "--set", f"out_dir={tmp_path / 'local'}"]) == 0
-        assert cli(["rl", "distill_tiny", *common, "--set", f"out_dir={tmp_path / 'remote'}", "--set",
-                    f"rl.rollout_server={server.url}", "--set", "rl.server_model=tiny", "--set",
-                    f"rl.rollout_weights_dir={pushes}"]) == 0  # fmt: skip
-        version = httpx.get(server.url + "/get_weight_version").json()["weight_version"]
-    finally:
-        server.stop()
-    rows = {k: [json.loads(x) for x in (tmp_path / k / "tiny" / "distill" / "metrics.jsonl").read_text().splitlines()]
-            for k in ("local", "remote")}  # fmt: skip
+    rows, version, _ = rl_here_and_on_server("distill_tiny", "distill", base_dir, tmp_path, common)
     assert len(rows["remote"]) == 3 and version == 3
     for a, b in zip(rows["local"], rows["remote"]):
         assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-4 * a["grad_norm"] and b["staleness_max"] == 0.0

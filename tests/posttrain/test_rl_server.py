@@ -42,30 +42,19 @@ def test_rl_through_a_server_trains_the_served_policy(tmp_path, base_dir, tok):
     the exported weights' (the in-process run's)."""
     import json
 
-    import httpx
-
-    from glmstack.cli import main as glmstack
+    from tests.serve_fixture import rl_here_and_on_server
 
     common = ["--set", f"init_from={base_dir}", "--set", "steps=3", "--set", "rl.eval_every=0", "--set",
               "rl.heldout_n=4", "--set", "log.plots=false", "--set", "schedule.warmup_steps=0"]  # fmt: skip
-    pushes = tmp_path / "pushes"
-    pushes.mkdir()
-    server = RunningServer(str(base_dir), enable_weight_updates=True, weight_root=str(pushes))
-    try:
-        assert glmstack(["rl", "rl_tiny", *common, "--set", f"out_dir={tmp_path / 'local'}"]) == 0
-        assert glmstack(["rl", "rl_tiny", *common, "--set", f"out_dir={tmp_path / 'remote'}", "--set",
-                         f"rl.rollout_server={server.url}", "--set", "rl.server_model=tiny", "--set",
-                         f"rl.rollout_weights_dir={pushes}"]) == 0  # fmt: skip
-        version = httpx.get(server.url + "/get_weight_version").json()["weight_version"]
+    probe = [5, 9, 17, 3, 4, 30, 21]
+
+    def ask(server):
         from glmstack.posttrain.rl.remote import ServerEngine
 
         reported = ServerEngine(server.url, "tiny").generate([[5, 9]], 2, temperature=1.0, seeds=[0]).weight_versions
-        probe = [5, 9, 17, 3, 4, 30, 21]
-        served = server_logprobs(server.url, probe)
-    finally:
-        server.stop()
-    rows = {k: [json.loads(x) for x in (tmp_path / k / "tiny" / "rl" / "metrics.jsonl").read_text().splitlines()]
-            for k in ("local", "remote")}  # fmt: skip
+        return reported, server_logprobs(server.url, probe)
+
+    rows, version, (reported, served) = rl_here_and_on_server("rl_tiny", "rl", base_dir, tmp_path, common, ask)
     for a, b in zip(rows["local"], rows["remote"]):
         assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-4 * a["grad_norm"] and b["weight_version"] == b["step"] - 1
         assert b["staleness_max"] == 0.0  # the server's own per-response version: the pushed one
