@@ -15,6 +15,12 @@ mean accepted length per verify step, acceptance per depth, wall-clock speedup (
     python bench/decode.py --skip-mtp --repeats 9   # part 1 only
     python bench/decode.py --skip-hf --mtp-layers 16  # part 2 with a 16-layer trunk
 
+Part 3 (true on-policy, rl.true_on_policy): the cost of decoding with model/invariant.py's batch-invariant ops
+(the plain model forward, fixed-shape GEMM blocks, attention in fixed key chunks) against the default engine (fast
+path) and the plain forward without them, sampled at temperature 1 as RL rollouts are, batch 1, 8 and 64.
+
+    python bench/decode.py --skip-hf --skip-mtp     # part 3 only
+
 Part 1 also prints a bound: the self time of our GEMM kernels per step (torch.profiler), which removing overhead
 cannot reduce; transformers' step time over it is the largest speedup left on this machine.
 """
@@ -108,6 +114,33 @@ def engine_vs_hf(ours, hf, n: int, repeats: int, batches=(1, 8)) -> list[dict]:
             f"ms/step -> with every other op free, at most x{row['bound']:.2f}",
             flush=True,
         )
+        rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------- part 3: true on-policy decode
+def true_on_policy_cost(model, n: int, repeats: int, batches=(1, 8, 64)) -> list[dict]:
+    """ms per decode step: the default engine, the plain forward (fast=False), the plain forward in batch-invariant
+    mode (what rl.true_on_policy samples with); medians of interleaved runs, sampled with per-row seeds."""
+    from glmstack.model.invariant import batch_invariant
+
+    variants = {"default": (Engine(model), False), "plain": (Engine(model, fast=False), False),
+                "invariant": (Engine(model, fast=False), True)}  # fmt: skip
+    g, rows = torch.Generator().manual_seed(3), []
+    for B in batches:
+        prompts = torch.randint(1, model.cfg.vocab_size, (B, 32), generator=g).tolist()
+        times: dict[str, list[float]] = {k: [] for k in variants}
+        for r in range(repeats + 1):  # the first round warms up
+            for name, (engine, inv) in variants.items():
+                with batch_invariant(inv):
+                    t, _ = time_ours(engine, prompts, n, temperature=1.0, seed=r)
+                if r:
+                    times[name].append(t)
+        ms = {k: 1e3 * statistics.median(v) / n for k, v in times.items()}
+        row = {"batch": B, "new_tokens": n} | {f"{k}_ms_per_step": v for k, v in ms.items()}
+        row["invariant_over_default"] = ms["invariant"] / ms["default"]
+        print(f"true on-policy, batch {B}: default {ms['default']:.2f} ms/step, plain forward {ms['plain']:.2f}, "
+              f"batch-invariant {ms['invariant']:.2f} (x{row['invariant_over_default']:.2f} the default)", flush=True)
         rows.append(row)
     return rows
 
@@ -269,6 +302,7 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-mtp", action="store_true")
     ap.add_argument("--mtp-layers", type=int, default=0, help="part 2 on a trunk of this many layers (0: 4)")
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--skip-true-on-policy", action="store_true", help="skip part 3")
     ap.add_argument("--mtp-model", help="part 2: load the trained model from this folder, or train and save it there")
     ap.add_argument("--ks", default="1,2,3,4", help="part 2: draft counts at batch 1")
     ap.add_argument("--deepen", type=int, default=0, help="part 2: the trained model deepened to this many layers")
@@ -282,6 +316,8 @@ def main(argv=None) -> int:
     result = {"threads": args.threads}
     if not args.skip_hf:
         result["engine_vs_transformers"] = engine_vs_hf(ours, hf, args.new_tokens, args.repeats)
+    if not args.skip_true_on_policy:
+        result["true_on_policy"] = true_on_policy_cost(ours, args.new_tokens, args.repeats)
     if not args.skip_mtp:
         if args.mtp_layers:  # a deeper trunk: drafting becomes cheap next to the main model, as in real GLMs
             ours = GLM(ModelConfig.preset("tiny-moe", num_hidden_layers=args.mtp_layers)).init_weights(seed=0)

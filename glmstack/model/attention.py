@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from glmstack.model import invariant
 from glmstack.model.gemm import Linear
 from glmstack.model.layers import RMSNorm
 from glmstack.model.rope import apply_partial_rope
@@ -58,6 +59,8 @@ class Attention(nn.Module):
 
 def sdpa(q_BHTK, k_BGSK, v_BGSK, mask=None):
     """Causal (bottom-right aligned when S > T) or masked attention with GQA head sharing."""
+    if invariant.enabled():
+        return invariant.attention(q_BHTK, k_BGSK, v_BGSK, mask)
     T, S = q_BHTK.shape[2], k_BGSK.shape[2]
     if T == 1 and q_BHTK.device.type == "cpu":
         return attend_one(q_BHTK[:, :, 0], k_BGSK, v_BGSK, mask)[:, :, None]

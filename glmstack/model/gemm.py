@@ -21,6 +21,8 @@ import os
 import torch
 import torch.nn.functional as F
 
+from glmstack.model import invariant
+
 ENABLED = os.environ.get("GLMSTACK_ONEDNN", "1") != "0"
 MIN_ROWS = 32  # below this oneDNN's per-call setup costs more than its faster kernel saves (measured)
 
@@ -71,7 +73,10 @@ def mm_tn(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> 
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, w, b) with forward and backward GEMMs through oneDNN where `use_onednn` says so."""
+    """F.linear(x, w, b) with forward and backward GEMMs through oneDNN where `use_onednn` says so (inside
+    invariant.batch_invariant(): the row-invariant GEMM instead)."""
+    if invariant.enabled():
+        return invariant.linear(x, w, b)
     if not use_onednn(x, w) or x.numel() < MIN_ROWS * x.shape[-1]:
         return F.linear(x, w, b)
     return _Linear.apply(x, w, b)

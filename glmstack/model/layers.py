@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from glmstack.model import invariant
 from glmstack.model.gemm import Linear
 
 
@@ -38,4 +39,5 @@ class MLP(nn.Module):
         self.down_proj = Linear(hidden, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        act = invariant.silu if invariant.enabled() else F.silu
+        return self.down_proj(act(self.gate_proj(x)) * self.up_proj(x))

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from glmstack.model import invariant
 from glmstack.model.layers import MLP
 
 
@@ -38,11 +39,16 @@ class Router(nn.Module):
 
     def forward(self, x_TD: torch.Tensor):
         """-> scores_TE (fp32 sigmoid), topk_idx_TK (long), topk_w_TK (fp32 gate values)."""
-        scores_TE = F.linear(x_TD.float(), self.weight.float()).sigmoid()
+        same_bits = invariant.enabled()  # the trainer's and the engine's choices bit for bit (invariant.py)
+        with torch.autocast(x_TD.device.type, enabled=False):  # fp32 even under autocast (as documented)
+            if same_bits:
+                scores_TE = invariant.sigmoid(invariant.linear(x_TD.float(), self.weight.float()))
+            else:
+                scores_TE = F.linear(x_TD.float(), self.weight.float()).sigmoid()
         choice_TE = scores_TE.detach() + self.e_score_correction_bias
         if self.n_group > 1:
             choice_TE = self._limit_groups(choice_TE)
-        topk_idx_TK = choice_TE.topk(self.top_k, dim=-1, sorted=False).indices
+        topk_idx_TK = choice_TE.topk(self.top_k, dim=-1, sorted=same_bits).indices
         topk_w_TK = scores_TE.gather(1, topk_idx_TK)
         if self.norm_topk_prob:
             topk_w_TK = topk_w_TK / (topk_w_TK.sum(-1, keepdim=True) + 1e-20)
@@ -73,6 +79,7 @@ class Experts(nn.Module):
 
     def forward(self, x_TD, topk_idx_TK, topk_w_TK):
         fn = experts_grouped if self.use_grouped_mm and _grouped_mm_ok(x_TD) else experts_loop
+        fn = invariant.experts if invariant.enabled() else fn
         return fn(x_TD, topk_idx_TK, topk_w_TK, *self.banks())
 
 

@@ -20,6 +20,7 @@ inference.vision.generate_batch with each row's pixels (`media`); `dtype` (rl.ro
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from pathlib import Path
 
@@ -63,13 +64,21 @@ class EnginePolicy:
 
     DECODE_ROWS = 32  # VL rows decoded together (their KV caches and pixels at once)
 
-    def __init__(self, model, tokenizer=None, dtype: str = "float32", perturb=None):
+    def __init__(self, model, tokenizer=None, dtype: str = "float32", perturb=None, invariant: bool = False,
+                 autocast: torch.dtype | None = None):  # fmt: skip
+        """invariant (rl.true_on_policy): decode with the model's own forward in model/invariant.py's batch-invariant
+        ops, so each sampled token's log-prob is the trainer's bit for bit; autocast: the trainer's autocast dtype
+        (the same ops in the same precision on both sides)."""
         from glmstack.inference import Engine
 
         self.model = model.to(getattr(torch, dtype)).eval()
         self.tokenizer, self.perturb, self.version = tokenizer, perturb, None
         self.vision = hasattr(model, "visual")
-        self.engine = None if self.vision else Engine(self.model, tokenizer)
+        self.invariant, self.autocast = invariant, autocast
+        if invariant and (self.vision or self.cfg.is_mla):
+            raise ValueError("rl.true_on_policy: GQA text models only (MLA's absorbed decode and the VL decode have "
+                             "kernels of their own that model/invariant.py does not cover)")  # fmt: skip
+        self.engine = None if self.vision else Engine(self.model, tokenizer, fast=not invariant)
 
     @property
     def cfg(self):
@@ -89,10 +98,16 @@ class EnginePolicy:
         else:
             if media is not None and any(m is not None for m in media):
                 raise ValueError("this policy is a text model: it cannot take images")
-            res = self.engine.generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                       top_k=top_k, seeds=seeds, logprobs=logprobs, stop_ids=stop_ids)  # fmt: skip
+            with self.numerics():
+                res = self.engine.generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature,
+                                           top_p=top_p, top_k=top_k, seeds=seeds, logprobs=logprobs,
+                                           stop_ids=stop_ids)  # fmt: skip
         res.weight_versions = [self.version] * len(prompts)
         return res
+
+    def numerics(self) -> contextlib.ExitStack:
+        """The trainer's numerics where true on-policy asks for them (batch-invariant ops, its autocast)."""
+        return trainer_numerics(self.invariant, self.autocast, next(self.model.parameters()).device)
 
     def _generate_vision(self, prompts, max_new_tokens, temperature, top_p, top_k, seeds, media) -> GenerationResult:
         """Rows in chunks of DECODE_ROWS through inference.vision.generate_batch: prompts left-padded, each row's
@@ -165,9 +180,24 @@ class ServerPolicy(ServerEngine):
 
 
 def make_policy(model, tokenizer=None, *, server: tuple | None = None, weights_dir: str = "", dtype="float32",
-                perturb=None):  # fmt: skip
+                perturb=None, invariant: bool = False, autocast: torch.dtype | None = None):  # fmt: skip
     """`server` = (url, model name, API key or None): a ServerPolicy; else an EnginePolicy over `model` (a copy the
     caller made for it)."""
     if server:
+        if invariant:
+            raise ValueError("true on-policy rollouts run in process: a server's kernels are not the trainer's")
         return ServerPolicy(server[0], server[1], tokenizer, api_key=server[2], weights_dir=weights_dir)
-    return EnginePolicy(model, tokenizer, dtype=dtype, perturb=perturb)
+    return EnginePolicy(model, tokenizer, dtype=dtype, perturb=perturb, invariant=invariant, autocast=autocast)
+
+
+def trainer_numerics(invariant: bool, autocast: torch.dtype | None, device) -> contextlib.ExitStack:
+    """A context with model/invariant.py's ops (when `invariant`) and the trainer's autocast (when given): what a
+    true on-policy sampler and the trainer's forward both run under."""
+    from glmstack.model.invariant import batch_invariant
+
+    stack = contextlib.ExitStack()
+    if invariant:
+        stack.enter_context(batch_invariant())
+    if autocast is not None:
+        stack.enter_context(torch.autocast(torch.device(device).type, dtype=autocast))
+    return stack

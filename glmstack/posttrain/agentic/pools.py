@@ -23,8 +23,9 @@ from glmstack.posttrain.policy import make_policy
 
 class LocalPool:
     def __init__(self, model, tokenizer_dir: str, opts, env_opts, seed: int, workers: int, group_size: int,
-                 server: tuple | None = None, weights_dir: str = ""):  # fmt: skip
+                 server: tuple | None = None, weights_dir: str = "", numerics: tuple = (False, None)):  # fmt: skip
         self.args = (tokenizer_dir, opts, env_opts, seed)
+        self.numerics = numerics  # RolloutWorker's: agentic.true_on_policy
         self.model, self.group_size, self.server_args = model, group_size, server
         self.server = make_policy(None, server=server, weights_dir=weights_dir) if server else None
         self.workers = [self._make() for _ in range(workers)]
@@ -33,7 +34,7 @@ class LocalPool:
 
     def _make(self) -> RolloutWorker:
         model = None if self.server else copy.deepcopy(self.model)
-        return RolloutWorker(model, *self.args, server=self.server_args)
+        return RolloutWorker(model, *self.args, server=self.server_args, numerics=self.numerics)
 
     def submit(self, w: int, task_id: int, spec: dict) -> None:
         self.queue.append((w, task_id, spec))
@@ -90,7 +91,7 @@ def ray_worker_class():
 class RayPool:
     def __init__(self, model, tokenizer_dir: str, opts, env_opts, seed: int, workers: int, group_size: int,
                  address: str = "", num_cpus: int = 0, threads: int = 1,
-                 server: tuple | None = None, weights_dir: str = ""):  # fmt: skip
+                 server: tuple | None = None, weights_dir: str = "", numerics: tuple = (False, None)):  # fmt: skip
         import ray
 
         if not ray.is_initialized():
@@ -99,7 +100,7 @@ class RayPool:
         self.ray = ray
         self.cls = ray_worker_class()
         self.model_ref = ray.put(None if server else copy.deepcopy(model).cpu())
-        self.args = (tokenizer_dir, opts, env_opts, seed, threads, server)
+        self.args = (tokenizer_dir, opts, env_opts, seed, threads, server, numerics)
         self.server = make_policy(None, server=server, weights_dir=weights_dir) if server else None
         self.group_size = group_size
         self.actors = [self._make() for _ in range(workers)]

@@ -29,6 +29,7 @@ from glmstack.posttrain.agentic.envs import env_class
 from glmstack.posttrain.agentic.episode import EpisodeOptions
 from glmstack.posttrain.policy import plain_copy
 from glmstack.posttrain.rl.rollouts import stable_seed
+from glmstack.posttrain.rl.stage import check_true_on_policy
 from glmstack.train import dist
 from glmstack.train.config import DistConfig, TrainConfig
 
@@ -71,6 +72,9 @@ class AgenticOptions:
     # where the trainer writes its weight pushes: inside the server's --weight-root; "" = a private temporary folder
     # (then the server's --weight-root must hold the system's temporary folder)
     rollout_weights_dir: str = ""
+    # the workers sample with the trainer's batch-invariant ops and precision: rollout log-probs equal the
+    # trainer's bit for bit (rl.true_on_policy's, docs/rl.md)
+    true_on_policy: bool = False
 
     @property
     def temperature(self) -> float:
@@ -159,7 +163,8 @@ def held_out_eval(cfg: AgenticConfig, model, tokenizer_dir: str):
 
     def run(state: dict) -> dict:
         if "w" not in holder:
-            holder["w"] = RolloutWorker(plain_copy(model, state, cpu=True), tokenizer_dir, o.episode, o.env, cfg.seed)
+            holder["w"] = RolloutWorker(plain_copy(model, state, cpu=True), tokenizer_dir, o.episode, o.env, cfg.seed,
+                                        numerics=numerics(cfg))  # fmt: skip
         w = holder["w"]
         w.set_weights(state, -1)
         plain = {**vars(o.env), "crash_p": 0.0, "group_faults": False}  # held-out episodes fail independently
@@ -198,6 +203,7 @@ def check(cfg: AgenticConfig) -> None:
                           "top_k=0")  # fmt: skip
     if min(o.workers, o.group_size, o.groups_per_step, o.sync_every, o.inflight) < 1:
         raise ConfigError("agentic: workers, group_size, groups_per_step, sync_every and inflight must be >= 1")
+    check_true_on_policy(o)
 
 
 def make_pool(cfg: AgenticConfig, model, tokenizer_dir: str, state: dict):
@@ -206,10 +212,18 @@ def make_pool(cfg: AgenticConfig, model, tokenizer_dir: str, state: dict):
     o = cfg.agentic
     args = (plain_copy(model, state, cpu=True), tokenizer_dir, o.episode, o.env, cfg.seed, o.workers, o.group_size)
     server = (o.rollout_server, o.server_model, o.rollout_server_key or None) if o.rollout_server else None
+    kw = {"server": server, "weights_dir": o.rollout_weights_dir, "numerics": numerics(cfg)}
     if cfg.runner == "ray":
         return RayPool(*args, address=cfg.ray.address, num_cpus=cfg.ray.num_cpus, threads=cfg.ray.worker_threads,
-                       server=server, weights_dir=o.rollout_weights_dir)  # fmt: skip
-    return LocalPool(*args, server=server, weights_dir=o.rollout_weights_dir)
+                       **kw)  # fmt: skip
+    return LocalPool(*args, **kw)
+
+
+def numerics(cfg: AgenticConfig) -> tuple:
+    """(invariant, autocast) of the rollout workers: the trainer's under agentic.true_on_policy, else the default."""
+    from glmstack.posttrain.rl.stage import trainer_autocast
+
+    return (True, trainer_autocast(cfg)) if cfg.agentic.true_on_policy else (False, None)
 
 
 def build(cfg: AgenticConfig, model, optimizer, tokenizer_dir: str):

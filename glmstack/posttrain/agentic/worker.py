@@ -28,7 +28,7 @@ from glmstack.posttrain.rl.rollouts import stable_seed
 
 class RolloutWorker:
     def __init__(self, model, tokenizer_dir: str, opts: EpisodeOptions, env_opts: EnvOptions, seed: int = 0,
-                 threads: int = 0, server: tuple | None = None):  # fmt: skip
+                 threads: int = 0, server: tuple | None = None, numerics: tuple = (False, None)):  # fmt: skip
         from glmstack.posttrain.policy import make_policy
         from glmstack.tokenizer import Tokenizer
 
@@ -37,7 +37,8 @@ class RolloutWorker:
         self.tokenizer = Tokenizer.load(tokenizer_dir)
         # server = (url, model name, API key or None): generate on an OpenAI-compatible server, whose weights the
         # pool pushes
-        self.policy = make_policy(model, self.tokenizer, server=server)
+        # numerics = (invariant, autocast dtype): agentic.true_on_policy's sampler (posttrain/policy.py)
+        self.policy = make_policy(model, self.tokenizer, server=server, invariant=numerics[0], autocast=numerics[1])
         self.opts, self.env_opts, self.seed = opts, env_opts, seed
         self.version = -1
         self._pending: tuple[dict, int] | None = None

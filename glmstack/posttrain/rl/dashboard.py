@@ -26,7 +26,7 @@ PANELS = {
     "rl_response_len": ("response_len",),
     "rl_entropy": ("entropy",),
     "rl_clip_and_mask": ("clip_frac", "mismatch_masked_frac", "masked_frac"),
-    "rl_mismatch": ("mean_abs_logp_diff",),
+    "rl_mismatch": ("mean_abs_logp_diff", "logp_diff_frac"),
     "rl_zero_variance": ("zero_var_frac",),
     "rl_throughput": ("rollout_tok_per_s", "train_tok_per_s"),
     "rl_time_split": ("time/rollout_s", "time/reward_s", "time/train_s", "time/sync_s", "time/eval_s"),
@@ -90,8 +90,10 @@ def summary(folder: str | Path, result: dict) -> dict:
     split = {k.split("/")[1]: (mean(f"time/{k.split('/')[1]}") or 0.0) / step_s if step_s else None
              for k in ("time/rollout_s", "time/reward_s", "time/train_s", "time/sync_s", "time/eval_s")}  # fmt: skip
     keys = ("reward", "response_len", "entropy", "clip_frac", "mismatch_masked_frac", "mean_abs_logp_diff",
-            "zero_var_frac", "rollout_tok_per_s", "train_tok_per_s", "time/step_s")  # fmt: skip
-    return {"heldout_start": heldout[0] if heldout else None, "heldout_end": result.get("heldout_acc"),
+            "logp_diff_frac", "zero_var_frac", "rollout_tok_per_s", "train_tok_per_s", "time/step_s")  # fmt: skip
+    diff = [r["logp_diff_frac"] for r in rows if "logp_diff_frac" in r]
+    return {"logp_bitwise_every_step": bool(diff) and max(diff) == 0.0,  # rl.true_on_policy's claim, checked
+            "heldout_start": heldout[0] if heldout else None, "heldout_end": result.get("heldout_acc"),
             "heldout_sampled_start": sampled[0] if sampled else None,
             "heldout_sampled_end": result.get("heldout_acc_sampled"),
             "steps": result.get("step"), "means": {k: mean(k) for k in keys}, "time_split": split}  # fmt: skip

@@ -89,8 +89,9 @@ class Rollouts:
     """Iterable of RL micro-batches for the loop (see the module docstring); `state_dict` makes resume exact."""
 
     def __init__(self, *, model, task, opts, seed: int, micro_batches: int, tokenizer=None, style="glm-4.5",
-                 reference=None):  # fmt: skip
+                 reference=None, autocast=None):  # fmt: skip
         self.policy, self.task, self.opts, self.seed = model, task, opts, seed
+        self.autocast = autocast  # the trainer's autocast dtype (None: fp32): π_old's and a true on-policy sampler's
         self.reference = reference  # rl.loss=ppo: the frozen model of the KL-in-reward (ppo.py)
         self.micro_batches, self.tokenizer, self.style = micro_batches, tokenizer, style
         self.weights = [tuple(w) for w in opts.rewards] or [(r, 1.0) for r in task.rewards]
@@ -153,7 +154,8 @@ class Rollouts:
             server = (o.rollout_server, o.server_model, o.rollout_server_key or None) if o.rollout_server else None
             self.engine = make_policy(None if server else self.plain_model(state), self.tokenizer, server=server,
                                       weights_dir=o.rollout_weights_dir, dtype=o.rollout_dtype,
-                                      perturb=self.perturb)  # fmt: skip
+                                      perturb=self.perturb, invariant=o.true_on_policy,
+                                      autocast=self.autocast if o.true_on_policy else None)  # fmt: skip
         self.engine.perturb = self.perturb if perturb and not o.rollout_server else None
         self.engine.push(state, self.step)
         self.version = self.step
@@ -310,10 +312,13 @@ class Rollouts:
         under the rollout's sampling transform (losses.token_logprobs); `(B, L)`, on the CPU like the batch. One
         forward per group of rows: the first update's micro-batches, so that its log-probs equal these bit for
         bit (its PPO KL is exactly 0, as slime checks)."""
+        from glmstack.posttrain.policy import trainer_numerics
+
         device = next(dist.unwrap(self.policy).parameters()).device
         out = torch.zeros_like(batch["rollout_logp"])
         for idx in groups:
-            logits = self.policy(batch["input_ids"][idx].to(device)).logits.float()
+            with trainer_numerics(self.opts.true_on_policy, self.autocast, device):  # the loss's forward's numerics
+                logits = self.policy(batch["input_ids"][idx].to(device)).logits.float()
             out[idx] = token_logprobs(logits, batch["targets"][idx].to(device), self.temperature, self.opts.top_p,
                                       self.opts.top_k).cpu()  # fmt: skip
         return out

@@ -35,6 +35,7 @@ from typing import Literal
 import torch
 
 from glmstack.config import ConfigError
+from glmstack.model.invariant import batch_invariant
 from glmstack.posttrain.rl.losses import (
     cispo_loss,
     dis_loss,
@@ -94,6 +95,9 @@ class RLOptions:
     plateau_tol: float = 0.01  # |mean reward change| below this between two windows = a plateau
     rollout_dtype: Literal["float32", "bfloat16"] = "float32"  # the rollout engine's weights
     rollout_noise: float = 0.0  # a controlled mismatch: rollout weights + noise · std(weight) (per step)
+    # the sampler and the trainer compute every log-prob with the same batch-invariant ops (model/invariant.py) in
+    # the trainer's precision: rollout log-probs equal the trainer's bit for bit (logp_diff_frac = 0 every step)
+    true_on_policy: bool = False
     rollout_server: str = ""  # an OpenAI-compatible server's URL (remote.py) instead of the in-process engine
     server_model: str = "glmstack"  # the `model` field sent to it
     sync_every: int = 1  # push the trainer's weights to the rollout engine / server every K trainer steps
@@ -124,7 +128,8 @@ def rl_loss(opts: RLOptions):
 
     def loss_fn(model, batch: dict, values: dict):
         vision = {k: batch[k] for k in VISION_INPUTS if k in batch}  # a vision-language policy's pixels
-        out = model(batch["input_ids"], **vision)
+        with batch_invariant(getattr(opts, "true_on_policy", False)):  # the sampler's ops (policy.trainer_numerics)
+            out = model(batch["input_ids"], **vision)
         logits_BTV = out.logits.float()
         temp = batch["temperature"]
         logp_BT = token_logprobs(logits_BTV, batch["targets"], temp, opts.top_p, opts.top_k)
@@ -159,6 +164,8 @@ def rl_loss(opts: RLOptions):
         metrics = {"entropy": (ent_BT.detach() * mask).sum() / m,
                    "outside_nucleus_frac": float(((batch["mask"] > 0) & ~valid).sum()) / float(m),
                    "mean_abs_logp_diff": float(((old - rollout).abs() * mask).sum() / m),
+                   # trained tokens whose rollout log-prob is not the trainer's bit for bit (0 under true on-policy)
+                   "logp_diff_frac": float(((old != rollout) & (mask > 0)).sum()) / float(m),
                    # slime's ppo_kl: 0 at a batch's first update, bit for bit (rollouts.py computes π_old in the
                    # first update's micro-batch shapes), and the drift of π_θ from π_old after it
                    "ppo_kl": float(((old - logp_BT.detach()) * mask).sum() / m)}  # fmt: skip
@@ -177,6 +184,18 @@ def check_sampling(cfg: RLConfig) -> None:
         raise ConfigError("rl.temperature must be > 0 (RL samples; the trainer divides its logits by it)")
     if cfg.schedule.batch_warmup_start_tokens:
         raise ConfigError("schedule.batch_warmup_start_tokens: RL batches are rollouts; no batch-size warm-up")
+
+
+def check_true_on_policy(o) -> None:
+    """rl.true_on_policy (and agentic.true_on_policy) samples in process, in the trainer's weights and precision."""
+    if not getattr(o, "true_on_policy", False):
+        return
+    if o.rollout_server:
+        raise ConfigError("true_on_policy samples in process with the trainer's ops: drop rollout_server")
+    if getattr(o, "rollout_dtype", "float32") != "float32" or getattr(o, "rollout_noise", 0.0):
+        raise ConfigError("true_on_policy: rollout_dtype=bfloat16 and rollout_noise make a mismatch on purpose; "
+                          "for bf16 on both sides set dtype=bfloat16 (the trainer's autocast, which the sampler "
+                          "then runs under too)")  # fmt: skip
 
 
 def check(cfg: RLConfig) -> None:
@@ -198,6 +217,7 @@ def check(cfg: RLConfig) -> None:
         raise ConfigError("rl.curriculum: give rows [from_step, level, group_size] or [..., hard_k]")
     if o.loss == "ppo":
         check_ppo(cfg)
+    check_true_on_policy(o)
     for _, _, group, hard_k in (stage_at(o.curriculum, r[0]) for r in o.curriculum):
         if hard_k >= group:
             raise ConfigError(f"rl.curriculum: hard_k={hard_k} must be below the group size {group}")
@@ -238,9 +258,17 @@ def build(cfg: RLConfig, model, tokenizer):
     try:
         task = make_task(cfg.rl.task, tokenizer, cfg.rl.chat_style, cfg.rl.thinking)
         return Rollouts(model=model, task=task, opts=cfg.rl, seed=cfg.seed, micro_batches=cfg.grad_accum,
-                        tokenizer=tokenizer, style=cfg.rl.chat_style, reference=reference(cfg))  # fmt: skip
+                        tokenizer=tokenizer, style=cfg.rl.chat_style, reference=reference(cfg),
+                        autocast=trainer_autocast(cfg))  # fmt: skip
     except ValueError as e:
         raise ConfigError(f"rl: {e}") from None
+
+
+def trainer_autocast(cfg) -> torch.dtype | None:
+    """The loop's autocast dtype for this config (None: fp32), which π_old and a true on-policy sampler share."""
+    from glmstack.train.loop import autocast_dtype, device_of
+
+    return autocast_dtype(cfg, device_of(cfg))
 
 
 def reference(cfg: RLConfig):
@@ -281,7 +309,11 @@ def run_rl(cfg: RLConfig, stop_at: int | None = None, build_data=build, check_fn
         if hasattr(data, "evaluate_all"):  # one held-out score per task (distillation: per teacher)
             result["heldout"] = data.evaluate_all()
         result["heldout_acc_sampled"] = data.evaluate(data.temperature)
-        (folder / "rl_summary.json").write_text(json.dumps(summary(folder, result), indent=2) + "\n")
+        report = summary(folder, result)
+        (folder / "rl_summary.json").write_text(json.dumps(report, indent=2) + "\n")
+        if cfg.rl.true_on_policy:
+            print(f"true on-policy: rollout log-probs {'==' if report['logp_bitwise_every_step'] else '!='} the "
+                  f"trainer's, bit for bit, at every step (logp_diff_frac, {folder / 'rl_summary.json'})")
         if cfg.log.plots:
             plot_dashboard(folder)
         if tokenizer is not None:
