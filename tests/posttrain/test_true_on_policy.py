@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from glmstack.config import ConfigError
 from glmstack.model import GLM, ModelConfig
@@ -30,6 +29,7 @@ def test_rl_rollout_logprobs_are_the_trainers_at_every_step(tmp_path, dtype, upd
     cfg = small_cfg(tmp_path, true_on_policy=True, max_new_tokens=10, ppo_epochs=updates)
     cfg.steps, cfg.dtype = 3 * updates, dtype
     assert run_rl(cfg)["stopped"] == "done"
+    assert json.loads(next(tmp_path.rglob("rl_summary.json")).read_text())["logp_bitwise_every_step"] is True
     rows = metrics(tmp_path)
     assert len(rows) == cfg.steps  # every update: π_old (the trainer at the rollout weights) vs the sampler
     assert all(r["logp_diff_frac"] == 0.0 and r["mean_abs_logp_diff"] == 0.0 for r in rows), rows
@@ -60,8 +60,8 @@ def test_mla_models_are_refused():
 def test_agentic_rollout_logprobs_are_the_trainers(tmp_path, base_dir):
     cfg = agentic_cfg(tmp_path, base_dir, true_on_policy=True, asynchronous=False)  # on policy: no staleness
     cfg.steps = 2
-    assert run_agentic(cfg)["stopped"] == "done"
+    result = run_agentic(cfg)
+    assert result["stopped"] == "done" and result["logp_bitwise_every_step"] is True
     rows = metrics(tmp_path)
     assert len(rows) == 2 and all(r["logp_diff_frac"] == 0.0 and r["mean_abs_logp_diff"] == 0.0 for r in rows), rows
     assert all(r["mismatch_masked_frac"] == 0.0 for r in rows if "mismatch_masked_frac" in r)
-    torch.manual_seed(0)  # (the stage leaves the global RNG as it found it: nothing else to check)

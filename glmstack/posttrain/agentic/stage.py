@@ -250,10 +250,11 @@ def build(cfg: AgenticConfig, model, optimizer, tokenizer_dir: str):
 def run_agentic(cfg: AgenticConfig, stop_at: int | None = None) -> dict:
     """Model and optimiser as every stage builds them, the runner's trajectories as the data, the DIS loss; then
     the final held-out success (agentic_summary.json), plots and an HF model folder."""
-    from glmstack.posttrain.rl.dashboard import plot_dashboard
+    from glmstack.posttrain.rl.dashboard import bitwise_every_step, plot_dashboard
     from glmstack.posttrain.rl.stage import rl_loss
     from glmstack.train.checkpoint import resolve
     from glmstack.train.loop import train
+    from glmstack.train.metrics import read_metrics
     from glmstack.train.stage import model_and_optimizer, stage_dir
 
     check(cfg)
@@ -274,6 +275,7 @@ def run_agentic(cfg: AgenticConfig, stop_at: int | None = None) -> dict:
             result |= data.evaluate(state)
         result["accepted_trajectories"] = data.runner.trajectories  # rank 0's
         result["trained_tasks"] = [i * dist.world() + dist.rank() for i in data.runner.trained_ids]  # global ids
+        result["logp_bitwise_every_step"] = bitwise_every_step(read_metrics(folder / "metrics.jsonl"))
         (folder / "agentic_summary.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
         if cfg.log.plots:
             plot_dashboard(folder)

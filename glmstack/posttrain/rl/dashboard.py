@@ -76,6 +76,12 @@ def plot_dashboard(folder: str | Path) -> list[Path]:
     return written
 
 
+def bitwise_every_step(rows: list[dict]) -> bool:
+    """Every step's rollout log-probs equal the trainer's bit for bit (logp_diff_frac 0 on every row that has it)."""
+    diff = [r["logp_diff_frac"] for r in rows if "logp_diff_frac" in r]
+    return bool(diff) and max(diff) == 0.0
+
+
 def summary(folder: str | Path, result: dict) -> dict:
     """Start/end held-out accuracy, mean figures over the run, and the time split (fractions of the step)."""
     rows = derived(read_metrics(Path(folder) / "metrics.jsonl"))
@@ -91,8 +97,7 @@ def summary(folder: str | Path, result: dict) -> dict:
              for k in ("time/rollout_s", "time/reward_s", "time/train_s", "time/sync_s", "time/eval_s")}  # fmt: skip
     keys = ("reward", "response_len", "entropy", "clip_frac", "mismatch_masked_frac", "mean_abs_logp_diff",
             "logp_diff_frac", "zero_var_frac", "rollout_tok_per_s", "train_tok_per_s", "time/step_s")  # fmt: skip
-    diff = [r["logp_diff_frac"] for r in rows if "logp_diff_frac" in r]
-    return {"logp_bitwise_every_step": bool(diff) and max(diff) == 0.0,  # rl.true_on_policy's claim, checked
+    return {"logp_bitwise_every_step": bitwise_every_step(rows),  # rl.true_on_policy's claim, checked
             "heldout_start": heldout[0] if heldout else None, "heldout_end": result.get("heldout_acc"),
             "heldout_sampled_start": sampled[0] if sampled else None,
             "heldout_sampled_end": result.get("heldout_acc_sampled"),
