@@ -35,10 +35,12 @@ ROME = [ROME_Q, {"role": "assistant", "content": "", "tool_calls": [
 CONVERSATIONS = [(HELLO, None), (WEATHER, TOOLS), (ROME, TOOLS)]
 
 
-def build_checkpoint(folder, steps: int = 600, layers: int = 2, until_loss: float = 2e-3) -> str:
-    """Train the tokenizer and over-fit the tiny model on CONVERSATIONS (until the loss is below `until_loss`, at
-    most `steps` steps: a fixed count left one CPU model's run short of reproducing the tool calls); save both."""
-    texts = [render(m, t, style=STYLE) for m, t in CONVERSATIONS]
+def build_checkpoint(folder, steps: int = 600, layers: int = 2, until_loss: float = 2e-3,
+                     conversations=CONVERSATIONS, style: str = STYLE, clear_thinking: bool = True) -> str:  # fmt: skip
+    """Train the tokenizer and over-fit the tiny model on `conversations` ((messages, tools) pairs, rendered in
+    `style` with `clear_thinking`) until the loss is below `until_loss`, at most `steps` steps (a fixed count left
+    one CPU model's run short of reproducing the tool calls); save both, the tokenizer with `style`'s template."""
+    texts = [render(m, t, style=style, clear_thinking=clear_thinking) for m, t in conversations]
     tok = Tokenizer.train(texts * 20 + ["the quick brown fox jumps over the lazy dog. " * 20], vocab_size=400)
     # dense layers and no MTP: trains ~3x faster than the MoE preset; the server path is the same
     cfg = ModelConfig.preset(
@@ -50,7 +52,7 @@ def build_checkpoint(folder, steps: int = 600, layers: int = 2, until_loss: floa
         max_position_embeddings=1024,
     )
     model = GLM(cfg).init_weights(seed=0)
-    rows = [encode(tok, m, t, style=STYLE) for m, t in CONVERSATIONS]
+    rows = [encode(tok, m, t, style=style, clear_thinking=clear_thinking) for m, t in conversations]
     T = max(len(ids) for ids, _ in rows)
     ids_BT = torch.zeros(len(rows), T, dtype=torch.long)
     labels_BT = torch.full((len(rows), T), -100, dtype=torch.long)
@@ -68,7 +70,7 @@ def build_checkpoint(folder, steps: int = 600, layers: int = 2, until_loss: floa
         loss.backward()
         opt.step()
     save_hf(model.eval(), folder)
-    tok.save(folder, chat_style=STYLE)
+    tok.save(folder, chat_style=style)
     return str(folder)
 
 

@@ -5,7 +5,8 @@
     ids, loss_mask = encode(tokenizer, messages, tools, style="glm-4.7")
     message = parse(completion, tools, style="glm-4.7")   # OpenAI assistant message
 
-Styles: "glm-4.5" (GLM-4.5/4.6 template) and "glm-4.7" (GLM-4.7/GLM-5). See docs/chat.md.
+Styles: "glm-4.5" (GLM-4.5/4.6 template) and "glm-4.7" (GLM-4.7/GLM-5). GLM-5's thinking modes (interleaved,
+preserved, turn-level) as training examples: glmstack.chat.modes. See docs/chat.md.
 """
 
 from glmstack.chat.encode import encode, encode_segments

@@ -186,7 +186,7 @@ def _tool(m: Mapping, st: Style, first_of_run: bool) -> list[Segment]:
     return [Segment("<|observation|>")] + [Segment(st.list_response_open + x + st.response_close) for x in items]
 
 
-def _split_reasoning(m: Mapping) -> tuple[str, str]:
+def reasoning_and_content(m: Mapping) -> tuple[str, str]:
     """(reasoning, content): `reasoning_content` when it is a string, else a `<think>…</think>` inside content."""
     content = visible_text(m.get("content"))
     reasoning = m.get("reasoning_content")
@@ -200,7 +200,7 @@ def _split_reasoning(m: Mapping) -> tuple[str, str]:
 
 def _assistant(m: Mapping, i: int, st: Style, current: bool) -> list[Segment]:
     train = trains(m)
-    reasoning, content = _split_reasoning(m)
+    reasoning, content = reasoning_and_content(m)
     parts = [Segment("<|assistant|>")]
     if current and reasoning:
         parts.append(Segment(st.think_open, train and st.think_open_trained))

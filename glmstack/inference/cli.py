@@ -7,7 +7,8 @@ reply through StreamParser, shows reasoning dimmed and apart, and tool calls par
 
     glmstack generate CKPT --prompt "def fib(n):" --max-new-tokens 64 --speculative mtp --draft 3
     glmstack generate CKPT --prompt "a" --prompt "b" --temperature 0.7 --top-p 0.9 --seed 0 --stats
-    glmstack chat CKPT [--system "..."] [--tools tools.json] [--no-think]      # /reset, /exit
+    glmstack chat CKPT [--system "..."] [--tools tools.json] [--no-think]      # /reset, /exit, /think on|off
+    glmstack chat CKPT --keep-thinking       # preserved thinking (GLM-4.7/5): earlier replies keep their reasoning
     glmstack chat VL_CKPT --image shape.png --no-think     # a GLM-4.5V / 4.1V folder; /image FILE attaches another
     glmstack chat VL_CKPT --video frames/ --no-think       # a folder of frames (2 fps) or an animated GIF/WebP/PNG
     glmstack generate CKPT --quantize int4 --prompt "..."    # or fp8 (glmstack.inference.quant)
@@ -161,10 +162,11 @@ def _chat_turn(engine, messages, tools, style, args, tty) -> dict | None:
     """Generate, stream and parse one assistant turn; None when the prompt no longer fits."""
     from glmstack.chat import StreamParser, accumulate, render
 
+    kw = {"enable_thinking": not args.no_think, "clear_thinking": not args.keep_thinking}
     if hasattr(engine, "render_prompt"):  # a vision-language checkpoint: ids + pixels (glmstack.multimodal.serving)
-        prompt = engine.render_prompt(messages, tools, style, enable_thinking=not args.no_think)
+        prompt = engine.render_prompt(messages, tools, style, **kw)
     else:
-        prompt = render(messages, tools, style=style, enable_thinking=not args.no_think, add_generation_prompt=True)
+        prompt = render(messages, tools, style=style, add_generation_prompt=True, **kw)
     parser, deltas, state, stats = StreamParser(tools, style), [], {}, {}
     try:
         for piece in engine.stream(prompt, stats=stats, **_gen_kwargs(args)):
@@ -261,7 +263,11 @@ def chat_main(argv: list[str] | None = None) -> int:
         help="execute calls of the builtin tools (python runs in the "
         "sandbox) and let the model answer from the results",
     )
-    ap.add_argument("--no-think", action="store_true", help="disable thinking (enable_thinking=False)")
+    ap.add_argument("--no-think", action="store_true",
+                    help="disable thinking (enable_thinking=False); `/think off` and `/think on` switch it per turn")
+    ap.add_argument("--keep-thinking", action="store_true",
+                    help="preserved thinking: earlier turns keep their reasoning (clear_thinking=False; GLM-4.7/5 "
+                    "templates), so each prompt extends the last prompt + reply")
     ap.add_argument("--stats", action="store_true", help="print speed/acceptance stats after each reply")
     ap.add_argument("--image", action="append", default=[], metavar="FILE",
                     help="an image for the first message (repeatable; a GLM-4.5V / 4.1V checkpoint); "
@@ -276,6 +282,9 @@ def chat_main(argv: list[str] | None = None) -> int:
     system = [{"role": "system", "content": args.system}] if args.system else []
     messages = list(system)
     print(f"chatting with {args.checkpoint} ({style}); /reset clears the conversation, /exit quits", file=sys.stderr)
+    if args.keep_thinking and style == "glm-4.5":
+        print("glmstack chat: --keep-thinking has no effect in the glm-4.5 style (its template has no clear_thinking)",
+              file=sys.stderr)  # fmt: skip
     while True:
         try:
             line = input("\n> " if tty else "")
@@ -285,6 +294,10 @@ def chat_main(argv: list[str] | None = None) -> int:
             return 0
         if line.strip() == "/reset":
             messages = list(system)
+            continue
+        if line.strip() in ("/think on", "/think off"):  # turn-level thinking: the template's per-request switch
+            args.no_think = line.strip() == "/think off"
+            print(f"thinking {'off' if args.no_think else 'on'}", file=sys.stderr)
             continue
         if line.startswith(("/image ", "/video ")):
             kind, path = line[1:].split(" ", 1)

@@ -60,12 +60,13 @@ class VisionEngine:
         tokenizer, processor = Tokenizer.load(folder), VisionProcessor.load(folder)  # small files first
         return cls(load_vl_hf(folder, dtype=dtype, device=device).eval(), tokenizer, processor, device)
 
-    def render_prompt(self, messages, tools, style: str, enable_thinking: bool = True):
+    def render_prompt(self, messages, tools, style: str, enable_thinking: bool = True, clear_thinking: bool = True):
         """The conversation with the generation prompt -> Encoded (ids + pixels): what `stream` takes."""
         from glmstack.multimodal.encode import encode_multimodal
 
         return encode_multimodal(self.tokenizer, self.processor, messages, tools, style=style,
-                                 enable_thinking=enable_thinking, add_generation_prompt=True)  # fmt: skip
+                                 enable_thinking=enable_thinking, clear_thinking=clear_thinking,
+                                 add_generation_prompt=True)  # fmt: skip
 
     def stream(self, prompt, max_new_tokens: int = 256, stats: dict | None = None, temperature: float = 0.0,
                top_p: float = 1.0, top_k: int = 0, seed: int | None = None, speculative=None, **_unused):  # fmt: skip

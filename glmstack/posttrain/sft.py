@@ -38,6 +38,10 @@ class SFTOptions:
     val_data: list[str] = field(default_factory=list)  # same, for the validation loss; "" = none
     synthetic_n: int = 2000  # records per synthetic set (train); a tenth of it for validation
     chat_style: str = "glm-4.5"  # glm-4.5 (GLM-4.5/4.6 template) or glm-4.7 (GLM-4.7/5)
+    # GLM-5's thinking modes (glmstack.chat.modes): "interleaved" (one example per user turn, earlier reasoning
+    # cleared), "preserved" (whole conversations with every turn's reasoning; glm-4.7 only), "turn" (thinking
+    # switched per user turn); synthetic sets are generated in the mode. "" = each record's own switches.
+    thinking_mode: str = ""
     tokenizer: str = ""  # folder with tokenizer.json; "" = the init_from checkpoint's
     pack_buffer: int = 16384  # conversations packed together (best-fit within the buffer)
     shuffle: bool = True  # reshuffle conversations (and rows) every epoch
@@ -56,20 +60,24 @@ def sft_loss(model, batch: dict, values: dict):
 
 
 # ---------------------------------------------------------------------------------------------------- data
-def data_files(entries: list[str], out: Path, n: int, seed: int, split: str, generate=None) -> list[Path]:
+def data_files(entries: list[str], out: Path, n: int, seed: int, split: str, generate=None,
+               thinking_mode: str = "") -> list[Path]:  # fmt: skip
     """Paths for the entries; synthetic sets are generated into `out` once (the files are the record).
-    `generate(name, n, seed, split) -> records`: synthetic.generate (SFT sets) unless given (rm's preference sets)."""
+    `generate(name, n, seed, split) -> records`: synthetic.generate (SFT sets, in `thinking_mode`) unless given
+    (rm's preference sets)."""
     from glmstack.posttrain.sft_data import write_jsonl
     from glmstack.posttrain.synthetic import generate as sft_sets
+    from glmstack.posttrain.synthetic import set_file
 
-    generate = generate or sft_sets
+    if generate is None:
+        generate = lambda name, n, seed, split: sft_sets(name, n, seed, split, thinking_mode)
     paths = []
     for e in entries:
         if not e.startswith(SYNTHETIC):
             paths.append(Path(e))
             continue
         name = e[len(SYNTHETIC) :]
-        path = out / f"{name}.{split}.jsonl"
+        path = out / set_file(name, split, thinking_mode)
         if not path.exists() and dist.rank() == 0:
             try:
                 write_jsonl(generate(name, n, seed, split), path)
@@ -87,22 +95,33 @@ def load_tokenizer(cfg: SFTConfig):
 
 
 def encoded(cfg: SFTConfig, tokenizer, split: str) -> list[tuple[list[int], list[int]]]:
+    from glmstack.chat.modes import check_mode
     from glmstack.chat.render import get_style
-    from glmstack.posttrain.sft_data import encode_record, read_conversations
+    from glmstack.posttrain.sft_data import encode_examples, read_conversations
     from glmstack.train.stage import stage_dir
 
+    style, mode = cfg.sft.chat_style, cfg.sft.thinking_mode
     try:
-        get_style(cfg.sft.chat_style)
+        get_style(style)
     except ValueError as e:
         raise ConfigError(f"sft.chat_style: {e}") from None
+    try:
+        if mode:
+            check_mode(mode, style)
+    except ValueError as e:
+        raise ConfigError(f"sft.thinking_mode: {e}") from None
     entries = cfg.sft.data if split == "train" else cfg.sft.val_data
     n = cfg.sft.synthetic_n if split == "train" else max(1, cfg.sft.synthetic_n // 10)
-    paths = data_files(entries, stage_dir(cfg) / "data", n, cfg.seed, "train" if split == "train" else "test")
+    paths = data_files(entries, stage_dir(cfg) / "data", n, cfg.seed, "train" if split == "train" else "test",
+                       thinking_mode=mode)  # fmt: skip
     log = print if dist.rank() == 0 else None
     records, report = read_conversations(paths, log=log)
     if log:
         print(f"sft {split} data: {report.summary()}", flush=True)
-    return [encode_record(tokenizer, r, cfg.sft.chat_style) for r in records]
+    try:
+        return [ex for r in records for ex in encode_examples(tokenizer, r, style, mode)]
+    except ValueError as e:  # a record asking for preserved thinking in the glm-4.5 style
+        raise ConfigError(f"sft {split} data: {e}") from None
 
 
 def data_builder(tokenizer):

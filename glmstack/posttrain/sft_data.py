@@ -2,7 +2,8 @@
 
 What: `read_conversations(paths) -> (records, ReadReport)` reads JSONL files, Parquet files, or folders of either
 (sorted, recursively), in two record shapes:
-  OpenAI:   {"messages": [...], "tools": [...]?, "enable_thinking": bool?, "clear_thinking": bool?}
+  OpenAI:   {"messages": [...], "tools": [...]?, "enable_thinking": bool?, "clear_thinking": bool?,
+             "thinking_mode": "interleaved" | "preserved" | "turn"?}
             assistant turns may carry `reasoning_content` and `tool_calls` (arguments a JSON string or an object);
             `{"role": "tool"}` messages carry results; `"train": false` on an assistant turn keeps it in context
             without training on it (GLM-5's masked error segments, research/post-training-recipe.md §2).
@@ -13,6 +14,9 @@ an error (ConfigError, one line). Validation is the chat renderer's own (glmstac
 
 `encode_record(tokenizer, record, style)` -> (ids, mask) via glmstack.chat.encode: the mask marks exactly the
 assistant's own tokens (reasoning, `</think>`, content, tool calls) and the token that ends its turn.
+`encode_examples(tokenizer, record, style, mode)` -> [(ids, mask)]: the record laid out in one of GLM-5's thinking
+modes (glmstack.chat.modes: one example per user turn, or the whole conversation with its reasoning preserved);
+the record's own `thinking_mode` wins over `mode`, and neither gives encode_record's one example.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from pathlib import Path
 
 from glmstack.atomic import write_atomic
 from glmstack.chat import encode
+from glmstack.chat.modes import MODES, encode_mode
 from glmstack.chat.schema import check_messages, trains
 from glmstack.config import ConfigError
 
@@ -125,6 +130,10 @@ def normalize(raw) -> dict:
             if not isinstance(raw[key], bool):
                 raise MalformedRecord(f"{key} must be true or false")
             record[key] = raw[key]
+    if raw.get("thinking_mode"):
+        if raw["thinking_mode"] not in MODES:
+            raise MalformedRecord(f"thinking_mode must be one of {', '.join(MODES)}")
+        record["thinking_mode"] = raw["thinking_mode"]
     return record
 
 
@@ -187,6 +196,16 @@ def encode_record(tokenizer, record: dict, style: str) -> tuple[list[int], list[
     """(ids, loss mask) of one normalized record in `style`, with its own thinking switches."""
     opts = {k: record[k] for k in RECORD_OPTIONS if k in record}
     return encode(tokenizer, record["messages"], record.get("tools"), style=style, **opts)
+
+
+def encode_examples(tokenizer, record: dict, style: str, mode: str = "") -> list[tuple[list[int], list[int]]]:
+    """The record's examples in its `thinking_mode`, else `mode` ("" = encode_record's one example). ValueError
+    for preserved thinking in the glm-4.5 style (its template cannot keep earlier reasoning)."""
+    mode = record.get("thinking_mode") or mode
+    if not mode:
+        return [encode_record(tokenizer, record, style)]
+    return encode_mode(tokenizer, record["messages"], record.get("tools"), style, mode,
+                       record.get("enable_thinking", True))  # fmt: skip
 
 
 def write_jsonl(records, path: str | Path) -> Path:

@@ -16,12 +16,17 @@ Sets (GLM-4.5's three experts at toy scale, research/post-training-recipe.md §5
               (glmstack.posttrain.rl.tasks' `compare` draws from the same generator and the same held-out split)
 Every item comes in two variants, thinking on and off (hybrid reasoning, GLM-4.5 §3.1): with thinking off the
 record sets `enable_thinking: false` and has no reasoning, so the template's switch decides.
+`thinking_mode` (GLM-5's modes, glmstack.chat.modes) changes that and is written into each record: "interleaved"
+and "preserved" records all think (reasoning before every response and tool call; how earlier turns' reasoning is
+kept is the mode's layout at encoding time); "turn" switches thinking per user turn in the multi-turn chat set (each
+turn on or off at random) and per record elsewhere, the record's `enable_thinking` being its last turn's switch.
 
 Each record is an SFT record (`messages`, `tools`, `enable_thinking`) plus `meta` = {set, split, answer, tool,
 prompt_turns}: `messages[:prompt_turns]` is the prompt a held-out evaluation or rejection sampling starts from.
 The split is a hash of the prompt text (1 in 5 held out), so train and test never share a prompt.
 
     glmstack sft-data --out data/sft --n 2000        # writes <set>.train.jsonl and <set>.test.jsonl per set
+    glmstack sft-data --out data/sft --thinking-mode preserved    # <set>.preserved.train.jsonl, ...
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import re
 import zlib
 from pathlib import Path
 
+from glmstack.chat.modes import MODES
 from glmstack.posttrain.tools import CALCULATOR, FAULTS, PYTHON, TOOLS, calculate, run_python
 
 SETS = ("arithmetic", "tools", "chat", "compare")
@@ -197,11 +203,14 @@ def chat_exchange(rng: random.Random, name: str) -> tuple[str, str, str, str]:
     return ("What is your name?", f"The system prompt says my name is {name}.", f"My name is {name}.", name)
 
 
-def chat_record(rng: random.Random, thinking: bool) -> dict:
+def chat_record(rng: random.Random, thinking: bool, per_turn: bool = False) -> dict:
+    """per_turn: each turn thinks or not at random (turn-level thinking); the record's switch is the last turn's."""
     name = rng.choice(ASSISTANT_NAMES)
     messages = [{"role": "system", "content": f"You are {name}, a helpful assistant. Answer in one sentence."}]
     for turn in range(rng.randint(1, 3)):
         question, thought, reply, must = chat_exchange(rng, name)
+        if per_turn:
+            thinking = rng.random() < 0.5
         messages.append({"role": "user", "content": question if turn else f"Hello! {question}"})
         messages.append({"role": "assistant", "content": reply} | ({"reasoning_content": thought} if thinking else {}))
     return _record("chat", messages, None, thinking, must, None)
@@ -217,15 +226,18 @@ def _record(set_name, messages, tools, thinking, answer, tool) -> dict:
     return {"messages": messages, "tools": tools, "enable_thinking": thinking, "meta": meta}
 
 
-def generate(set_name: str, n: int, seed: int = 0, split: str = "train") -> list[dict]:
-    """`n` records of one set in `split` (half with thinking on, half off), deterministic in `seed`."""
+def generate(set_name: str, n: int, seed: int = 0, split: str = "train", thinking_mode: str = "") -> list[dict]:
+    """`n` records of one set in `split` (half with thinking on, half off; `thinking_mode`: module docstring),
+    deterministic in `seed`."""
     if set_name not in SETS + OPT_IN_SETS:
         raise ValueError(f"unknown synthetic set {set_name!r} (expected one of {', '.join(SETS + OPT_IN_SETS)})")
+    if thinking_mode and thinking_mode not in MODES:
+        raise ValueError(f"unknown thinking mode {thinking_mode!r} (expected one of {', '.join(MODES)})")
     rng = random.Random(f"{set_name}:{seed}")
     out, tries = [], 0
     while len(out) < n and tries < 50 * n + 1000:
         tries += 1
-        thinking = len(out) % 2 == 0
+        thinking = len(out) % 2 == 0 or thinking_mode in ("interleaved", "preserved")
         if set_name == "arithmetic":
             rec = arithmetic_record(rng, thinking)
         elif set_name == "tools":
@@ -235,9 +247,9 @@ def generate(set_name: str, n: int, seed: int = 0, split: str = "train") -> list
         elif set_name == "compare":
             rec = compare_record(rng, thinking)
         else:
-            rec = chat_record(rng, thinking)
+            rec = chat_record(rng, thinking, per_turn=thinking_mode == "turn")
         if rec["meta"]["split"] == split:
-            out.append(rec)
+            out.append(rec | ({"thinking_mode": thinking_mode} if thinking_mode else {}))
     return out
 
 
@@ -257,6 +269,11 @@ def verify(meta: dict, reply: dict, tool_calls: list[dict] | None = None) -> boo
     return meta["answer"].lower() in content.lower()
 
 
+def set_file(name: str, split: str, thinking_mode: str = "") -> str:
+    """The file name of a written set: `<set>.<split>.jsonl`, `<set>.<mode>.<split>.jsonl` in a thinking mode."""
+    return f"{name}.{thinking_mode}.{split}.jsonl" if thinking_mode else f"{name}.{split}.jsonl"
+
+
 def prompt_of(record: dict) -> list[dict]:
     return record["messages"][: record["meta"]["prompt_turns"]]
 
@@ -268,12 +285,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-test", type=int, default=200, help="held-out records per set")
     ap.add_argument("--sets", default=",".join(SETS))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--thinking-mode",
+        default="",
+        choices=("", *MODES),
+        help="GLM-5 thinking mode written into every record (default: half thinking on, half off)",
+    )
     args = ap.parse_args(argv)
     from glmstack.posttrain.sft_data import write_jsonl
 
     for name in args.sets.split(","):
         for split, n in (("train", args.n), ("test", args.n_test)):
-            path = write_jsonl(generate(name, n, args.seed, split), Path(args.out) / f"{name}.{split}.jsonl")
+            records = generate(name, n, args.seed, split, args.thinking_mode)
+            path = write_jsonl(records, Path(args.out) / set_file(name, split, args.thinking_mode))
             print(f"{path}: {n} records")
     return 0
 

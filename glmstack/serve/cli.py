@@ -6,6 +6,10 @@
     glmstack serve CKPT --max-running 16 --max-waiting 256 --time-limit 600
     glmstack serve CKPT --prefix-cache-mb 1024 --prefix-block 16     # reuse the KV of re-sent prefixes (0: off)
 
+Thinking modes (docs/serve.md): a request's `chat_template_kwargs` {"enable_thinking", "clear_thinking"} are the
+official templates' switches; with `clear_thinking: false` (GLM-4.7/5) each turn's prompt extends the last prompt +
+completion, which the prefix cache then reuses whole.
+
 The model name clients send is the folder's name unless --served-model-name says otherwise. Open http://HOST:PORT/
 for the web chat page.
 """
@@ -42,9 +46,9 @@ def build(args):
     else:
         engine = _load(args)  # loads, and quantizes with --quantize (glmstack.inference.quant.quantize_)
         speculative = None if args.speculative == "none" else args.speculative
-        sched = Scheduler(
-            engine, args.max_running, args.max_waiting, speculative, args.draft, _prefix_cache(args), _monitor(args)
-        )
+        completions = not getattr(args, "prefix_prompts_only", False)
+        sched = Scheduler(engine, args.max_running, args.max_waiting, speculative, args.draft, _prefix_cache(args),
+                          _monitor(args), cache_completions=completions)  # fmt: skip
     name = args.served_model_name or Path(args.checkpoint).name
     app = create_app(engine, name, _style(args, engine), sched, args.time_limit, **security_options(args))
     return app, sched
@@ -154,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
         help="memory for cached prompt-prefix KV blocks, reused across requests (0: off)",
     )
     ap.add_argument("--prefix-block", type=int, default=16, help="tokens per prefix-cache block")
+    ap.add_argument("--prefix-prompts-only", action="store_true",
+                    help="cache prompts only, not a finished request's prompt + completion (what the next turn of "
+                    "a conversation re-sends; continuous batching, not --speculative)")  # fmt: skip
     ap.add_argument(
         "--fault-block",
         type=int,

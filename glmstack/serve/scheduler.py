@@ -78,6 +78,7 @@ class Job:
     # scheduler state
     submitted: float = field(default_factory=time.monotonic)
     n_out: int = 0
+    out_ids: list[int] = field(default_factory=list)  # the generated ids (a finished row's completion is cached)
     streams: RowStreams | None = None
     end: Finished | None = None
     prefix: list = field(default_factory=list)  # the prefix-cache blocks this job was admitted with (pinned)
@@ -93,13 +94,16 @@ class Job:
 class Scheduler:
     def __init__(self, engine, max_running: int = 16, max_waiting: int = 256, speculative: str | None = None,
                  draft_k: int = 2, prefix_cache: PrefixCache | None = None,
-                 monitor: MonitorConfig | None = None):  # fmt: skip
+                 monitor: MonitorConfig | None = None, cache_completions: bool = True):  # fmt: skip
         self.engine, self.model = engine, engine.model
         self.ctx = engine.cfg.max_position_embeddings
         self.max_running, self.max_waiting = max_running, max_waiting
         self.speculative, self.draft_k = speculative, draft_k
         self.serial = speculative is not None  # one job at a time through _run_one (MTP)
         self.prefix_cache = prefix_cache  # None: every prompt is prefilled in full
+        # a finished row's prompt + completion go into the prefix cache (continuous batching only): the next turn of
+        # its conversation re-sends them; False keeps prompts only
+        self.cache_completions = cache_completions
         self.monitor = monitor or MonitorConfig()  # speculative path: acceptance-statistics rules
         self.waiting: deque[Job] = deque()
         self.running: list[Job] = []
@@ -266,6 +270,7 @@ class Scheduler:
             self.stats["ttft_sum"] += time.monotonic() - job.submitted
             self.stats["ttft_count"] += 1
         job.n_out += 1
+        job.out_ids.append(tok.id)
         self.stats["generated_tokens"] += 1
         job.emit(tok)
 
@@ -397,6 +402,24 @@ class _Batch:
         self.sched.recent.append((time.monotonic(), len(ids)))
         return toks_B
 
+    def _store_completion(self, b: int, job: Job) -> None:
+        """Row b's full blocks of prompt + generated tokens into the prefix cache, from the row's own KV (positions
+        [start, seq_len): every token it has fed, i.e. all but a last sampled one). As vLLM caches generated blocks:
+        a conversation's next turn re-sends this completion, and with preserved thinking (or inside a tool loop) its
+        prompt extends this row token for token (docs/serve.md, Thinking modes). Blocks stored here carry no hidden
+        states: only the speculative path reads those, and it never shares a cache with this batch."""
+        pc = self.sched.prefix_cache
+        if pc is None or not self.sched.cache_completions:
+            return
+        start, bs = int(self.cache.start[b]), pc.block_size
+        ids = (job.prompt_ids + job.out_ids)[: self.cache.seq_len - start]
+
+        def kv_of(j):
+            lo, hi = start + j * bs, start + (j + 1) * bs
+            return {i: (k[b, :, lo:hi], v[b, :, lo:hi]) for i, (k, v) in self.cache.buffers().items()}, None
+
+        pc.insert(ids, job.prefix, kv_of)
+
     def _drop_finished(self) -> torch.Tensor | None:
         """Rows that ended (stop id, budget, cancel, deadline) leave the batch, freeing their slot at once.
         Returns the kept rows' indices, or None when every row stays."""
@@ -407,6 +430,7 @@ class _Batch:
             if job.end is None:
                 keep.append(b)
             else:
+                self._store_completion(b, job)
                 self.sched._finish(job, job.end)
         if len(keep) == len(self.jobs):
             return None

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from reference import reference_file
 
 from glmstack.chat import render
+from glmstack.chat.modes import MODES, examples
 from glmstack.chat.render import TEMPLATE_FILES, official_template
 
 chat_template_utils = pytest.importorskip("transformers.utils.chat_template_utils")
@@ -180,3 +181,112 @@ def test_documented_strings():
     assert render(SYSTEM_HI, add_generation_prompt=True, enable_thinking=False) == (
         "[gMASK]<sop><|system|>\nYou are a helpful assistant.<|user|>\nHi!/nothink<|assistant|>\n<think></think>"
     )
+
+
+# ---- GLM-5's thinking modes (glmstack.chat.modes): every example of every mode renders as the template does ------
+
+def call(name, **args):
+    return {"id": "call_0", "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def asst(reasoning=None, content="", calls=None):
+    m = {"role": "assistant", "content": content}
+    if reasoning is not None:
+        m["reasoning_content"] = reasoning
+    return m | ({"tool_calls": calls} if calls else {})
+
+
+def user(text):
+    return {"role": "user", "content": text}
+
+
+def tool(text):
+    return {"role": "tool", "content": text}
+
+
+ADVERSARIAL = {
+    # tool calls inside a turn and between user turns, two parallel calls answered by two results
+    "tools_between_turns": [
+        {"role": "system", "content": "You are terse."}, user("Weather in Paris?"),
+        asst("Need the tool.", "", [call("get_weather", city="Paris", days=2)]), tool('{"temp_c": 18}'),
+        asst("It is 18.", "18 degrees."), user("And Lyon and Nice?"),
+        asst("Two calls.", "Checking both.", [call("get_weather", city="Lyon"), call("get_weather", city="Nice")]),
+        tool('{"temp_c": 20}'), tool('{"temp_c": 22}'), asst("Both known.", "20 and 22."),
+    ],
+    # empty reasoning in every form: "", whitespace, no key, an empty <think></think> inside content
+    "empty_reasoning": [
+        user("a"), asst("", "A1"), user("b"), asst("  \n ", "B1"), user("c"), asst(None, "<think></think>C1"),
+        user("d"), asst(None, "D1"),
+    ],
+    # reasoning and content that contain the format's own tags
+    "tag_like_text": [
+        user("What does <think> mean?"), asst("The tag </think> closes <think>; <|user|> is a role.", "A tag."),
+        user("And <tool_call>?"),
+        asst("Write <tool_call>f<arg_key>k</arg_key><arg_value>v</arg_value></tool_call> here.", "<|assistant|> x"),
+        user("Inline?"), asst(None, "<think>\ninline thought\n</think>\nshown"),
+    ],
+    # many turns, tools, a system prompt between turns, a tool result given as a list
+    "multi_turn_tools_system": [
+        {"role": "system", "content": "S1"}, user("q1"), asst("r1", "", [call("get_weather", city="Rome")]),
+        {"role": "tool", "content": [{"output": "sunny"}, "windy"]}, asst("r2", "a1"),
+        {"role": "system", "content": "S2: now be brief"}, user("q2"), asst("r3", "a2"), user("q3"),
+        asst(None, "a3 without thinking"), user("q4"), asst("r4", "", [call("get_weather", city="Oslo", days=1)]),
+        tool("cold"), asst("r5", "a4"),
+    ],
+}  # fmt: skip
+
+
+def _mode_cases(style):
+    for name in ADVERSARIAL:
+        for mode in MODES:
+            if mode == "preserved" and style == "glm-4.5":
+                continue  # the GLM-4.6 template has no clear_thinking (tests/unit/test_chat_modes.py)
+            yield name, mode
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_modes_render_equals_template_on_adversarial_conversations(style):
+    for name, mode in _mode_cases(style):
+        msgs = ADVERSARIAL[name]
+        exs = examples(msgs, mode, style)
+        assert exs, (name, mode)
+        for ex in exs:
+            got = render(ex.messages, WEATHER, style, **ex.options())
+            assert got == official(ex.messages, WEATHER, style, **ex.options()), (name, mode)
+        # and every prompt a server renders for this conversation in this mode (each assistant message's prefix)
+        for i, m in enumerate(msgs):
+            if m["role"] == "assistant":
+                for thinking in (True, False):
+                    kw = {"clear_thinking": mode != "preserved", "enable_thinking": thinking,
+                          "add_generation_prompt": True}  # fmt: skip
+                    assert render(msgs[:i], WEATHER, style, **kw) == official(msgs[:i], WEATHER, style, **kw)
+
+
+def test_modes_keep_and_drop_reasoning_as_documented():
+    msgs = ADVERSARIAL["tools_between_turns"]
+    interleaved = [render(e.messages, WEATHER, "glm-4.7", **e.options()) for e in examples(msgs, "interleaved", "glm-4.7")]
+    (preserved,) = [render(e.messages, WEATHER, "glm-4.7", **e.options()) for e in examples(msgs, "preserved", "glm-4.7")]
+    assert len(interleaved) == 2
+    assert "<think>Need the tool.</think>" in interleaved[0] and "<think>It is 18.</think>" in interleaved[0]
+    assert "Need the tool." not in interleaved[1] and "<think>Two calls.</think>" in interleaved[1]  # cleared
+    assert all(f"<think>{r}</think>" in preserved for r in ("Need the tool.", "It is 18.", "Two calls.", "Both known."))
+    # turn-level: a non-thinking turn's example is rendered with enable_thinking=False (GLM-4.5: /nothink everywhere)
+    turn = examples(ADVERSARIAL["multi_turn_tools_system"], "turn", "glm-4.5")
+    assert [e.enable_thinking for e in turn] == [True, True, False, True]
+    assert render(turn[2].messages, WEATHER, "glm-4.5", **turn[2].options()).count("/nothink") == 3
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(conversation=conversations, mode=st.sampled_from(MODES))
+def test_modes_render_equals_template_random(conversation, mode):
+    msgs, tools, _ = conversation
+    for style in STYLES:
+        if mode == "preserved" and style == "glm-4.5":
+            continue
+        try:
+            exs = examples(msgs, mode, style)
+        except ValueError:
+            continue  # a conversation the renderer rejects (hypothesis draws bad tool-call names)
+        for ex in exs:
+            assert render(ex.messages, tools, style, **ex.options()) == official(ex.messages, tools, style,
+                                                                                  **ex.options())  # fmt: skip

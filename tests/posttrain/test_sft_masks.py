@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from glmstack.posttrain.sft_data import encode_record, normalize
+from glmstack.posttrain.sft_data import MalformedRecord, encode_examples, encode_record, normalize
 
 CALL = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "2+3"}}}
 TOOLS = [{"type": "function", "function": {"name": "calculator", "parameters": {"type": "object",
@@ -85,3 +85,64 @@ def test_sharegpt_equals_openai(tok):
                                {"from": "gpt", "value": "Yo"}]}  # fmt: skip
     assert encode_record(tok, normalize(share), "glm-4.5") == encode_record(tok, normalize(openai), "glm-4.5")
     assert trained_spans(tok, share) == ["\nYo<|endoftext|>"]
+
+
+# ---- GLM-5's thinking modes (glmstack.chat.modes) through the SFT reader -------------------------------------------
+
+TWO_TURNS = [user("Q1"), {"role": "assistant", "reasoning_content": "R1", "content": "A"}, user("Q2"),
+             {"role": "assistant", "reasoning_content": "R2", "content": "B"}]  # fmt: skip
+
+
+def mode_spans(tok, record, style, mode=""):
+    return [trained_spans_of(tok, ids, mask) for ids, mask in encode_examples(tok, normalize(record), style, mode)]
+
+
+def trained_spans_of(tok, ids, mask):
+    spans, cur = [], []
+    for i, m in zip([*ids, -1], [*mask, 0]):
+        if m:
+            cur.append(i)
+        elif cur:
+            spans.append(tok.decode(cur))
+            cur = []
+    return spans
+
+
+PRESERVED = [["R1</think>A<|user|>", "R2</think>B<|endoftext|>"]]  # one example, every reasoning trained
+
+
+@pytest.mark.parametrize(("mode", "want"), [
+    ("", [["A<|user|>", "R2</think>B<|endoftext|>"]]),  # the record's own switches: one example, R1 cleared
+    ("interleaved", [["R1</think>A<|endoftext|>"], ["R2</think>B<|endoftext|>"]]),  # one example per user turn
+    ("preserved", PRESERVED),
+    ("turn", [["R1</think>A<|endoftext|>"], ["R2</think>B<|endoftext|>"]]),
+])  # fmt: skip
+def test_thinking_modes_masks(tok, mode, want):
+    assert mode_spans(tok, {"messages": TWO_TURNS}, "glm-4.7", mode) == want
+
+
+def test_record_thinking_mode_wins_over_the_option(tok):
+    assert mode_spans(tok, {"messages": TWO_TURNS, "thinking_mode": "preserved"}, "glm-4.7", "interleaved") == PRESERVED
+
+
+def test_thinking_mode_field_is_checked(tok):
+    with pytest.raises(MalformedRecord, match="thinking_mode must be one of"):
+        normalize({"messages": TWO_TURNS, "thinking_mode": "sometimes"})
+    with pytest.raises(ValueError, match="preserved thinking needs the glm-4.7 template"):
+        encode_examples(tok, normalize({"messages": TWO_TURNS}), "glm-4.5", "preserved")
+
+
+def test_synthetic_sets_in_each_mode():
+    from glmstack.posttrain.synthetic import generate
+
+    for mode in ("interleaved", "preserved"):  # every assistant message thinks, tool calls included
+        for set_name in ("chat", "tools"):
+            recs = generate(set_name, 12, thinking_mode=mode)
+            assert all(r["thinking_mode"] == mode for r in recs)
+            assert all(m.get("reasoning_content") for r in recs for m in r["messages"] if m["role"] == "assistant")
+    turn = generate("chat", 40, thinking_mode="turn")
+    switched = [r for r in turn if len({bool(m.get("reasoning_content")) for m in r["messages"]
+                                        if m["role"] == "assistant"}) == 2]  # fmt: skip
+    assert switched  # some conversations switch thinking between their turns
+    assert all(r["enable_thinking"] == bool(r["messages"][-1].get("reasoning_content")) for r in turn)
+    assert generate("chat", 5) == generate("chat", 5, thinking_mode="")  # the default is unchanged

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import threading
+from itertools import pairwise
 
 import pytest
 import torch
@@ -146,3 +147,35 @@ def test_speculative_path_reuses_the_prefix_mla():
     finally:
         sched.stop()
     assert results == [(True, 0), (True, 32)]
+
+
+def _run(sched, prompt, n=8):
+    got, done = [], threading.Event()
+    emit = lambda ev: got.append(ev.id) if isinstance(ev, Token) else done.set()
+    job = Job(prompt_ids=prompt, max_new_tokens=n, params=SamplingParams(temperature=0), seed=0, emit=emit)
+    sched.submit([job])
+    assert done.wait(120)
+    return got, job.cached_tokens
+
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny-glm47-flash", "tiny-glm5"])
+@pytest.mark.parametrize("completions", [True, False])
+def test_next_turn_reuses_the_cached_completion(preset, completions):
+    """A conversation's next turn re-sends prompt + completion: with completions cached (the default) the whole of
+    it but the last sampled token (never fed) comes from the cache, in blocks; prompts only: just the prompt's full
+    blocks. Either way the greedy output equals single-request, no-cache generation."""
+    engine = Engine(GLM(ModelConfig.preset(preset, max_position_embeddings=256)).init_weights(seed=0).eval())
+    sched = Scheduler(engine, prefix_cache=PrefixCache(BS, 2**24), cache_completions=completions)
+    sched.start()
+    try:
+        prompt, turns = list(range(3, 22)), []
+        for _ in range(3):
+            out, cached = _run(sched, prompt)
+            turns.append((len(prompt), cached, out == engine.generate([prompt], 8, stop_ids=[]).tokens[0]))
+            prompt = prompt + out + [7, 8, 9]
+    finally:
+        sched.stop()
+    assert all(same for *_, same in turns)
+    for (p0, _, _), (_, cached, _) in pairwise(turns):
+        fed = p0 + 8 - 1 if completions else p0
+        assert cached == fed // BS * BS
