@@ -20,6 +20,7 @@ from functools import partial
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from glmstack.model.gemm import Linear
@@ -189,13 +190,18 @@ class GLM(nn.Module):
     # ---------------------------------------------------------------- forward
     def forward(self, input_ids, labels=None, position_ids=None, segment_ids=None, cache=None,
                 mtp_weight: float | None = None, aux_loss_weight: float | None = None,
-                prefix_len=None, inputs_embeds=None, rope=None, lazy_logits: bool = False) -> GLMOutput:
+                prefix_len=None, inputs_embeds=None, rope=None, lazy_logits: bool = False,
+                mtp_labels=None, mtp_detach_trunk: bool = False) -> GLMOutput:
         """prefix_len (B,): GLM blank infilling's Part A length (bidirectional), Part B causal (glm_options.py);
         with cfg.position_2d, position_ids is (B, 2, T) (text position, position inside the span).
         inputs_embeds (B, T, D) replaces the token embeddings and rope = (cos, sin) (B, T, rotary_dim) the RoPE
         angles: how the vision-language model (model/vision/) feeds image tokens and 3D RoPE; None = unchanged.
         lazy_logits: form no logits here (`out.logits` runs the head on first read): a caller that needs them for a
-        long sequence runs the head on `out.hidden` in chunks instead of holding (T, V) (serve/scoring.py)."""
+        long sequence runs the head on `out.hidden` in chunks instead of holding (T, V) (serve/scoring.py).
+        mtp_labels (B, T), without `labels`: only the MTP layers' losses (out.mtp_loss) on these targets, the main
+        head's loss not formed (RL trains the MTP layer on its rollouts, rl.mtp_weight); mtp_detach_trunk: the
+        trunk's hidden state, the shared embedding and the shared LM head enter them detached, so the MTP loss
+        trains the MTP layer only."""
         B, T = input_ids.shape
         if position_ids is None:
             offset = cache.seq_len if cache is not None else 0
@@ -223,6 +229,10 @@ class GLM(nn.Module):
             out.lm_loss = self.lm_loss(h_BTD, labels, out._logits)
             out.mtp_loss = self._mtp_losses(input_ids, labels, h_BTD, cos, sin, mask, segment_ids, auxes, loads,
                                             valid_BT)
+        elif mtp_labels is not None:
+            h_in = h_BTD.detach() if mtp_detach_trunk else h_BTD
+            out.mtp_loss = self._mtp_losses(input_ids, mtp_labels, h_in, cos, sin, mask, segment_ids, auxes, loads,
+                                            valid_BT, detach_shared=mtp_detach_trunk)
         out.aux_loss = torch.stack(auxes).sum() if auxes else x_BTD.new_zeros((), dtype=torch.float32)
         out.expert_load = self._stack_loads(loads, x_BTD.device)
         if labels is not None:
@@ -232,17 +242,20 @@ class GLM(nn.Module):
             out.loss = add_indexer_losses(out.loss, self)
         return out
 
-    def _mtp_losses(self, input_ids, labels, h_BTD, cos, sin, mask, segment_ids, auxes, loads, valid_BT=None):
+    def _mtp_losses(self, input_ids, labels, h_BTD, cos, sin, mask, segment_ids, auxes, loads, valid_BT=None,
+                    detach_shared: bool = False):
+        """detach_shared: the embedding and LM head the MTP layers share with the trunk get no gradient here."""
         losses = []
         for d, layer in enumerate(self.mtp_by_depth(), start=1):
             ids_d, labels_d = mtp_targets(input_ids, labels, d, segment_ids)
-            h_BTD, aux, load_E = layer(self.embed(ids_d), h_BTD, cos, sin, mask, valid_BT=valid_BT)
+            emb = self.embed(ids_d).detach() if detach_shared else self.embed(ids_d)
+            h_BTD, aux, load_E = layer(emb, h_BTD, cos, sin, mask, valid_BT=valid_BT)
             auxes.append(aux)
             if d <= len(self.mtp):
                 loads.append(load_E)
             else:  # a shared depth reruns the last MTP layer: its routed tokens count toward that layer's row
                 loads[-1] = loads[-1] + load_E
-            losses.append(self.lm_loss(h_BTD, labels_d))
+            losses.append(self.lm_loss(h_BTD, labels_d, detach_head=detach_shared))
         return losses
 
     def embed(self, input_ids) -> torch.Tensor:
@@ -257,9 +270,14 @@ class GLM(nn.Module):
             return rope_cos_sin_2d(position_ids, self.cfg.rotary_dim, self.cfg.rope_theta, dtype)
         return rope_cos_sin(position_ids, self.cfg.rotary_dim, self.cfg.rope_theta, dtype)
 
-    def lm_loss(self, h_BTD, labels_BT, logits_BTV=None) -> torch.Tensor:
+    def lm_loss(self, h_BTD, labels_BT, logits_BTV=None, detach_head: bool = False) -> torch.Tensor:
         """Mean CE of the LM head on h_BTD: fused with the head's matmul (loss.py) or, with `cfg.fused_lm_loss`
-        off, the plain reference on the logits (given or formed here)."""
+        off, the plain reference on the logits (given or formed here). detach_head: no gradient to the head."""
+        if detach_head:
+            w = self.lm_head.weight.detach()
+            if self.cfg.fused_lm_loss:
+                return linear_cross_entropy(h_BTD, w, labels_BT)
+            return cross_entropy(F.linear(h_BTD, w), labels_BT)
         if self.cfg.fused_lm_loss:
             return linear_cross_entropy(h_BTD, self.lm_head.weight, labels_BT)
         return cross_entropy(self.lm_head(h_BTD) if logits_BTV is None else logits_BTV, labels_BT)

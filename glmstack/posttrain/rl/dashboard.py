@@ -31,6 +31,7 @@ PANELS = {
     "rl_throughput": ("rollout_tok_per_s", "train_tok_per_s"),
     "rl_time_split": ("time/rollout_s", "time/reward_s", "time/train_s", "time/sync_s", "time/eval_s"),
     "rl_loss": ("loss",),
+    "rl_mtp": ("mtp_accept_len", "spec_equals_greedy", "mtp_loss"),  # the MTP layer through RL (rl.mtp_weight)
     "rl_staleness": ("staleness_mean", "staleness_max", "weight_version"),
     # agentic RL (posttrain/agentic): episodes, failures, the asynchronous runner
     "agentic_success": ("success", "reward", "heldout_success", "heldout_faults_success"),
@@ -101,6 +102,8 @@ def summary(folder: str | Path, result: dict) -> dict:
             "heldout_start": heldout[0] if heldout else None, "heldout_end": result.get("heldout_acc"),
             "heldout_sampled_start": sampled[0] if sampled else None,
             "heldout_sampled_end": result.get("heldout_acc_sampled"),
+            "mtp_accept_len_start": next((r["mtp_accept_len"] for r in rows if "mtp_accept_len" in r), None),
+            "mtp_accept_len_end": result.get("mtp_accept_len"),
             "steps": result.get("step"), "means": {k: mean(k) for k in keys}, "time_split": split}  # fmt: skip
 
 

@@ -248,6 +248,7 @@ class Rollouts:
             self.prepare_eval()
             stats["heldout_acc"] = self.evaluate()
             stats["heldout_acc_sampled"] = self.evaluate(self.temperature)  # at the rollout temperature
+            stats |= self.mtp_acceptance()  # does the MTP layer still draft for this trunk (rl.mtp_weight)
         if o.dynamic_temperature and plateaued(self.history, o.plateau_window, o.plateau_tol):
             self.temperature = self.sweep_temperature()
             self.history = []
@@ -374,6 +375,21 @@ class Rollouts:
         task_rewards = [(r, 1.0) for r in self.task.rewards]
         rew, _ = reward_lib.total(samples, task_rewards)
         return sum(rew) / max(len(rew), 1)
+
+    def mtp_acceptance(self, n: int = 32, k: int = 2) -> dict:
+        """Greedy MTP speculative decoding (k drafts per verify step) of `n` held-out prompts with the evaluated
+        weights: the mean accepted length per verify step, and the fraction of rows whose output equals plain greedy
+        decoding (1: speculative decoding must not change the output). {} without an MTP layer or in-process engine."""
+        pol = self.eval_engine
+        if getattr(pol, "engine", None) is None or not pol.cfg.num_nextn_predict_layers:
+            return {}
+        prompts = [p.prompt_ids for p in self.heldout[:n]]
+        kw = {"max_new_tokens": self.opts.max_new_tokens, "temperature": 0.0, "stop_ids": self._stop_ids()}
+        with torch.no_grad(), pol.numerics():
+            plain = pol.engine.generate(prompts, **kw)
+            spec = pol.engine.generate(prompts, speculative="mtp", draft_k=k, **kw)
+        same = sum(a == b for a, b in zip(plain.tokens, spec.tokens)) / max(len(prompts), 1)
+        return {"mtp_accept_len": float(spec.stats["mean_accepted_length"]), "spec_equals_greedy": same}
 
     def sweep_temperature(self) -> float:
         self.prepare_eval()

@@ -98,6 +98,11 @@ class RLOptions:
     # the sampler and the trainer compute every log-prob with the same batch-invariant ops (model/invariant.py) in
     # the trainer's precision: rollout log-probs equal the trainer's bit for bit (logp_diff_frac = 0 every step)
     true_on_policy: bool = False
+    # the MTP layer keeps drafting for the trunk RL changes (slime's --enable-mtp-training): its loss on the rollout
+    # tokens, weighted; with mtp_detach_trunk the trunk gets no gradient from it (only the RL objective moves the
+    # policy). The acceptance length of MTP speculative decoding is measured at every held-out evaluation
+    mtp_weight: float = 0.0
+    mtp_detach_trunk: bool = True
     rollout_server: str = ""  # an OpenAI-compatible server's URL (remote.py) instead of the in-process engine
     server_model: str = "glmstack"  # the `model` field sent to it
     sync_every: int = 1  # push the trainer's weights to the rollout engine / server every K trainer steps
@@ -128,8 +133,11 @@ def rl_loss(opts: RLOptions):
 
     def loss_fn(model, batch: dict, values: dict):
         vision = {k: batch[k] for k in VISION_INPUTS if k in batch}  # a vision-language policy's pixels
+        mtp_weight = getattr(opts, "mtp_weight", 0.0)
+        mtp = {"mtp_labels": batch["targets"].masked_fill(batch["mask"] <= 0, -100),
+               "mtp_detach_trunk": opts.mtp_detach_trunk} if mtp_weight else {}  # fmt: skip
         with batch_invariant(getattr(opts, "true_on_policy", False)):  # the sampler's ops (policy.trainer_numerics)
-            out = model(batch["input_ids"], **vision)
+            out = model(batch["input_ids"], **vision, **mtp)
         logits_BTV = out.logits.float()
         temp = batch["temperature"]
         logp_BT = token_logprobs(logits_BTV, batch["targets"], temp, opts.top_p, opts.top_k)
@@ -160,6 +168,9 @@ def rl_loss(opts: RLOptions):
             loss, stats = gspo_loss(logp_BT, old, adv, mask)
         ent_BT = entropy(logits_BTV, temp)
         loss = regularised(loss, mask, entropy_BT=ent_BT, entropy_coef=opts.entropy_coef, reduction=opts.reduction)
+        if mtp_weight and out.mtp_loss:
+            mtp_loss = torch.stack(out.mtp_loss).mean()
+            loss, stats = loss + mtp_weight * mtp_loss, stats | {"mtp_loss": float(mtp_loss.detach())}
         m = mask.sum().clamp(min=1)
         metrics = {"entropy": (ent_BT.detach() * mask).sum() / m,
                    "outside_nucleus_frac": float(((batch["mask"] > 0) & ~valid).sum()) / float(m),
@@ -309,6 +320,7 @@ def run_rl(cfg: RLConfig, stop_at: int | None = None, build_data=build, check_fn
         if hasattr(data, "evaluate_all"):  # one held-out score per task (distillation: per teacher)
             result["heldout"] = data.evaluate_all()
         result["heldout_acc_sampled"] = data.evaluate(data.temperature)
+        result |= data.mtp_acceptance() if hasattr(data, "mtp_acceptance") else {}
         report = summary(folder, result)
         (folder / "rl_summary.json").write_text(json.dumps(report, indent=2) + "\n")
         if cfg.rl.true_on_policy:
