@@ -46,6 +46,7 @@ from glmstack.posttrain.rl.losses import (
     token_logprobs,  # fmt: skip
 )
 from glmstack.posttrain.rl.ppo import ppo_objective
+from glmstack.posttrain.rl.replay import model_routes, routing_diff
 from glmstack.train import dist
 from glmstack.train.config import DistConfig, TrainConfig
 from glmstack.train.loop import VISION_INPUTS
@@ -94,6 +95,9 @@ class RLOptions:
     plateau_tol: float = 0.01  # |mean reward change| below this between two windows = a plateau
     rollout_dtype: Literal["float32", "bfloat16"] = "float32"  # the rollout engine's weights
     rollout_noise: float = 0.0  # a controlled mismatch: rollout weights + noise · std(weight) (per step)
+    # Rollout Routing Replay (R3, replay.py): off | record (the engine's experts recorded, the trainer's routing
+    # compared with them: routing_diff_frac) | replay (the trainer routes every token to the recorded experts)
+    routing_replay: Literal["off", "record", "replay"] = "off"
     rollout_server: str = ""  # an OpenAI-compatible server's URL (remote.py) instead of the in-process engine
     server_model: str = "glmstack"  # the `model` field sent to it
     sync_every: int = 1  # push the trainer's weights to the rollout engine / server every K trainer steps
@@ -124,7 +128,9 @@ def rl_loss(opts: RLOptions):
 
     def loss_fn(model, batch: dict, values: dict):
         vision = {k: batch[k] for k in VISION_INPUTS if k in batch}  # a vision-language policy's pixels
-        out = model(batch["input_ids"], **vision)
+        # routing replay (replay.py): the engine's recorded experts replayed, the trainer's own top-k returned
+        routing = model_routes(getattr(opts, "routing_replay", "off"), batch, own=True)
+        out = model(batch["input_ids"], **vision, **routing)
         logits_BTV = out.logits.float()
         temp = batch["temperature"]
         logp_BT = token_logprobs(logits_BTV, batch["targets"], temp, opts.top_p, opts.top_k)
@@ -162,6 +168,8 @@ def rl_loss(opts: RLOptions):
                    # slime's ppo_kl: 0 at a batch's first update, bit for bit (rollouts.py computes π_old in the
                    # first update's micro-batch shapes), and the drift of π_θ from π_old after it
                    "ppo_kl": float(((old - logp_BT.detach()) * mask).sum() / m)}  # fmt: skip
+        if routing:  # the trainer's own top-k against the engine's (in replay mode: what the replay removed)
+            metrics |= routing_diff(out.routes, batch["routes"], mask)
         return loss, stats | metrics | batch["stats"]
 
     return loss_fn
