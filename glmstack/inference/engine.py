@@ -16,11 +16,13 @@ sampling too. Each step yields the new tokens of every row; `Rows` cuts them at 
     res.tokens[0], res.text[0], res.stats                 # stats: tokens/s, accepted length with speculative="mtp"
     engine.generate(["a", "b"], 32, temperature=0.7, seeds=[3, 9])  # row 1 == engine.generate(["b"], 32, ..., seeds=[9])
     engine.generate(ids, 32, temperature=0.7, logprobs=True).logprobs  # RL: each sampled token's log-prob
+    engine.generate(ids, 32, return_routes=True).routes    # routing replay: each row's experts (inference/routes.py)
     for delta in engine.stream("Hello", max_new_tokens=32): print(delta.text, end="")
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +31,7 @@ import torch
 
 from glmstack.inference.fast import FastForward, ReferenceForward, supported
 from glmstack.inference.kv_cache import KVCache
+from glmstack.inference.routes import RouteRecorder
 from glmstack.inference.sampling import RowStreams, SamplingParams, filter_logits, row_seeds, sample
 from glmstack.inference.speculative import lanes, mtp_decode
 
@@ -47,6 +50,7 @@ class Request:
     speculative: str | None = None  # "mtp": MTP speculative decoding
     draft_k: int = 2  # draft tokens per verify step
     logprobs: bool = False  # also return each sampled token's log-prob under the sampling transform (RL rollouts)
+    return_routes: bool = False  # also return each row's routed experts (routing replay, inference/routes.py)
 
 
 @dataclass
@@ -61,6 +65,9 @@ class GenerationResult:
     logprobs: list[list[float]] | None = None
     # the weight version each row was generated with, where the engine reports one (a rollout server does)
     weight_versions: list[int | None] | None = None
+    # return_routes=True: per row, the experts every trunk MoE layer routed each token to, int16 (prompt + new - 1,
+    # n trunk MoE layers, K); position t = the row's token t, prompt first (inference/routes.py; docs/CONTRACTS.md)
+    routes: list | None = None
 
 
 @dataclass
@@ -78,6 +85,7 @@ class Rows:
         self.out: list[list[int]] = [[] for _ in range(batch_size)]
         self.finish: list[str | None] = [None] * batch_size
         self.logprobs: list[list[float]] | None = None  # filled by push(..., logprobs=) when asked
+        self.recorder: RouteRecorder | None = None  # return_routes: the forwards' routing record
 
     @property
     def all_done(self) -> bool:
@@ -133,7 +141,8 @@ class Engine:
     def generate(self, prompts, max_new_tokens: int = 64, **options) -> GenerationResult:
         """Generate for a batch: prompts are strings (needs a tokenizer) or token-id lists (or one of either).
 
-        options (see Request): temperature, top_p, top_k, seed or seeds, stop_ids, speculative ("mtp"), draft_k.
+        options (see Request): temperature, top_p, top_k, seed or seeds, stop_ids, speculative ("mtp"), draft_k,
+        logprobs, return_routes (each row's routed experts, inference/routes.py).
         Row b's sampled tokens depend only on its prompt, its seed (seeds[b], else seed + b) and the options.
         """
         req = Request(max_new_tokens=max_new_tokens, **options)
@@ -145,12 +154,15 @@ class Engine:
                 stats["first_token_s"] = time.perf_counter() - t0
         rows = rows_out[0]
         text = [self._decode(r) for r in rows.out] if self.tokenizer is not None else None
+        routes = rows.recorder.take([len(r) for r in rows.out]) if rows.recorder is not None else None
         return GenerationResult(tokens=rows.out, text=text, finish_reason=rows.finish, stats=stats, seeds=rows.seeds,
-                                logprobs=rows.logprobs if req.logprobs else None)
+                                logprobs=rows.logprobs if req.logprobs else None, routes=routes)
 
     def stream(self, prompt, max_new_tokens: int = 256, stats: dict | None = None, **options) -> Iterator[Delta]:
         """One prompt; yields a Delta per decoding step (text deltas when the engine has a tokenizer)."""
         req = Request(max_new_tokens=max_new_tokens, **options)
+        if req.return_routes:
+            raise ValueError("return_routes: a stream yields tokens only; ask generate() for the routes")
         ids: list[int] = []
         shown = full = ""
         for new in self._run([prompt], req, {} if stats is None else stats, []):
@@ -179,11 +191,15 @@ class Engine:
             raise ValueError(f"draft_k must be >= 1, got {draft_k}")
         if speculative and req.logprobs:
             raise ValueError("logprobs=True is not supported with speculative decoding")
+        if speculative and req.return_routes:
+            raise ValueError("return_routes=True is not supported with speculative decoding (its verify steps route "
+                             "draft tokens that are then rejected): decode without speculative")
         ids_BP, start_B = self._prepare(prompts)
         B, P = ids_BP.shape
         budget = self._budget(P, req.max_new_tokens)
         rows = Rows(B, budget, self._stop_ids(req.stop_ids), row_seeds(req.seed, req.seeds, B))
         rows_out.append(rows)
+        rows.recorder = RouteRecorder(self.model) if req.return_routes else None
         # greedy draws nothing: no streams, no hashing
         n_lanes = lanes(draft_k) if speculative else 1
         streams = None if params.greedy else RowStreams(rows.seeds, n_lanes, self.device)
@@ -197,7 +213,7 @@ class Engine:
             else ReferenceForward(self.model)
         )
         t0 = time.perf_counter()
-        with torch.inference_mode():
+        with torch.inference_mode(), rows.recorder or contextlib.nullcontext():
             if speculative is None:
                 yield from self._plain(run, ids_BP, start_B, cache, rows, params, streams, stats, sync_every,
                                        req.logprobs)
@@ -221,6 +237,8 @@ class Engine:
         pos_BT = (torch.arange(P, device=self.device) - start_B[:, None]).clamp_min(0)
         t0 = time.perf_counter()
         logits_BV = run.forward(ids_BP, pos_BT, cache, last_only=True)[0][:, -1]
+        if rows.recorder is not None:
+            rows.recorder.add(range(ids_BP.shape[0]), start_B)
         stats["prefill_s"] = time.perf_counter() - t0
         pos_B1 = pos_BT[:, -1:] + 1
         alive = list(range(ids_BP.shape[0]))  # original row of each batch row (finished rows get dropped)
@@ -258,6 +276,8 @@ class Engine:
             if last:
                 break
             logits_BV = run.forward(tok_B[:, None], pos_B1, cache, last_only=True)[0][:, -1]
+            if rows.recorder is not None:
+                rows.recorder.add(alive)
             pos_B1 = pos_B1 + 1
             steps += 1
         stats.update(decode_s=time.perf_counter() - t0, decode_steps=steps, compactions=compactions)

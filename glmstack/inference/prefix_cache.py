@@ -212,8 +212,9 @@ def _depth(b: Block) -> int:
 
 
 # ---- the prefill of a batch of prompts over their cached prefixes (serve.scheduler; speculative admission) ----
-def prefill_layout(pc: PrefixCache | None, prompts: list[list[int]], device):
+def prefill_layout(pc: PrefixCache | None, prompts: list[list[int]], device, reuse: list[bool] | None = None):
     """Lay out a batch prefill that reuses each prompt's cached prefix. -> (cache, ids_NS, pos_NS, pre_N, chains).
+    reuse[b] False: prompt b is computed whole (a request that wants its routed experts: the cache keeps no routes).
 
     The layout is the engine's left-padded one (row b's tokens are the last len_b of L positions, KVCache.start
     marks the padding), except that the first Q = L - S positions come from the cache instead of being computed:
@@ -222,7 +223,7 @@ def prefill_layout(pc: PrefixCache | None, prompts: list[list[int]], device):
     (PrefixCache.acquire): the caller releases them when the request ends."""
     from glmstack.inference.kv_cache import KVCache
 
-    chains = [pc.match(p) for p in prompts] if pc is not None else [[] for _ in prompts]
+    chains = [pc.match(p) if pc is not None and (reuse is None or reuse[b]) else [] for b, p in enumerate(prompts)]
     bs = pc.block_size if pc is not None else 0
     for chain in chains:
         if pc is not None:

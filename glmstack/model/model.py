@@ -61,6 +61,7 @@ class GLMOutput:
     expert_load: torch.Tensor | None = None  # (n_moe_layers, E) routed-token counts; MTP rows last
     hidden: torch.Tensor | None = None  # (B, T, D) trunk output after the final norm (MTP depth 1 reads it)
     indexer_loss: torch.Tensor | None = None  # DSA warm-up/sparse: mean indexer KL over layers (detached, logging)
+    routes: torch.Tensor | None = None  # return_routes: (B, T, n trunk MoE layers, K) the routers' own top-k
     _head: Callable | None = field(default=None, repr=False)  # h_BTD -> logits, for the lazy `logits`
     _grad: bool = field(default=True, repr=False)
 
@@ -85,25 +86,26 @@ class Block(nn.Module):
         self.mlp = MoE(cfg) if moe else MLP(cfg.hidden_size, cfg.intermediate_size)
         self.alpha = deepnorm_alpha(cfg.num_hidden_layers) if cfg.deepnorm else None
 
-    def forward(self, x_BTD, cos, sin, mask=None, cache=None, valid_BT=None):
-        """-> (x_BTD, aux loss or None, expert load (E,) or None); valid_BT: False on padding (not counted)."""
+    def forward(self, x_BTD, cos, sin, mask=None, cache=None, valid_BT=None, replay_BTK=None):
+        """-> (x_BTD, aux loss, expert load (E,), the router's own top-k (B, T, K)), the last three None in a dense
+        block; valid_BT: False on padding (not counted); replay_BTK: routing replay's experts (MoE.forward)."""
         if self.alpha is not None:
-            return self._deepnorm(x_BTD, cos, sin, mask, cache, valid_BT)
+            return self._deepnorm(x_BTD, cos, sin, mask, cache, valid_BT, replay_BTK)
         x_BTD = x_BTD + self.self_attn(self.input_layernorm(x_BTD), cos, sin, mask, cache)
         h_BTD = self.post_attention_layernorm(x_BTD)
         if isinstance(self.mlp, MoE):
-            y_BTD, aux, load_E = self.mlp(h_BTD, valid_BT)
-            return x_BTD + y_BTD, aux, load_E
-        return x_BTD + self.mlp(h_BTD), None, None
+            y_BTD, aux, load_E, own_BTK = self.mlp(h_BTD, valid_BT, replay_BTK)
+            return x_BTD + y_BTD, aux, load_E, own_BTK
+        return x_BTD + self.mlp(h_BTD), None, None, None
 
-    def _deepnorm(self, x_BTD, cos, sin, mask, cache, valid_BT):
+    def _deepnorm(self, x_BTD, cos, sin, mask, cache, valid_BT, replay_BTK):
         x_BTD = self.input_layernorm(self.alpha * x_BTD + self.self_attn(x_BTD, cos, sin, mask, cache))
-        aux = load_E = None
+        aux = load_E = own_BTK = None
         if isinstance(self.mlp, MoE):
-            y_BTD, aux, load_E = self.mlp(x_BTD, valid_BT)
+            y_BTD, aux, load_E, own_BTK = self.mlp(x_BTD, valid_BT, replay_BTK)
         else:
             y_BTD = self.mlp(x_BTD)
-        return self.post_attention_layernorm(self.alpha * x_BTD + y_BTD), aux, load_E
+        return self.post_attention_layernorm(self.alpha * x_BTD + y_BTD), aux, load_E, own_BTK
 
 
 class GLM(nn.Module):
@@ -190,14 +192,17 @@ class GLM(nn.Module):
     # ---------------------------------------------------------------- forward
     def forward(self, input_ids, labels=None, position_ids=None, segment_ids=None, cache=None,
                 mtp_weight: float | None = None, aux_loss_weight: float | None = None,
-                prefix_len=None, inputs_embeds=None, rope=None, lazy_logits: bool = False,
-                mtp_labels=None, mtp_detach_trunk: bool = False) -> GLMOutput:
+                prefix_len=None, inputs_embeds=None, rope=None, lazy_logits: bool = False, routes=None,
+                return_routes: bool = False, mtp_labels=None, mtp_detach_trunk: bool = False) -> GLMOutput:
         """prefix_len (B,): GLM blank infilling's Part A length (bidirectional), Part B causal (glm_options.py);
         with cfg.position_2d, position_ids is (B, 2, T) (text position, position inside the span).
         inputs_embeds (B, T, D) replaces the token embeddings and rope = (cos, sin) (B, T, rotary_dim) the RoPE
         angles: how the vision-language model (model/vision/) feeds image tokens and 3D RoPE; None = unchanged.
         lazy_logits: form no logits here (`out.logits` runs the head on first read): a caller that needs them for a
         long sequence runs the head on `out.hidden` in chunks instead of holding (T, V) (serve/scoring.py).
+        routes (B, T, n trunk MoE layers, K) long: routing replay (R3): trunk MoE layer l routes token t to
+        routes[:, t, l] (-1: its own top-k; MoE.forward); return_routes: `out.routes` = each trunk MoE router's own
+        top-k, what it would have chosen (the replay's diff metric).
         mtp_labels (B, T), without `labels`: only the MTP layers' losses (out.mtp_loss) on these targets, the main
         head's loss not formed (RL trains the MTP layer on its rollouts, rl.mtp_weight); mtp_detach_trunk: the
         trunk's hidden state, the shared embedding and the shared LM head enter them detached, so the MTP loss
@@ -215,14 +220,18 @@ class GLM(nn.Module):
         valid_BT = segment_ids != 0 if segment_ids is not None else None  # segment 0 = padding (data contract)
         x_BTD = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
         cos, sin = self._rope(position_ids, x_BTD.dtype) if rope is None else rope
-        auxes, loads = [], []
+        auxes, loads, own = [], [], []
         for layer in self.layers:
-            x_BTD, aux, load_E = layer(x_BTD, cos, sin, mask, cache, valid_BT)
+            replay_BTK = routes[:, :, len(own)] if routes is not None and isinstance(layer.mlp, MoE) else None
+            x_BTD, aux, load_E, own_BTK = layer(x_BTD, cos, sin, mask, cache, valid_BT, replay_BTK)
             if aux is not None:
                 auxes.append(aux)
                 loads.append(load_E)
+                own.append(own_BTK)
         h_BTD = self.norm(x_BTD)  # the LM head's input and MTP's (transformers, vLLM and Megatron all feed it)
         out = GLMOutput(hidden=h_BTD, _head=self.lm_head, _grad=torch.is_grad_enabled())
+        if return_routes and own:
+            out.routes = torch.stack(own, dim=2)
         if not lazy_logits and (labels is None or not self.cfg.fused_lm_loss):
             out._logits = self.lm_head(h_BTD)
         if labels is not None:

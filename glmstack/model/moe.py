@@ -3,7 +3,10 @@
 Router (DeepSeek-V3 Eq. 12-16; transformers `Glm4MoeTopkRouter`): fp32 logits, s = sigmoid; experts are chosen on
 s + e_score_correction_bias (the loss-free balancing bias, Wang et al. 2024, is used ONLY to choose), optionally
 limited to the best `topk_group` of `n_group` groups (group score = sum of its top-2); gate values are the unbiased
-s of the chosen experts, renormalised when `norm_topk_prob`, times `routed_scaling_factor`.
+s of the chosen experts, renormalised when `norm_topk_prob`, times `routed_scaling_factor`. Routing replay (R3,
+arXiv 2510.11370; docs/rl.md): the trainer's forward may route each token to the experts the rollout engine chose
+(`Router.replay`), the gates still read from the router's full scores; the engine records its routers' choices through
+`Router.record` (inference/routes.py).
 
 Experts are 3-D banks `gate_up_proj (E, 2F, D)` (gate rows first) and `down_proj (E, D, F)`, the layout transformers
 keeps in memory. The fast path (`experts_grouped`) sorts the T*K (token, expert) pairs by expert and runs two
@@ -36,6 +39,8 @@ class Router(nn.Module):
         self.norm_topk_prob, self.scale = cfg.norm_topk_prob, cfg.routed_scaling_factor
         self.weight = nn.Parameter(torch.empty(E, cfg.hidden_size, dtype=torch.float32))  # kept fp32 (HF too)
         self.register_buffer("e_score_correction_bias", torch.empty(E, dtype=torch.float32))  # trainer updates it
+        # a list while the inference engine records routing (inference/routes.py): each call appends its top-k
+        self.record: list | None = None
 
     def forward(self, x_TD: torch.Tensor):
         """-> scores_TE (fp32 sigmoid), topk_idx_TK (long), topk_w_TK (fp32 gate values)."""
@@ -49,10 +54,25 @@ class Router(nn.Module):
         if self.n_group > 1:
             choice_TE = self._limit_groups(choice_TE)
         topk_idx_TK = choice_TE.topk(self.top_k, dim=-1, sorted=same_bits).indices
-        topk_w_TK = scores_TE.gather(1, topk_idx_TK)
+        if self.record is not None:
+            self.record.append(topk_idx_TK)
+        return scores_TE, topk_idx_TK, self.gates(scores_TE, topk_idx_TK)
+
+    def gates(self, scores_TE: torch.Tensor, idx_TK: torch.Tensor) -> torch.Tensor:
+        """Gate values (T, K) of the experts idx_TK: read from the FULL scores, renormalised, scaled. Routing replay
+        (R3) calls it with recorded experts the router's own top-k may not hold: they keep their real gate and
+        gradient (reading a top-k-masked copy would give them exact zeros, ISEEKYAN/Megatron-LM#79)."""
+        w_TK = scores_TE.gather(1, idx_TK)
         if self.norm_topk_prob:
-            topk_w_TK = topk_w_TK / (topk_w_TK.sum(-1, keepdim=True) + 1e-20)
-        return scores_TE, topk_idx_TK, topk_w_TK * self.scale
+            w_TK = w_TK / (w_TK.sum(-1, keepdim=True) + 1e-20)
+        return w_TK * self.scale
+
+    def replay(self, scores_TE: torch.Tensor, own_TK: torch.Tensor, replay_TK: torch.Tensor):
+        """Routing replay (R3, arXiv 2510.11370): the recorded experts replay_TK (T, K) in place of the router's own
+        choice own_TK, a row with -1 keeping its own. -> (idx_TK, w_TK)."""
+        known_T1 = (replay_TK >= 0).all(-1, keepdim=True)
+        idx_TK = torch.where(known_T1, replay_TK.to(own_TK.dtype), own_TK)
+        return idx_TK, self.gates(scores_TE, idx_TK)
 
     def _limit_groups(self, choice_TE: torch.Tensor) -> torch.Tensor:
         """Keep the experts of the topk_group best groups (group score = sum of its top-2), others -inf."""
@@ -279,19 +299,24 @@ class MoE(nn.Module):
         F_ = self.experts.gate_up_proj.shape[1] // 2
         return {"experts.gate_up_proj": (1, (F_, F_))}
 
-    def forward(self, x_BTD: torch.Tensor, valid_BT: torch.Tensor | None = None):
-        """-> (y_BTD, aux_loss scalar, load_E token counts); tokens where valid_BT is False (padding) are routed but
-        count in neither the aux loss nor the load that drives the balancing bias."""
+    def forward(self, x_BTD: torch.Tensor, valid_BT: torch.Tensor | None = None, replay_BTK=None):
+        """-> (y_BTD, aux_loss scalar, load_E token counts, own_BTK the router's own top-k); tokens where valid_BT is
+        False (padding) are routed but count in neither the aux loss nor the load that drives the balancing bias.
+        replay_BTK (B, T, K) long: routing replay's recorded experts (-1: the router's own), Router.replay; the aux
+        loss and the load then count the experts the tokens were routed to."""
         B, T, D = x_BTD.shape
         x_TD = x_BTD.reshape(B * T, D)
-        scores_TE, idx_TK, w_TK = self.gate(x_TD)
+        scores_TE, own_TK, w_TK = self.gate(x_TD)
+        idx_TK = own_TK
+        if replay_BTK is not None:
+            idx_TK, w_TK = self.gate.replay(scores_TE, own_TK, replay_BTK.reshape(B * T, -1))
         y_TD = self.experts(x_TD, idx_TK, w_TK)
         if self.shared_experts is not None:
             y_TD = y_TD + self.shared_experts(x_TD)
         valid_T = valid_BT.reshape(B * T) if valid_BT is not None else None
         load_E = expert_counts(idx_TK.reshape(-1), scores_TE.shape[1], _per_pair(valid_T, idx_TK.shape[1]))
         aux = sequence_balance_loss(scores_TE.view(B, T, -1), idx_TK.view(B, T, -1), valid_BT)
-        return y_TD.view(B, T, D), aux, load_E.float()
+        return y_TD.view(B, T, D), aux, load_E.float(), own_TK.view(B, T, -1)
 
 
 def _per_pair(valid_T: torch.Tensor | None, K: int) -> torch.Tensor | None:

@@ -32,7 +32,7 @@ class MTPLayer(nn.Module):
     def forward(self, emb_BTD, h_BTD, cos, sin, mask=None, cache=None, valid_BT=None):
         """-> (normed hidden (B, T, D) for the LM head and the next depth, aux loss, expert load)."""
         x_BTD = self.eh_proj(torch.cat([self.enorm(emb_BTD), self.hnorm(h_BTD)], dim=-1))
-        x_BTD, aux, load_E = self.block(x_BTD, cos, sin, mask, cache, valid_BT)
+        x_BTD, aux, load_E, _ = self.block(x_BTD, cos, sin, mask, cache, valid_BT)
         return self.final_norm(x_BTD), aux, load_E
 
 

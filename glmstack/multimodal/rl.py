@@ -94,6 +94,9 @@ def check(cfg: VLRLConfig) -> None:
         raise ConfigError("rl.loss=ppo: vl-rl has no value head (PPO with a critic is text RL only: glmstack rl)")
     if cfg.rl.rollout_server:
         raise ConfigError("rl.rollout_server: vl-rl rolls out in process only (its prompts carry pixels); unset it")
+    if cfg.rl.routing_replay != "off":
+        raise ConfigError("rl.routing_replay: the vision-language engine (inference/vision.py) records no routes; "
+                          "leave it off for vl-rl")  # fmt: skip
     # rl.task names posttrain/rl's text tasks; vl-rl's task is VisualQA, so check the rest with the default task
     check_rl(dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, task=type(cfg.rl)().task)))
 

@@ -10,6 +10,7 @@ knows where the sampler runs:
     res = policy.generate(prompts, max_new_tokens, temperature=1.0, seeds=[...], media=None)
     res.logprobs          # the sampler's own, under its sampling transform (never re-scored)
     res.weight_versions   # per row: the version of the weights that generated it (a server reports its own)
+    policy.generate(..., return_routes=True).routes   # per row: the experts it routed to (routing replay, rl/replay.py)
 
 `EnginePolicy` holds a single-device copy of the policy: text models decode in inference.Engine, a GLMV (VL) in
 inference.vision.generate_batch with each row's pixels (`media`); `dtype` (rl.rollout_dtype) and `perturb`
@@ -92,8 +93,11 @@ class EnginePolicy:
         self.version = version
 
     def generate(self, prompts, max_new_tokens: int, *, temperature: float, top_p: float = 1.0, top_k: int = 0,
-                 seeds, logprobs: bool = True, stop_ids=None, media=None) -> GenerationResult:  # fmt: skip
+                 seeds, logprobs: bool = True, stop_ids=None, media=None,
+                 return_routes: bool = False) -> GenerationResult:  # fmt: skip
         if self.vision:
+            if return_routes:
+                raise ValueError("routing replay: a vision-language policy does not record its routes")
             res = self._generate_vision(prompts, max_new_tokens, temperature, top_p, top_k, seeds, media)
         else:
             if media is not None and any(m is not None for m in media):
@@ -101,7 +105,7 @@ class EnginePolicy:
             with self.numerics():
                 res = self.engine.generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature,
                                            top_p=top_p, top_k=top_k, seeds=seeds, logprobs=logprobs,
-                                           stop_ids=stop_ids)  # fmt: skip
+                                           stop_ids=stop_ids, return_routes=return_routes)  # fmt: skip
         res.weight_versions = [self.version] * len(prompts)
         return res
 

@@ -12,6 +12,8 @@ episode, model turns between environment replies), distillation and VL RL all fe
 
 Layout: row i holds sample i's tokens[:-1] as `input_ids` and tokens[1:] as `targets`, right-padded to L; `mask` is 1
 where the target is one of the policy's own sampled tokens; `rollout_logp` is the sampler's log-prob of that target.
+When any sample carries the rollout engine's `routes` (routing replay, docs/rl.md), the batch also has `routes`
+(B, L, n trunk MoE layers, K) long: position t = the experts input token t was routed to, -1 where unknown or padding.
 One L over every rank (an all-reduce), so the loop gives every micro-batch the same weight and a sample-mean
 reduction stays exact under accumulation and data parallelism.
 """
@@ -40,11 +42,17 @@ class Sample:
     status: str = "done"
     meta: dict = field(default_factory=dict)
     media: Any = None  # a VL prompt's pixels (multimodal.processor.Media)
+    # (n <= len(tokens), L, K) int: the experts each trunk MoE layer routed tokens[t] to in the rollout engine (t < n;
+    # -1 = unknown), GenerationResult.routes; None = not recorded
+    routes: torch.Tensor | None = None
 
     def __post_init__(self):
         if not (len(self.tokens) == len(self.loss_mask) == len(self.rollout_logp)):
             raise ValueError(f"a sample's tokens ({len(self.tokens)}), loss mask ({len(self.loss_mask)}) and rollout "
                              f"log-probs ({len(self.rollout_logp)}) must line up")  # fmt: skip
+        if self.routes is not None and (self.routes.dim() != 3 or self.routes.shape[0] > len(self.tokens)):
+            raise ValueError(f"a sample's routes {tuple(self.routes.shape)} must be (n <= {len(self.tokens)} tokens, "
+                             "MoE layers, K)")  # fmt: skip
 
     @classmethod
     def single_turn(cls, prompt: list[int], response: list[int], logprobs: list[float], **kw) -> Sample:
@@ -64,4 +72,16 @@ def collate(samples: list[Sample], advantages: torch.Tensor) -> dict:
         ids[i, :k], tgt[i, :k] = torch.tensor(s.tokens[:-1]), torch.tensor(s.tokens[1:])
         mask[i, :k] = torch.tensor(s.loss_mask[1:], dtype=torch.float32)  # target t + 1 is a sampled token
         rlp[i, :k] = torch.tensor(s.rollout_logp[1:], dtype=torch.float32)
-    return {"input_ids": ids, "targets": tgt, "mask": mask, "rollout_logp": rlp, "advantages": advantages}
+    out = {"input_ids": ids, "targets": tgt, "mask": mask, "rollout_logp": rlp, "advantages": advantages}
+    return out | ({"routes": collate_routes(samples, L)} if any(s.routes is not None for s in samples) else {})
+
+
+def collate_routes(samples: list[Sample], L: int) -> torch.Tensor:
+    """(B, L, n MoE layers, K) long aligned with input_ids (tokens[:-1]): each sample's routes, -1 elsewhere."""
+    _, n_layers, K = next(s.routes for s in samples if s.routes is not None).shape
+    out = torch.full((len(samples), L, n_layers, K), -1, dtype=torch.long)
+    for i, s in enumerate(samples):
+        if s.routes is not None:
+            k = min(s.routes.shape[0], len(s.tokens) - 1)  # the last token is never an input
+            out[i, :k] = s.routes[:k]
+    return out

@@ -35,13 +35,14 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Str
 from pydantic import ValidationError
 
 from glmstack.chat import StreamParser, parse
+from glmstack.inference.routes import encode_routes, trunk_routers
 from glmstack.inference.sampling import SamplingParams
 from glmstack.serve.limits import Limits, check_prompt_chars, message_chars, prompt_chars
 from glmstack.serve.metrics import prometheus_text
 from glmstack.serve.outputs import ChoiceOutput
 from glmstack.serve.prompt import chat_prompt
 from glmstack.serve.protocol import ApiError, ChatRequest, CompletionRequest, WeightsRequest, validation_message
-from glmstack.serve.scheduler import Finished, Job, QueueFull, Scheduler, Token
+from glmstack.serve.scheduler import Finished, Job, QueueFull, Scheduler, Token, routed_experts
 from glmstack.serve.scoring import PromptScores
 from glmstack.serve.security import Guard
 
@@ -119,6 +120,8 @@ class Server:
         if logprobs and self.sched.speculative:
             raise ApiError(400, "logprobs are not available with --speculative mtp (verify steps keep no per-token "
                            "distribution); restart the server without it", "logprobs")  # fmt: skip
+        if req.return_routed_experts:
+            self.check_routes()
         loop, queue = asyncio.get_running_loop(), asyncio.Queue()
         params = SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=max(req.top_k, 0))
         seed = req.seed if req.seed is not None else secrets.randbits(62)
@@ -135,8 +138,17 @@ class Server:
 
             jobs.append(Job(prompt_ids=prompt_ids, max_new_tokens=max_new, params=params, seed=seed + j, emit=emit,
                             stop_ids=frozenset(stop_ids), top_logprobs=top_logprobs, deadline=deadline,
-                            media=media, score_prompt=score_prompt and j == 0))  # fmt: skip
+                            media=media, score_prompt=score_prompt and j == 0,
+                            return_routes=req.return_routed_experts))  # fmt: skip
         return jobs, queue
+
+    def check_routes(self) -> None:
+        """return_routed_experts needs plain decoding of a text MoE model."""
+        why = ("--speculative mtp (its verify steps route draft tokens that are then rejected)" if self.sched.speculative
+               else "a vision-language model" if self.processor is not None
+               else "a model without MoE layers" if not trunk_routers(self.sched.model) else None)  # fmt: skip
+        if why:
+            raise ApiError(400, f"return_routed_experts is not available with {why}", "return_routed_experts")
 
     def submit(self, jobs: list[Job]) -> None:
         """Queue all of a request's jobs at once (all or none)."""
@@ -349,10 +361,12 @@ def _usage(prompt_len: int, outs: list[ChoiceOutput], jobs: list[Job] = ()) -> d
 
 def _spec(job: Job) -> dict:
     """A finished choice's own fields: `weight_version`, the version of the weights that generated it (SGLang's
-    name; an RL trainer records the sampler's version, not its belief), and `speculative`: acceptance length /
-    rate and the monitor's verdict (MTP serving only)."""
+    name; an RL trainer records the sampler's version, not its belief), `speculative`: acceptance length / rate and
+    the monitor's verdict (MTP serving only), and with return_routed_experts `routed_experts`: {"shape": [seq_len -
+    1, MoE layers, top_k], "dtype": "int16", "data": base64 little-endian} (inference/routes.encode_routes)."""
     return {"weight_version": job.weight_version} | (
-        {"speculative": job.monitor.report()} if job.monitor is not None else {})
+        {"speculative": job.monitor.report()} if job.monitor is not None else {}) | (
+        {"routed_experts": encode_routes(routed_experts(job))} if job.return_routes else {})
 
 
 def _error_finish(outs: list[ChoiceOutput]) -> None:

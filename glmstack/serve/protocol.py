@@ -3,7 +3,7 @@
 What: `ChatRequest` (/v1/chat/completions) and `CompletionRequest` (/v1/completions) with OpenAI's field names and
 ranges, plus the extensions vLLM/SGLang clients send (research/serving-protocol.md §1.1, §5): `top_k`,
 `chat_template_kwargs` (`enable_thinking`, `clear_thinking`), `return_token_ids`, `stop_token_ids`,
-`ignore_eos`, `include_reasoning`. Unknown fields are errors (a misspelt `max_token` would otherwise be silently
+`ignore_eos`, `include_reasoning`, `return_routed_experts`. Unknown fields are errors (a misspelt `max_token` would otherwise be silently
 ignored); accepted-but-unsupported OpenAI fields are errors only when set to something other than their default.
 
 `ApiError(status, message, param)` carries one error to the handler, which answers
@@ -61,6 +61,9 @@ class Sampling(_Strict):
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     return_token_ids: bool = False
+    # SGLang's name: each choice gets `routed_experts`, the experts every MoE layer routed each token to (vLLM's int16
+    # [seq_len - 1, MoE layers, top_k], base64: docs/serve.md) — routing replay for an RL trainer
+    return_routed_experts: bool = False
     user: str | None = None
     # accepted for compatibility; only their defaults are supported (checked in unsupported())
     frequency_penalty: float = 0.0

@@ -14,7 +14,8 @@ and its own step, so a request's output does not depend on who shares its batch,
 (4) runs one batched decode forward. When the cache's end is reached, the positions that no row attends any more
 are reclaimed (`KVCache.drop_front`). The waiting queue is bounded: `submit` raises QueueFull (the server's 429).
 Per-token results (id, raw log-prob, top alternatives) go to each request's `emit` callback from the engine
-thread; the server hands them to its event loop.
+thread; the server hands them to its event loop. A job with `return_routes` also collects, at every forward it is in,
+the experts each trunk MoE layer routed its tokens to (inference/routes.py; `routed_experts(job)` when it ends).
 
 With `speculative="mtp"` requests run one at a time through Engine.stream (MTP speculation is a batch-1 win and its
 loop rewinds rows by different amounts, which this cache re-batching does not support).
@@ -40,6 +41,7 @@ from glmstack.inference.fast import FastForward, ReferenceForward
 from glmstack.inference.kv_cache import KVCache
 from glmstack.inference.prefix_cache import PrefixCache, prefill_layout, store_prefixes
 from glmstack.inference.prefix_spec import speculative_stream
+from glmstack.inference.routes import RouteRecorder
 from glmstack.inference.sampling import RowStreams, SamplingParams, sample
 from glmstack.serve.monitor import AcceptanceMonitor, MonitorConfig
 from glmstack.serve.scoring import score_prompt
@@ -89,6 +91,10 @@ class Job:
     # here, not beside the batch, so scoring holds a running slot like any generation (issue 34)
     score_prompt: bool = False
     weight_version: str | int | None = None  # of the weights it was admitted with (an update waits for running rows)
+    # return_routed_experts: record the experts each trunk MoE layer routed every token to (routing replay); its
+    # prompt is then prefilled whole (the prefix cache keeps no routes)
+    return_routes: bool = False
+    routes: list = field(default_factory=list)  # (T, L, K) int16 pieces, prompt first: routed_experts(job)
 
 
 class Scheduler:
@@ -289,6 +295,13 @@ class Scheduler:
         job.emit(fin)
 
 
+def routed_experts(job: Job) -> torch.Tensor:
+    """A finished job's routes, (prompt + generated - 1, L, K) int16: vLLM's `routed_experts` rows (the last generated
+    token is never fed; a row cancelled after being fed one more is cut to the same length)."""
+    routes = torch.cat(job.routes) if job.routes else torch.zeros(0, 0, 0, dtype=torch.int16)
+    return routes[: len(job.prompt_ids) + job.n_out - 1]
+
+
 def _late(job: Job) -> bool:
     return job.deadline is not None and time.monotonic() > job.deadline
 
@@ -316,6 +329,7 @@ class _Batch:
             else ReferenceForward(eng.model)
         )
         self.device = eng.device
+        self.recorder: RouteRecorder | None = None  # made when a job first asks for its routed experts
 
     @torch.inference_mode()
     def step(self, new: list[Job]) -> None:
@@ -332,19 +346,36 @@ class _Batch:
             toks_B = toks_B[keep]
         if self.cache.seq_len + 1 > self.cache.max_len:
             self.sched.stats["reclaimed"] += self.cache.drop_front()
-        self.logits_BV = self.run.forward(toks_B[:, None], self.pos_B1, self.cache, last_only=True)[0][:, -1]
+        self.logits_BV = self._forward(self.jobs, toks_B[:, None], self.pos_B1, self.cache)[0][:, -1]
         self.pos_B1 = self.pos_B1 + 1
         self.sched.stats["steps"] += 1
+
+    def _forward(self, jobs: list[Job], ids_NT, pos_NT, cache, fed: list[int] | None = None):
+        """run.forward (last position's logits); the jobs that asked for their routes get this forward's, the last
+        fed[j] (default 1) positions of row j (inference/routes.py)."""
+        if not any(job.return_routes for job in jobs):
+            return self.run.forward(ids_NT, pos_NT, cache, last_only=True)
+        self.recorder = self.recorder or RouteRecorder(self.engine.model)
+        with self.recorder:
+            out = self.run.forward(ids_NT, pos_NT, cache, last_only=True)
+            idx_NTLK = self.recorder.pop(len(jobs)).cpu()
+        T = ids_NT.shape[1]
+        for j, job in enumerate(jobs):
+            if job.return_routes:
+                job.routes.append(idx_NTLK[j, T - (fed[j] if fed else 1) :])
+        return out
 
     # ---- admission: prefill the new prompts as one left-padded batch, then join the running cache ----------
     def _prefill(self, new: list[Job]) -> tuple[KVCache, torch.Tensor, torch.Tensor]:
         """(the new rows' left-padded KV cache, their last logits (N, V), the position of their next token (N, 1))."""
         pc = self.sched.prefix_cache
         prompts = [job.prompt_ids for job in new]
-        cache, ids_NS, pos_NS, pre_N, chains = prefill_layout(pc, prompts, self.device)
+        cache, ids_NS, pos_NS, pre_N, chains = prefill_layout(pc, prompts, self.device,
+                                                              [not job.return_routes for job in new])  # fmt: skip
         for job, chain in zip(new, chains):
             job.prefix = chain
-        logits_NV, hidden_NSD = self.run.forward(ids_NS, pos_NS, cache, last_only=True)
+        fed = [len(p) - pre for p, pre in zip(prompts, pre_N)]  # the positions each row computes
+        logits_NV, hidden_NSD = self._forward(new, ids_NS, pos_NS, cache, fed)
         if pc is not None:
             store_prefixes(pc, prompts, chains, cache, hidden_NSD)
         for job, pre in zip(new, pre_N):

@@ -182,6 +182,9 @@ MALFORMED = [  # (body, status, param)
     ('{"model": "tiny", "messages": [{"role": "user", "content": "a"}], "max_token": 5}', 422, "max_token"),
     ('{"model": "tiny", "messages": [{"role": "wizard", "content": "a"}]}', 400, "messages"),
     ('{"model": "tiny", "messages": [{"role": "user", "content": "' + "a " * 1500 + '"}]}', 400, "messages"),
+    # the fixture model is dense: no MoE layer to report (routing replay, docs/serve.md)
+    ('{"model": "tiny", "messages": [{"role": "user", "content": "a"}], "return_routed_experts": true}', 400,
+     "return_routed_experts"),
 ]
 
 

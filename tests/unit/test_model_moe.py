@@ -53,9 +53,9 @@ def test_moe_switch_uses_reference_loop():
             t.data.normal_(0, 0.2)
         moes.append(moe)
     x = torch.randn(2, 7, cfg.hidden_size)
-    (ya, auxa, la), (yb, auxb, lb) = moes[0](x), moes[1](x)
+    (ya, _, la, ia), (yb, _, lb, ib) = moes[0](x), moes[1](x)
     torch.testing.assert_close(ya, yb, atol=1e-5, rtol=1e-5)
-    assert torch.equal(la, lb) and la.sum() == 2 * 7 * cfg.num_experts_per_tok
+    assert torch.equal(la, lb) and la.sum() == 2 * 7 * cfg.num_experts_per_tok and torch.equal(ia, ib)
 
 
 def test_router_bias_chooses_but_does_not_weigh():
@@ -100,3 +100,47 @@ def test_balance_loss_penalises_imbalance_and_its_gradient_rebalances():
     assert g[0] > 0 and g[1] > 0 and g[2] < 0 and g[3] < 0  # descent: overloaded experts down, idle ones up
     idx_spread = torch.tensor([[0, 1], [2, 3]]).repeat(B, T // 2, 1)  # the same scores, balanced routing
     assert sequence_balance_loss(scores.detach(), idx_spread) < loss
+
+
+def test_replayed_experts_outside_own_topk_keep_their_gate_and_router_gradient():
+    """Routing replay (R3): recorded experts that no token's own top-k chose get their gates from the router's FULL
+    scores (renormalised, scaled) and their router rows a gradient; with the router's own choice those rows get none
+    from the output (reading a top-k-masked copy would give the replayed experts exact zeros: Megatron-LM#79)."""
+    cfg = ModelConfig.preset("tiny")
+    torch.manual_seed(0)
+    moe = MoE(cfg)
+    for t in list(moe.parameters()) + list(moe.buffers()):
+        t.data.normal_(0, 0.2)
+    x = torch.randn(1, 2, cfg.hidden_size)
+    with torch.no_grad():
+        scores, own, _ = moe.gate(x[0])
+    unchosen = [e for e in range(cfg.n_routed_experts) if e not in own.flatten().tolist()]
+    replay = torch.tensor([unchosen[:2], unchosen[2:4]])  # (T, K): experts neither token would pick
+    grads = []
+    for r in (None, replay[None]):
+        moe.zero_grad()
+        y, _, _, own_BTK = moe(x, replay_BTK=r)
+        y.pow(2).sum().backward()
+        grads.append(moe.gate.weight.grad[replay.flatten()].abs().sum(-1))
+        assert torch.equal(own_BTK[0].sort(-1).values, own.sort(-1).values)  # the trainer's own choice, still computed
+    assert torch.all(grads[0] == 0) and torch.all(grads[1] > 0)
+    picked = scores.gather(1, replay)
+    want = picked / picked.sum(-1, keepdim=True) * cfg.routed_scaling_factor
+    torch.testing.assert_close(moe.gate.gates(scores, replay), want)
+    assert torch.all(want > 0)
+    with torch.no_grad():  # the replayed output is the reference loop over the replayed experts with those gates
+        y, *_ = moe(x, replay_BTK=replay[None])
+        ref = experts_loop(x[0], replay, want, moe.experts.gate_up_proj, moe.experts.down_proj) + moe.shared_experts(x[0])
+    torch.testing.assert_close(y[0], ref, atol=1e-5, rtol=1e-5)
+
+
+def test_replay_rows_with_minus_one_keep_the_routers_choice():
+    cfg = ModelConfig.preset("tiny")
+    r = Router(cfg)
+    r.weight.data.normal_()
+    r.e_score_correction_bias.data.zero_()
+    scores, own, w = r(torch.randn(3, cfg.hidden_size))
+    replay = torch.tensor([[-1, -1], [5, 6], [-1, -1]])
+    idx, gates = r.replay(scores, own, replay)
+    assert torch.equal(idx[[0, 2]], own[[0, 2]]) and idx[1].tolist() == [5, 6]
+    torch.testing.assert_close(gates[[0, 2]], w[[0, 2]])

@@ -42,3 +42,15 @@ def test_single_turn_and_misaligned_samples():
         assert "must line up" in str(e)
     else:
         raise AssertionError("misaligned sample accepted")
+
+
+def test_routes_align_with_input_ids_and_pad_with_minus_one():
+    r1 = torch.arange(4 * 2 * 3, dtype=torch.int16).view(4, 2, 3)  # engine routes: 5 tokens -> seq_len - 1 = 4
+    a = Sample.single_turn([5, 6, 7], [8, 9], [-0.5, -0.25], routes=r1)
+    b = Sample.single_turn([5], [8, 9], [-0.5, -0.25])  # no record (e.g. a refill from another path)
+    batch = collate([a, b, Sample.single_turn([1, 2], [3], [-1.0], routes=r1[:2])], torch.zeros(3))
+    routes = batch["routes"]
+    assert routes.dtype == torch.long and routes.shape == (3, 4, 2, 3)
+    assert torch.equal(routes[0], r1.long())  # position t = the routing of input token t
+    assert torch.all(routes[1] == -1) and torch.equal(routes[2, :2], r1[:2].long()) and torch.all(routes[2, 2:] == -1)
+    assert "routes" not in collate([b], torch.zeros(1))

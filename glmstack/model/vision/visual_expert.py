@@ -30,7 +30,7 @@ class ImageTokens:
 
 
 class VisualExpert:
-    """Mixin over a module whose forward returns a tensor (Linear, MLP) or MoE's (y, aux, load) tuple."""
+    """Mixin over a module whose forward returns a tensor (Linear, MLP) or MoE's (y, aux, load, own) tuple."""
 
     visual: nn.Module
     image_tokens: ImageTokens

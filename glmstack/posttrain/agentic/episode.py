@@ -9,12 +9,15 @@ of the episode's seed and the turn), and each completion is appended as sampled 
     malformed call: the episode ends with reward 0 (GLM-4.5 §3.3);
   - otherwise the environment steps; its reply is appended as context, or the episode is done.
 `version()` is asked before each turn: a worker that received new weights between turns reports them, so a
-trajectory records every weight version it was generated with (GLM-5's staleness rule reads the first).
+trajectory records every weight version it was generated with (GLM-5's staleness rule reads the first). With
+`routing_replay` record / replay each turn also returns the experts the engine routed every token of its context to;
+the trajectory keeps the latest turn's (it covers all earlier tokens: their routing at the latest weights).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from glmstack.chat import parse
 from glmstack.posttrain.agentic.env import EnvCrash, EnvOptions
@@ -33,6 +36,9 @@ class EpisodeOptions:
     thinking: bool = False  # enable_thinking of the prompts
     chat_style: str = "glm-4.5"
     min_room: int = 8  # fewer free context positions than this before a turn: the episode is truncated
+    # routing replay (rl/replay.py): off | record | replay; record / replay ask every turn for the experts the engine
+    # routed the whole context to (the latest turn's record covers every earlier token)
+    routing_replay: Literal["off", "record", "replay"] = "off"
 
 
 def _malformed(text: str, message: dict, last: int | None, observation_id: int) -> bool:
@@ -62,12 +68,15 @@ def run_group(engine, tokenizer, specs: list[dict], opts: EpisodeOptions, env_op
             break
         v = version()
         budget = min(opts.max_new_tokens, min(ctx - len(trajs[i].ids) for i in live))
+        routes = {"return_routes": True} if opts.routing_replay != "off" else {}
         res = engine.generate([trajs[i].ids for i in live], max_new_tokens=budget, temperature=opts.temperature,
                               top_p=opts.top_p, top_k=opts.top_k, logprobs=True,
-                              seeds=[stable_seed(seeds[i], "turn", turn) for i in live])  # fmt: skip
+                              seeds=[stable_seed(seeds[i], "turn", turn) for i in live], **routes)  # fmt: skip
         # each turn records the version the sampler reports for it (a server: the weights that generated it)
         versions = [w if isinstance(w, int) else v for w in (res.weight_versions or [v] * len(live))]
-        for i, toks, lps, finish, w in zip(live, res.tokens, res.logprobs, res.finish_reason, versions):
+        for j, (i, toks, lps, finish, w) in enumerate(zip(live, res.tokens, res.logprobs, res.finish_reason, versions)):
+            if res.routes is not None:  # this turn's prefill re-routed the whole context: its record replaces the last
+                trajs[i].routes = res.routes[j]
             _advance(trajs[i], envs[i], toks, lps, finish, w, tokenizer, opts, observation)
     for t, env in zip(trajs, envs):
         if env.status == "running":  # out of turns while still calling tools

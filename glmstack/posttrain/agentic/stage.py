@@ -28,6 +28,7 @@ from glmstack.posttrain.agentic.env import EnvOptions
 from glmstack.posttrain.agentic.envs import env_class
 from glmstack.posttrain.agentic.episode import EpisodeOptions
 from glmstack.posttrain.policy import plain_copy
+from glmstack.posttrain.rl.replay import check_model
 from glmstack.posttrain.rl.rollouts import stable_seed
 from glmstack.posttrain.rl.stage import check_true_on_policy
 from glmstack.train import dist
@@ -88,6 +89,11 @@ class AgenticOptions:
     def top_k(self) -> int:
         return self.episode.top_k
 
+    @property
+    def routing_replay(self) -> str:
+        """Routing replay (rl/replay.py; rl_loss reads it): set as agentic.episode.routing_replay."""
+        return self.episode.routing_replay
+
 
 @dataclass(kw_only=True)
 class RayOptions:
@@ -139,7 +145,7 @@ def heldout(opts: AgenticOptions, seed: int) -> list[dict]:
 def evaluate(worker, specs: list[dict], env: EnvOptions) -> dict:
     """Greedy success on `specs` (one episode each, batched) with `worker`'s weights."""
     greedy = copy.copy(worker.opts)
-    greedy.temperature = 0.0
+    greedy.temperature, greedy.routing_replay = 0.0, "off"  # nothing trains on held-out episodes
     from glmstack.posttrain.agentic.data import retry_stats
     from glmstack.posttrain.agentic.episode import run_group
 
@@ -231,6 +237,7 @@ def build(cfg: AgenticConfig, model, optimizer, tokenizer_dir: str):
     from glmstack.posttrain.agentic.runner import Runner
 
     o, W = cfg.agentic, dist.world()
+    check_model(o.routing_replay, dist.unwrap(model), "agentic.episode.routing_replay")
     if o.groups_per_step % W or (o.groups_per_step // W * o.group_size) % cfg.grad_accum:
         raise ConfigError(
             f"agentic.groups_per_step={o.groups_per_step} (the global batch) must split over {W} ranks, "

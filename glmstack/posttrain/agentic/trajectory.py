@@ -15,6 +15,7 @@ stays the chat format the model was trained on.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from glmstack.chat import render
 
@@ -37,6 +38,8 @@ class Trajectory:
     success: bool = False
     parts: dict = field(default_factory=dict)
     turns: int = 0
+    # routing replay: (n <= len(ids), L, K) int16, the experts the latest turn's engine routed ids[t] to (episode.py)
+    routes: Any = None
 
     def __post_init__(self):
         if not self.mask:
@@ -64,7 +67,7 @@ class Trajectory:
 
         return Sample(tokens=self.ids, loss_mask=self.mask, rollout_logp=self.logprobs, versions=self.versions,
                       group=self.task_id, index=self.index, reward=self.reward, status=self.status,
-                      meta={"spec": self.spec})  # fmt: skip
+                      meta={"spec": self.spec}, routes=self.routes)  # fmt: skip
 
     @property
     def first_version(self) -> int:

@@ -2,7 +2,8 @@
 stage's metrics.jsonl (nothing hooked into the loop). A panel is drawn when the run logged any of its figures.
 
 Panels (docs/rl.md and docs/agentic.md say how to read them): reward and held-out accuracy; response length;
-entropy; clip fraction and the mismatch correction's masked fraction; mean |logp_train − logp_rollout|; the
+entropy; clip fraction and the mismatch correction's masked fraction; mean |logp_train − logp_rollout|; with routing
+replay, the fraction of tokens (and of token-layer pairs) the trainer's own top-k routes differently; the
 zero-variance group fraction; rollout and train tokens/s; where a step's time goes (rollout / reward / train /
 weight sync / held-out eval); staleness in trainer steps; and the agentic episodes' panels (success, turns and
 failures, retries after a failed call, throughput, waiting). Train time is what is left of the loop's step time
@@ -27,6 +28,7 @@ PANELS = {
     "rl_entropy": ("entropy",),
     "rl_clip_and_mask": ("clip_frac", "mismatch_masked_frac", "masked_frac"),
     "rl_mismatch": ("mean_abs_logp_diff", "logp_diff_frac"),
+    "rl_routing": ("routing_diff_frac", "routing_layer_diff_frac"),  # routing replay (replay.py): record / replay
     "rl_zero_variance": ("zero_var_frac",),
     "rl_throughput": ("rollout_tok_per_s", "train_tok_per_s"),
     "rl_time_split": ("time/rollout_s", "time/reward_s", "time/train_s", "time/sync_s", "time/eval_s"),
@@ -97,7 +99,8 @@ def summary(folder: str | Path, result: dict) -> dict:
     split = {k.split("/")[1]: (mean(f"time/{k.split('/')[1]}") or 0.0) / step_s if step_s else None
              for k in ("time/rollout_s", "time/reward_s", "time/train_s", "time/sync_s", "time/eval_s")}  # fmt: skip
     keys = ("reward", "response_len", "entropy", "clip_frac", "mismatch_masked_frac", "mean_abs_logp_diff",
-            "logp_diff_frac", "zero_var_frac", "rollout_tok_per_s", "train_tok_per_s", "time/step_s")  # fmt: skip
+            "logp_diff_frac", "routing_diff_frac", "routing_layer_diff_frac", "zero_var_frac", "rollout_tok_per_s",
+            "train_tok_per_s", "time/step_s")  # fmt: skip
     return {"logp_bitwise_every_step": bitwise_every_step(rows),  # rl.true_on_policy's claim, checked
             "heldout_start": heldout[0] if heldout else None, "heldout_end": result.get("heldout_acc"),
             "heldout_sampled_start": sampled[0] if sampled else None,

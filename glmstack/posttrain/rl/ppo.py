@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from glmstack.posttrain.rl.losses import policy_loss, reduce, token_logprobs
+from glmstack.posttrain.rl.replay import model_routes
 from glmstack.train import dist
 
 HEAD = "value_head"  # the GLM attribute; model/hf.py and optim/groups.py know the name
@@ -174,7 +175,7 @@ def rollout_fields(policy, reference, batch: dict, groups: list[torch.Tensor], t
     lp = lambda logits, tgt: token_logprobs(logits.float(), tgt, temperature, opts.top_p, opts.top_k).cpu()
     for idx in groups:
         ids, tgt = batch["input_ids"][idx].to(device), batch["targets"][idx].to(device)
-        out = policy(ids)
+        out = policy(ids, **model_routes(getattr(opts, "routing_replay", "off"), batch, idx, device))
         old[idx], values[idx] = lp(out.logits, tgt), values_of(policy, out.hidden).cpu()
         ref[idx] = lp(reference(ids).logits, tgt)
     mask = batch["mask"]

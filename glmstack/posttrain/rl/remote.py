@@ -11,7 +11,9 @@ compared against the wrong distribution. There is no weight push over the OpenAI
 ServerPolicy (this client + a push) sends the trainer's weights through our server's and SGLang's POST
 /update_weights_from_disk. Each response's `weight_version` (our server reports the version of the weights that
 generated it) is kept per row, so staleness is the sampler's, not the trainer's belief. `score` asks a server for
-the log-probs of given tokens (a distillation teacher).
+the log-probs of given tokens (a distillation teacher). With `return_routes` each request asks for
+`return_routed_experts` (SGLang's name) and the choice's `routed_experts` (int16 (seq_len - 1, MoE layers, K) as
+base64: docs/CONTRACTS.md) becomes the row's routes, for routing replay (rl/replay.py).
 
 A server started with `--api-key` wants `Authorization: Bearer KEY` on every call: give `api_key` (the configs'
 `rl.rollout_server_key` / `agentic.rollout_server_key`) or set GLMSTACK_API_KEY, which the server reads too.
@@ -47,18 +49,21 @@ class ServerEngine:
         return self._cfg
 
     def generate(self, prompts, max_new_tokens: int, *, temperature: float, top_p: float = 1.0, top_k: int = 0,
-                 seeds, logprobs: bool = True, stop_ids=None) -> GenerationResult:  # fmt: skip
+                 seeds, logprobs: bool = True, stop_ids=None, return_routes: bool = False) -> GenerationResult:  # fmt: skip
         if temperature not in (0.0, 1.0) or top_p < 1.0 or top_k:
             raise ValueError("server rollouts report raw log-probs: use rl.temperature=1, top_p=1, top_k=0")
 
         def one(i):
             extra = {"return_token_ids": True} | ({"stop_token_ids": list(stop_ids)} if stop_ids else {})
+            extra |= {"return_routed_experts": True} if return_routes else {}
             r = self.client.completions.create(model=self.model, prompt=list(prompts[i]), max_tokens=max_new_tokens,
                                                temperature=temperature, seed=int(seeds[i]), logprobs=1,
                                                extra_body=extra)  # fmt: skip
             c = r.choices[0]
             ids = list(c.model_extra.get("token_ids") or c.token_ids)
-            return ids, list(c.logprobs.token_logprobs), c.finish_reason, (c.model_extra or {}).get("weight_version")
+            more = c.model_extra or {}
+            routes = _routes(more, len(prompts[i]) + len(ids) - 1) if return_routes else None
+            return ids, list(c.logprobs.token_logprobs), c.finish_reason, more.get("weight_version"), routes
 
         with ThreadPoolExecutor(self.concurrency) as pool:
             rows = list(pool.map(one, range(len(prompts))))
@@ -69,7 +74,8 @@ class ServerEngine:
             text = [self.tokenizer.decode([t for t in ids if t not in eos]) for ids in tokens]
         return GenerationResult(tokens=tokens, text=text, finish_reason=[r[2] for r in rows],
                                 logprobs=[r[1] for r in rows] if logprobs else None, seeds=list(seeds),
-                                weight_versions=[r[3] for r in rows])  # fmt: skip
+                                weight_versions=[r[3] for r in rows],
+                                routes=[r[4] for r in rows] if return_routes else None)  # fmt: skip
 
     def score(self, sequences: list[list[int]]) -> list[list[float]]:
         """Raw log π(tokens[t] | tokens[:t]) for t >= 1 of each sequence: one echo + logprobs request each (the
@@ -82,3 +88,16 @@ class ServerEngine:
 
         with ThreadPoolExecutor(self.concurrency) as pool:
             return list(pool.map(one, sequences))
+
+
+def _routes(choice: dict, n: int):
+    """A choice's `routed_experts` (the server's int16 (seq_len - 1, L, K), inference/routes.encode_routes)."""
+    from glmstack.inference.routes import decode_routes
+
+    if "routed_experts" not in choice:
+        raise ValueError("the rollout server returned no routed_experts: routing replay needs a server that records "
+                         "them (glmstack serve)")  # fmt: skip
+    routes = decode_routes(choice["routed_experts"])
+    if routes.shape[0] != n:
+        raise ValueError(f"routed_experts has {routes.shape[0]} positions, expected {n} (prompt + completion - 1)")
+    return routes

@@ -10,7 +10,8 @@ How RL runs on the one loop (glmstack/train/loop.py): the loop asks the data for
                  are all equal (zero gradient) and samples more prompts, `rl.oversample_rounds` times at most
 and then hands out that batch's micro-batches: `input_ids (B, L)` prompt + response, right padded; `targets (B, L)`
 the next token; `mask (B, L)` 1 where the target is a response token; `rollout_logp (B, L)`; `advantages (B,)`;
-`temperature`, `stats` (the dashboard's rollout figures). Every micro-batch of a step is padded to the same length
+`temperature`, `stats` (the dashboard's rollout figures); with `rl.routing_replay` record or replay, `routes (B, L,
+n MoE layers, K)`, the engine's experts per input token (replay.py). Every micro-batch of a step is padded to the same length
 so the loop's per-micro-batch weights (by input tokens) are equal and a sample-mean reduction stays exact.
 With PPO-style updates (`rl.ppo_epochs` × `rl.minibatches` optimizer steps per rollout batch) the batch also carries
 `old_logp (B, L)`: the trainer's log-probs at the rollout weights, computed once before the first update; each epoch
@@ -43,6 +44,7 @@ import torch
 from glmstack.posttrain.rl import rewards as reward_lib
 from glmstack.posttrain.rl.losses import group_advantages, token_logprobs
 from glmstack.posttrain.rl.ppo import rollout_fields
+from glmstack.posttrain.rl.replay import check_model, model_routes
 from glmstack.posttrain.sample import Sample, collate
 from glmstack.train import dist
 
@@ -103,6 +105,7 @@ class Rollouts:
         self.media: list = []  # a VL batch's pixels per row (multimodal.processor.Media), else empty
         self.version: int | None = None  # the trainer step whose weights the rollout engine holds
         self.check_ranks()
+        check_model(opts.routing_replay, dist.unwrap(model))
         self.heldout = task.problems(split="test", n=opts.heldout_n, seed=seed, level=opts.heldout_level)
 
     # ------------------------------------------------------------------ the loop's protocol
@@ -204,9 +207,11 @@ class Rollouts:
         prompts, media = [p.prompt_ids for p in rows_of], [p.meta.get("media") for p in rows_of]
         seeds = [stable_seed(self.seed, tag, first_row + i) for i in range(len(prompts))]
         o = self.opts
+        routes = engine is None and o.routing_replay != "off"  # the trained rollouts' experts (replay.py)
         res = (engine or self.engine).generate(prompts, o.max_new_tokens, temperature=temperature, top_p=o.top_p,
                                                top_k=o.top_k, seeds=seeds, logprobs=True, stop_ids=self._stop_ids(),
-                                               media=media if any(m is not None for m in media) else None)  # fmt: skip
+                                               media=media if any(m is not None for m in media) else None,
+                                               **({"return_routes": True} if routes else {}))  # fmt: skip
         if engine is None:
             self.check_versions(res.weight_versions)
         samples = []
@@ -215,7 +220,8 @@ class Rollouts:
             samples.append(reward_lib.Sample(meta=rows_of[i].meta, tokens=toks, text=text,
                                              finish=res.finish_reason[i], max_new_tokens=o.max_new_tokens,
                                              style=self.style))  # fmt: skip
-        rows = [(prompts[i], res.tokens[i], res.logprobs[i]) for i in range(len(prompts))]
+        rows = [(prompts[i], res.tokens[i], res.logprobs[i], res.routes[i] if res.routes else None)
+                for i in range(len(prompts))]  # fmt: skip
         return rows, samples
 
     def check_versions(self, reported: list | None) -> None:
@@ -300,8 +306,8 @@ class Rollouts:
         rew = torch.tensor([r for _, r, _ in flat])
         adv = group_advantages(rew, group, std_normalize=self.opts.std_normalize)
         samples = [Sample.single_turn(prompt, toks, lps, versions=[self.version], group=i // group, index=i % group,
-                                      reward=float(r), meta=s.meta, media=s.meta.get("media"))
-                   for i, ((prompt, toks, lps), r, s) in enumerate(flat)]  # fmt: skip
+                                      reward=float(r), meta=s.meta, media=s.meta.get("media"), routes=routes)
+                   for i, ((prompt, toks, lps, routes), r, s) in enumerate(flat)]  # fmt: skip
         out = collate(samples, adv)
         self.media = [s.media for s in samples] if samples[0].media is not None else []
         out |= {"rewards": rew} if self.opts.loss == "ppo" else {}  # ppo.rollout_fields puts them at the last token
@@ -318,8 +324,9 @@ class Rollouts:
         device = next(dist.unwrap(self.policy).parameters()).device
         out = torch.zeros_like(batch["rollout_logp"])
         for idx in groups:
+            routes = model_routes(self.opts.routing_replay, batch, idx, device)  # as rl_loss replays them
             with trainer_numerics(self.opts.true_on_policy, self.autocast, device):  # the loss's forward's numerics
-                logits = self.policy(batch["input_ids"][idx].to(device)).logits.float()
+                logits = self.policy(batch["input_ids"][idx].to(device), **routes).logits.float()
             out[idx] = token_logprobs(logits, batch["targets"][idx].to(device), self.temperature, self.opts.top_p,
                                       self.opts.top_k).cpu()  # fmt: skip
         return out

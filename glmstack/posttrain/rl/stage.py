@@ -47,6 +47,7 @@ from glmstack.posttrain.rl.losses import (
     token_logprobs,  # fmt: skip
 )
 from glmstack.posttrain.rl.ppo import ppo_objective
+from glmstack.posttrain.rl.replay import model_routes, routing_diff
 from glmstack.train import dist
 from glmstack.train.config import DistConfig, TrainConfig
 from glmstack.train.loop import VISION_INPUTS
@@ -103,6 +104,9 @@ class RLOptions:
     # policy). The acceptance length of MTP speculative decoding is measured at every held-out evaluation
     mtp_weight: float = 0.0
     mtp_detach_trunk: bool = True
+    # Rollout Routing Replay (R3, replay.py): off | record (the engine's experts recorded, the trainer's routing
+    # compared with them: routing_diff_frac) | replay (the trainer routes every token to the recorded experts)
+    routing_replay: Literal["off", "record", "replay"] = "off"
     rollout_server: str = ""  # an OpenAI-compatible server's URL (remote.py) instead of the in-process engine
     server_model: str = "glmstack"  # the `model` field sent to it
     sync_every: int = 1  # push the trainer's weights to the rollout engine / server every K trainer steps
@@ -136,8 +140,10 @@ def rl_loss(opts: RLOptions):
         mtp_weight = getattr(opts, "mtp_weight", 0.0)
         mtp = {"mtp_labels": batch["targets"].masked_fill(batch["mask"] <= 0, -100),
                "mtp_detach_trunk": opts.mtp_detach_trunk} if mtp_weight else {}  # fmt: skip
+        # routing replay (replay.py): the engine's recorded experts replayed, the trainer's own top-k returned
+        routing = model_routes(getattr(opts, "routing_replay", "off"), batch, own=True)
         with batch_invariant(getattr(opts, "true_on_policy", False)):  # the sampler's ops (policy.trainer_numerics)
-            out = model(batch["input_ids"], **vision, **mtp)
+            out = model(batch["input_ids"], **vision, **routing, **mtp)
         logits_BTV = out.logits.float()
         temp = batch["temperature"]
         logp_BT = token_logprobs(logits_BTV, batch["targets"], temp, opts.top_p, opts.top_k)
@@ -180,6 +186,8 @@ def rl_loss(opts: RLOptions):
                    # slime's ppo_kl: 0 at a batch's first update, bit for bit (rollouts.py computes π_old in the
                    # first update's micro-batch shapes), and the drift of π_θ from π_old after it
                    "ppo_kl": float(((old - logp_BT.detach()) * mask).sum() / m)}  # fmt: skip
+        if routing:  # the trainer's own top-k against the engine's (in replay mode: what the replay removed)
+            metrics |= routing_diff(out.routes, batch["routes"], mask)
         return loss, stats | metrics | batch["stats"]
 
     return loss_fn
