@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -51,6 +51,10 @@ class Request:
     draft_k: int = 2  # draft tokens per verify step
     logprobs: bool = False  # also return each sampled token's log-prob under the sampling transform (RL rollouts)
     return_routes: bool = False  # also return each row's routed experts (routing replay, inference/routes.py)
+    budgets: Sequence[int] | None = None  # per-row new-token budgets (each <= max_new_tokens); None: max_new_tokens
+    # called with each row's finish reason (None while it runs) after every step; True ends the generation, the
+    # unfinished rows with finish "abort" and the tokens they have (partial rollouts, rl.partial_rollouts)
+    stop_when: Callable[[list], bool] | None = None
 
 
 @dataclass
@@ -79,8 +83,11 @@ class Delta:
 class Rows:
     """Per-row output, token budget, stop handling and seed, shared by the plain and the speculative loops."""
 
-    def __init__(self, batch_size: int, max_new_tokens: int, stop_ids: Sequence[int], seeds: list[int]):
+    def __init__(self, batch_size: int, max_new_tokens: int, stop_ids: Sequence[int], seeds: list[int],
+                 budgets: Sequence[int] | None = None, stop_when=None):  # fmt: skip
         self.batch_size, self.budget, self.stop = batch_size, max_new_tokens, set(stop_ids)
+        self.budgets = [min(int(n), max_new_tokens) for n in budgets] if budgets else [max_new_tokens] * batch_size
+        self.stop_when = stop_when
         self.seeds = seeds
         self.out: list[list[int]] = [[] for _ in range(batch_size)]
         self.finish: list[str | None] = [None] * batch_size
@@ -90,6 +97,15 @@ class Rows:
     @property
     def all_done(self) -> bool:
         return all(f is not None for f in self.finish)
+
+    def stopped(self) -> bool:
+        """Every row done, or the caller's stop_when says so: then the unfinished rows end with finish "abort"."""
+        if self.all_done:
+            return True
+        if self.stop_when is None or not self.stop_when(list(self.finish)):
+            return False
+        self.finish = [f or "abort" for f in self.finish]
+        return True
 
     def active(self, b: int) -> bool:
         return self.finish[b] is None
@@ -107,7 +123,7 @@ class Rows:
                 if t in self.stop:
                     self.finish[b] = "stop"
                     break
-                if len(row) + len(take) >= self.budget:
+                if len(row) + len(take) >= self.budgets[b]:
                     self.finish[b] = "length"
                     break
             row.extend(take)
@@ -197,7 +213,10 @@ class Engine:
         ids_BP, start_B = self._prepare(prompts)
         B, P = ids_BP.shape
         budget = self._budget(P, req.max_new_tokens)
-        rows = Rows(B, budget, self._stop_ids(req.stop_ids), row_seeds(req.seed, req.seeds, B))
+        rows = Rows(B, budget, self._stop_ids(req.stop_ids), row_seeds(req.seed, req.seeds, B), req.budgets,
+                    req.stop_when)  # fmt: skip
+        if rows.budgets and min(rows.budgets) <= 0:
+            raise ValueError("budgets: every row needs at least one new token")
         rows_out.append(rows)
         rows.recorder = RouteRecorder(self.model) if req.return_routes else None
         # greedy draws nothing: no streams, no hashing
@@ -243,9 +262,11 @@ class Engine:
         pos_B1 = pos_BT[:, -1:] + 1
         alive = list(range(ids_BP.shape[0]))  # original row of each batch row (finished rows get dropped)
         steps, t0, pending, pending_lp, compactions = 0, time.perf_counter(), [], [], 0
+        slots = 0  # row-steps decoded, finished rows still in the batch included (idle = 1 - new tokens / slots)
         lp_params = SamplingParams(top_p=params.top_p, top_k=params.top_k,
                                    temperature=params.temperature if not params.greedy else 1.0)  # fmt: skip
         for step in range(rows.budget):  # every row is done after `budget` tokens at the latest
+            slots += len(alive)
             tok_B = sample(logits_BV, params, None if streams is None else streams.keys(step)[:, 0])
             pending.append(tok_B)
             if logprobs:
@@ -262,7 +283,7 @@ class Engine:
                         new_lp[alive[j]] = lps
                 yield rows.push(new, new_lp)  # finished rows' extra tokens are dropped
                 pending, pending_lp = [], []
-                if rows.all_done:
+                if rows.stopped():
                     break
                 keep = [j for j, b in enumerate(alive) if rows.active(b)]
                 if self.compact and len(alive) - len(keep) >= max(1, len(alive) // 4):
@@ -280,7 +301,7 @@ class Engine:
                 rows.recorder.add(alive)
             pos_B1 = pos_B1 + 1
             steps += 1
-        stats.update(decode_s=time.perf_counter() - t0, decode_steps=steps, compactions=compactions)
+        stats.update(decode_s=time.perf_counter() - t0, decode_steps=steps, compactions=compactions, row_slots=slots)
 
     # ---------------------------------------------------------------- helpers
     def _prepare(self, prompts) -> tuple[torch.Tensor, torch.Tensor]:

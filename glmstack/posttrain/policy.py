@@ -93,8 +93,10 @@ class EnginePolicy:
         self.version = version
 
     def generate(self, prompts, max_new_tokens: int, *, temperature: float, top_p: float = 1.0, top_k: int = 0,
-                 seeds, logprobs: bool = True, stop_ids=None, media=None,
-                 return_routes: bool = False) -> GenerationResult:  # fmt: skip
+                 seeds, logprobs: bool = True, stop_ids=None, media=None, return_routes: bool = False,
+                 budgets=None, stop_when=None) -> GenerationResult:  # fmt: skip
+        """budgets / stop_when: per-row token budgets and an early stop (inference.engine.Request; partial
+        rollouts), text models only."""
         if self.vision:
             if return_routes:
                 raise ValueError("routing replay: a vision-language policy does not record its routes")
@@ -105,7 +107,8 @@ class EnginePolicy:
             with self.numerics():
                 res = self.engine.generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature,
                                            top_p=top_p, top_k=top_k, seeds=seeds, logprobs=logprobs,
-                                           stop_ids=stop_ids, return_routes=return_routes)  # fmt: skip
+                                           stop_ids=stop_ids, return_routes=return_routes, budgets=budgets,
+                                           stop_when=stop_when)  # fmt: skip
         res.weight_versions = [self.version] * len(prompts)
         return res
 

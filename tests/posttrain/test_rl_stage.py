@@ -99,10 +99,13 @@ def test_bf16_rollouts_show_in_the_mismatch_figure(tmp_path):
     )  # bf16 weights: the trainer's fp32 π_old differs from what the engine sampled with
 
 
-@pytest.mark.parametrize("ppo", [{}, {"ppo_epochs": 2, "minibatches": 2}])
+@pytest.mark.parametrize("ppo", [{}, {"ppo_epochs": 2, "minibatches": 2},
+                                 {"partial_rollouts": True, "partial_oversample": 1.0, "tau": 1,
+                                  "dynamic_sampling": False}])  # fmt: skip
 def test_resume_equals_uninterrupted(tmp_path, ppo):
-    """Stopped after step 1 (with PPO-style updates: in the middle of a rollout batch) and resumed == one run."""
-    steps = 2 if not ppo else 3
+    """Stopped after step 1 (with PPO-style updates: in the middle of a rollout batch; with partial rollouts: groups
+    in flight) and resumed == one run."""
+    steps = 3 if "ppo_epochs" in ppo else 2
     whole = small_cfg(tmp_path / "a", **ppo)
     whole.steps = steps
     run_rl(whole)

@@ -101,6 +101,9 @@ class Rollouts:
             reward_lib.get(name)
         self.step, self.temperature, self.history = 0, float(opts.temperature), []
         self.queue: list[dict] = []
+        self.pending: list[dict] = []  # rl.partial_rollouts: groups in flight between steps (partial.py)
+        self.next_uid = 0  # their ids (each row's seed derives from its group's)
+        self.gen_stats: dict = {}
         self.engine = self.eval_engine = None
         self.media: list = []  # a VL batch's pixels per row (multimodal.processor.Media), else empty
         self.version: int | None = None  # the trainer step whose weights the rollout engine holds
@@ -119,11 +122,12 @@ class Rollouts:
 
     def state_dict(self) -> dict:
         return {"step": self.step, "temperature": self.temperature, "history": list(self.history),
-                "queue": list(self.queue)}  # fmt: skip
+                "queue": list(self.queue), "pending": list(self.pending), "next_uid": self.next_uid}  # fmt: skip
 
     def load_state_dict(self, state: dict) -> None:
         self.step, self.temperature = int(state["step"]), float(state["temperature"])
         self.history, self.queue = list(state["history"]), list(state.get("queue", []))
+        self.pending, self.next_uid = list(state.get("pending", [])), int(state.get("next_uid", 0))
 
     def check_ranks(self) -> None:
         """The global batch must split into whole groups per rank and whole micro-batches per rank."""
@@ -220,6 +224,7 @@ class Rollouts:
             samples.append(reward_lib.Sample(meta=rows_of[i].meta, tokens=toks, text=text,
                                              finish=res.finish_reason[i], max_new_tokens=o.max_new_tokens,
                                              style=self.style))  # fmt: skip
+        self.gen_stats = res.stats  # the engine's: new tokens and row slots (rollout_idle_frac)
         rows = [(prompts[i], res.tokens[i], res.logprobs[i], res.routes[i] if res.routes else None)
                 for i in range(len(prompts))]  # fmt: skip
         return rows, samples
@@ -259,8 +264,10 @@ class Rollouts:
             self.temperature = self.sweep_temperature()
             self.history = []
         stats["time/eval_s"] = time.perf_counter() - t0
-        kept, spare, t_roll, t_rew, n_groups, n_zero, new_tok = [], [], 0.0, 0.0, 0, 0, 0
         n_global = n_prompts * W  # groups in the global batch
+        if o.partial_rollouts:  # over-sampled groups, stragglers kept for the next step (partial.py)
+            return self.finish_step(self.partial_groups(n_global, group, level, stats), group, stats)
+        kept, spare, t_roll, t_rew, n_groups, n_zero, new_tok, slots = [], [], 0.0, 0.0, 0, 0, 0, 0
         for round_ in range(1 + o.oversample_rounds):
             need = n_global - len(kept)
             if need <= 0:
@@ -276,7 +283,7 @@ class Rollouts:
             t1 = time.perf_counter()
             rew, means = reward_lib.total(samples, self.weights)
             t_roll, t_rew = t_roll + t1 - t0, t_rew + time.perf_counter() - t1
-            new_tok += sum(len(r[1]) for r in rows)
+            new_tok, slots = new_tok + sum(len(r[1]) for r in rows), slots + self.gen_stats.get("row_slots", 0)
             if round_ == 0:  # the policy's reward as sampled: first round only (no selection bias)
                 stats |= dist.means_over_ranks(means | {
                     "reward": sum(rew) / len(rew),
@@ -290,24 +297,48 @@ class Rollouts:
                 n_groups, n_zero = n_groups + 1, n_zero + int(len(set(values)) == 1)
                 (kept if informative(values, hard_k) or not o.dynamic_sampling else spare).append(grp)
         kept = (kept + spare)[:n_global]  # not enough informative groups: fill with zero-gradient ones
-        stats |= {"zero_var_frac": n_zero / max(n_groups, 1), "kept_informative": float(sum(
-            len({r for _, r, _ in g}) > 1 for g in kept)) / max(n_global, 1),
-            "time/rollout_s": t_roll, "time/reward_s": t_rew, "rollout_tok_per_s": new_tok / max(t_roll, 1e-9),
-            "temperature": self.temperature, "weight_version": float(self.version),
-            "staleness_mean": self.staleness[0], "staleness_max": float(self.staleness[1])}  # fmt: skip
-        kept = kept[rank * n_prompts : (rank + 1) * n_prompts]  # this rank's share of the global batch
+        stats |= {"zero_var_frac": n_zero / max(n_groups, 1), "time/rollout_s": t_roll, "time/reward_s": t_rew,
+                  "rollout_tok_per_s": new_tok / max(t_roll, 1e-9),
+                  # rows decoded while finished (the long tail's cost; partial.py cuts it) and finished samples/s
+                  "rollout_idle_frac": 1.0 - new_tok / slots if slots else 0.0,
+                  "rollout_samples_per_s": n_global * group / W / max(t_roll, 1e-9)}  # fmt: skip
+        return self.finish_step(kept[rank * n_prompts : (rank + 1) * n_prompts], group, stats)  # this rank's share
+
+    def finish_step(self, kept: list, group: int, stats: dict) -> list[dict]:
+        """The step's groups (this rank's share) -> the micro-batches of its updates, with the step's figures."""
+        stats |= {"kept_informative": float(sum(len({r for _, r, _ in g}) > 1 for g in kept)) / max(len(kept), 1),
+                  "temperature": self.temperature, "weight_version": float(self.version),
+                  "staleness_mean": self.staleness[0], "staleness_max": float(self.staleness[1])}  # fmt: skip
         self.history.append(stats["reward"])
         self.step += self.updates
         return self.updates_of(self.batch(kept, group, stats), stats)
+
+    def partial_groups(self, n_groups: int, group: int, level: int, stats: dict) -> list:
+        """rl.partial_rollouts' groups for this step (partial.py) and their figures into `stats`."""
+        from glmstack.posttrain.rl.partial import partial_step
+
+        kept, figures = partial_step(self, n_groups, group, level, stable_seed)
+        flat = [x for g in kept for x in g]
+        rows, samples = [x[0] for x in flat], [x[2] for x in flat]
+        stale = [self.step - min(row[4]) for row in rows]
+        self.staleness = (sum(stale) / len(stale), max(stale))
+        new_tokens = figures.pop("new_tokens", 0.0)
+        stats |= figures | {"reward": sum(x[1] for x in flat) / len(flat),
+                            "response_len": sum(len(r[1]) for r in rows) / len(rows),
+                            "truncated_frac": sum(s.finish == "length" for s in samples) / len(samples),
+                            "zero_var_frac": sum(len({x[1] for x in g}) == 1 for g in kept) / len(kept),
+                            "rollout_tok_per_s": new_tokens / max(figures["time/rollout_s"], 1e-9)}  # fmt: skip
+        return kept
 
     def batch(self, groups: list, group: int, stats: dict) -> dict:
         """The rollout batch as tensors (posttrain/sample.py's collate), advantages per group."""
         flat = [s for g in groups for s in g]
         rew = torch.tensor([r for _, r, _ in flat])
         adv = group_advantages(rew, group, std_normalize=self.opts.std_normalize)
-        samples = [Sample.single_turn(prompt, toks, lps, versions=[self.version], group=i // group, index=i % group,
-                                      reward=float(r), meta=s.meta, media=s.meta.get("media"), routes=routes)
-                   for i, ((prompt, toks, lps, routes), r, s) in enumerate(flat)]  # fmt: skip
+        samples = [Sample.single_turn(row[0], row[1], row[2], versions=list(row[4]) if len(row) > 4 else [self.version],
+                                      group=i // group, index=i % group, reward=float(r), meta=s.meta,
+                                      media=s.meta.get("media"), routes=row[3])
+                   for i, (row, r, s) in enumerate(flat)]  # fmt: skip
         out = collate(samples, adv)
         self.media = [s.media for s in samples] if samples[0].media is not None else []
         out |= {"rewards": rew} if self.opts.loss == "ppo" else {}  # ppo.rollout_fields puts them at the last token

@@ -104,6 +104,10 @@ class RLOptions:
     # policy). The acceptance length of MTP speculative decoding is measured at every held-out evaluation
     mtp_weight: float = 0.0
     mtp_detach_trunk: bool = True
+    # partial rollouts (APRIL; partial.py): draw (1 + partial_oversample) x the batch's groups, stop decoding once
+    # the batch's groups are complete, continue the unfinished rows first next step (dropped when > tau steps old)
+    partial_rollouts: bool = False
+    partial_oversample: float = 0.5
     # Rollout Routing Replay (R3, replay.py): off | record (the engine's experts recorded, the trainer's routing
     # compared with them: routing_diff_frac) | replay (the trainer routes every token to the recorded experts)
     routing_replay: Literal["off", "record", "replay"] = "off"
@@ -217,6 +221,19 @@ def check_true_on_policy(o) -> None:
                           "then runs under too)")  # fmt: skip
 
 
+def check_partial(o) -> None:
+    """rl.partial_rollouts: what partial.py supports today (in process, one rank, single-turn, no selection)."""
+    if not o.partial_rollouts:
+        return
+    if o.partial_oversample < 0:
+        raise ConfigError("rl.partial_oversample must be >= 0")
+    if o.partial_oversample > 0 and o.tau < 1:
+        raise ConfigError("rl.partial_rollouts resumes rows the next step: set rl.tau >= 1 (their staleness bound)")
+    if dist.world() > 1 or o.rollout_server or o.dynamic_sampling or o.routing_replay != "off":
+        raise ConfigError("rl.partial_rollouts runs in process on one rank, with rl.dynamic_sampling=false and "
+                          "rl.routing_replay=off (not yet: several ranks, a rollout server, agentic RL)")  # fmt: skip
+
+
 def check(cfg: RLConfig) -> None:
     from glmstack.posttrain.rl.rollouts import check_divisible, stage_at
     from glmstack.posttrain.rl.tasks import TASKS
@@ -237,6 +254,7 @@ def check(cfg: RLConfig) -> None:
     if o.loss == "ppo":
         check_ppo(cfg)
     check_true_on_policy(o)
+    check_partial(o)
     for _, _, group, hard_k in (stage_at(o.curriculum, r[0]) for r in o.curriculum):
         if hard_k >= group:
             raise ConfigError(f"rl.curriculum: hard_k={hard_k} must be below the group size {group}")
