@@ -65,3 +65,16 @@ def test_agentic_rollout_logprobs_are_the_trainers(tmp_path, base_dir):
     rows = metrics(tmp_path)
     assert len(rows) == 2 and all(r["logp_diff_frac"] == 0.0 and r["mean_abs_logp_diff"] == 0.0 for r in rows), rows
     assert all(r["mismatch_masked_frac"] == 0.0 for r in rows if "mismatch_masked_frac" in r)
+
+
+def test_replay_changes_nothing_under_true_on_policy(tmp_path):
+    """The sampler and the trainer route every token alike bit for bit, so replaying the sampler's experts is a
+    no-op: the same losses and gradient norms at every step."""
+    runs = []
+    for replay in ("off", "replay"):
+        cfg = small_cfg(tmp_path / replay, true_on_policy=True, max_new_tokens=10, routing_replay=replay)
+        cfg.steps = 3
+        run_rl(cfg)
+        runs.append(metrics(tmp_path / replay))
+    assert [(r["loss"], r["grad_norm"]) for r in runs[0]] == [(r["loss"], r["grad_norm"]) for r in runs[1]]
+    assert all(r["routing_diff_frac"] == 0.0 for r in runs[1])
