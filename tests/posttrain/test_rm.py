@@ -90,3 +90,25 @@ def test_rm_bad_input_is_one_line(base_dir, tmp_path, capsys):
     assert cli(args) == 2
     err = capsys.readouterr().err.strip()
     assert "missing.jsonl not found" in err and len(err.splitlines()) == 1
+
+
+def test_parquet_preference_files_read_as_their_jsonl(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    user = {"role": "user", "content": "2+2?"}
+    conv = [{"chosen": [user, {"role": "assistant", "content": "4"}],
+             "rejected": [user, {"role": "assistant", "content": "5"}]},
+            {"chosen": [{"role": "system", "content": "be brief"}, user, {"role": "assistant", "content": "four"}],
+             "rejected": [{"role": "system", "content": "be brief"}, user, {"role": "assistant", "content": "5"}]}]
+    flat = [{"prompt": "a?", "chosen": "b", "rejected": "c"}, {"prompt": "d?", "chosen": "e", "rejected": "f"}]
+    for name, records in (("conv", conv), ("flat", flat)):
+        pq.write_table(pa.Table.from_pylist(records), tmp_path / f"{name}.parquet")
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        assert read_pairs(tmp_path / f"{name}.parquet") == read_pairs(tmp_path / f"{name}.jsonl")
+    pq.write_table(pa.Table.from_pylist([{"prompt": "a", "chosen": "b"}]), tmp_path / "bad.parquet")
+    with pytest.raises(ConfigError, match=r"bad.parquet: row 1: missing field 'rejected'"):
+        read_pairs(tmp_path / "bad.parquet")
+    (tmp_path / "junk.parquet").write_bytes(b"not parquet")
+    with pytest.raises(ConfigError, match=r"junk.parquet: not a readable Parquet file"):
+        read_pairs(tmp_path / "junk.parquet")

@@ -69,9 +69,12 @@ def normalise(record: dict, where: str) -> tuple[list[dict], list[dict], list[di
 
 
 def read_pairs(path: Path, option: str = "rm.data") -> list[tuple[list[dict], list[dict], list[dict]]]:
-    """Every record of a preference JSONL file, normalised; `option` names the config field in a not-found error."""
+    """Every record of a preference file (JSONL, or Parquet by its `.parquet` suffix: one row per record, the same
+    fields, messages as lists of structs), normalised; `option` names the config field in a not-found error."""
     if not path.is_file():
         raise ConfigError(f"{option}: {path} not found")
+    if path.suffix == ".parquet":
+        return [normalise(_plain(record), f"{path}: row {i}") for i, record in enumerate(parquet_rows(path), start=1)]
     out = []
     for i, line in enumerate(path.read_text().splitlines(), start=1):
         if not line.strip():
@@ -82,6 +85,30 @@ def read_pairs(path: Path, option: str = "rm.data") -> list[tuple[list[dict], li
             raise ConfigError(f"{path}:{i}: not JSON ({e.msg})") from None
         out.append(normalise(record, f"{path}:{i}"))
     return out
+
+
+def parquet_rows(path: Path) -> list[dict]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ConfigError(f"{path}: reading Parquet needs pyarrow (pip install 'glmstack[data]')") from None
+    try:
+        return pq.read_table(path).to_pylist()
+    except (OSError, ValueError) as e:  # pyarrow.lib.ArrowInvalid is a ValueError, a bad file an OSError
+        raise ConfigError(f"{path}: not a readable Parquet file ({type(e).__name__}: {e})") from None
+
+
+def _plain(record: dict) -> dict:
+    """A Parquet row as JSON would give it: struct fields that are null in this message (a union of message
+    shapes across rows, e.g. tool_calls) are dropped."""
+    def clean(v):
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items() if x is not None}
+        if isinstance(v, list):
+            return [clean(x) for x in v]
+        return v
+
+    return {k: clean(v) for k, v in record.items() if v is not None}
 
 
 # ---------------------------------------------------------------------------------------------- synthetic
