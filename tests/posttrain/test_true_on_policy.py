@@ -57,9 +57,10 @@ def test_mla_models_are_refused():
         EnginePolicy(model, invariant=True)
 
 
-def test_agentic_rollout_logprobs_are_the_trainers(tmp_path, base_dir):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_agentic_rollout_logprobs_are_the_trainers(tmp_path, base_dir, dtype):
     cfg = agentic_cfg(tmp_path, base_dir, true_on_policy=True, asynchronous=False)  # on policy: no staleness
-    cfg.steps = 2
+    cfg.steps, cfg.dtype = 2, dtype
     result = run_agentic(cfg)
     assert result["stopped"] == "done" and result["logp_bitwise_every_step"] is True
     rows = metrics(tmp_path)
