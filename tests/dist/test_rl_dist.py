@@ -120,3 +120,24 @@ def test_agentic_two_ranks_train_disjoint_tasks_equal_to_one_process(tmp_path):
     assert summary["single"]["trained_tasks"] == [0, 1, 2, 3]
     assert summary["two"]["trained_tasks"] == [0, 2]  # rank 0's; rank 1 trained 1 and 3 (same losses as one run)
     assert summary["two"]["accepted_trajectories"] == summary["single"]["accepted_trajectories"] // 2
+
+
+@pytest.mark.parametrize("dp", ["ddp", "fsdp"])
+def test_true_on_policy_two_ranks_equal_one_process_within_1e6(tmp_path, dp):
+    """With rl.true_on_policy the sampler is batch-invariant: a rank's half of the rollouts has the log-probs the
+    single process gives the same rows, so what is left between the runs is the all-reduce against the
+    accumulation."""
+    extra = ["rl.true_on_policy=true"]
+    single = tmp_path / "single"
+    assert glmstack(["rl", "rl_tiny", *_sets([*BASE, *extra, "grad_accum=2", f"out_dir={single}"])]) == 0
+    two = tmp_path / "two"
+    mp.spawn(_worker, args=(2, free_port(), [*BASE, *extra, "grad_accum=1", f"dist.dp={dp}", f"out_dir={two}"]),
+             nprocs=2, join=True)  # fmt: skip
+    ref, got = _rows(single), _rows(two)
+    assert [(r["loss"], r["logp_diff_frac"]) for r in got] == [(r["loss"], r["logp_diff_frac"]) for r in ref]
+    from safetensors.torch import load_file
+
+    wa, wb = (load_file(str(max((d / "tiny" / "rl").glob("step_*")) / "model.safetensors")) for d in (single, two))
+    worst = max((wa[k].float() - wb[k].float()).abs().max().item() for k in wa)
+    print(f"max |w_single - w_two| = {worst:.3g}")
+    assert worst <= 1e-6
