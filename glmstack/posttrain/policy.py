@@ -40,6 +40,16 @@ def full_state(model) -> dict:
     return {k: v.detach().cpu().clone() for k, v in dist.unwrap(model).state_dict().items()}
 
 
+def served_state(model, state: dict) -> dict:
+    """What a push to a rollout SERVER sends: `state` with the policy's LoRA adapters folded into their base weights
+    (a served model has no adapter modules: W + s·BA, model/lora.py), else `state` itself. An in-process copy takes
+    `state` as it is (it carries the adapters)."""
+    from glmstack.model.lora import has_lora, merged_state_dict
+
+    inner = dist.unwrap(model)
+    return merged_state_dict(inner, state) if has_lora(inner) else state
+
+
 def plain_copy(model, state: dict, cpu: bool = False):
     """A single-device copy of the trainer's policy holding `state` (never the trainer's tensors): the model an
     EnginePolicy samples with (a sharded trainer's copy is a fresh GLM). On the trainer's device unless `cpu` (an

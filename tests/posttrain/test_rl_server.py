@@ -76,3 +76,29 @@ def server_logprobs(url: str, ids: list[int]) -> list[float]:
         model="tiny", prompt=ids, max_tokens=1, echo=True, logprobs=0, temperature=0.0
     )
     return list(r.choices[0].logprobs.token_logprobs[1 : len(ids)])
+
+
+def test_lora_rl_through_a_server_serves_the_merged_policy(tmp_path, base_dir, tok):
+    """A LoRA policy's pushes fold its adapters into the base weights (the server has no adapter modules): after 2
+    steps the server's log-probs are the in-process policy's (base + adapters), and its updates equal the
+    in-process run's."""
+    from glmstack.model.merge import merge
+    from tests.serve_fixture import rl_here_and_on_server
+
+    common = ["--set", f"init_from={base_dir}", "--set", "steps=2", "--set", "rl.eval_every=0", "--set",
+              "rl.heldout_n=4", "--set", "log.plots=false", "--set", "schedule.warmup_steps=0", "--set",
+              "lora.enabled=true", "--set", "optim.muon=false", "--set", "optim.lr=1e-2"]  # fmt: skip
+    probe = [5, 9, 17, 3, 4, 30, 21]
+    rows, version, served = rl_here_and_on_server("rl_tiny", "rl", base_dir, tmp_path, common,
+                                                  lambda server: server_logprobs(server.url, probe))  # fmt: skip
+    for a, b in zip(rows["local"], rows["remote"]):
+        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-4 * a["grad_norm"]
+    assert version == 2
+    step = max((tmp_path / "remote" / "tiny" / "rl").glob("step_*"))  # a PEFT adapter folder
+    policy = merge(base_dir, step, tmp_path / "merged", dtype=torch.float32)  # glmstack merge: base + adapters
+    with torch.no_grad():
+        ids = torch.tensor([probe])
+        want = torch.log_softmax(policy(ids[:, :-1]).logits.float(), -1).gather(-1, ids[:, 1:, None])[0, :, 0]
+        base = torch.log_softmax(load_hf(str(base_dir))(ids[:, :-1]).logits.float(), -1).gather(-1, ids[:, 1:, None])
+    assert (want - base[0, :, 0]).abs().max() > 1e-3  # the adapters moved the policy
+    torch.testing.assert_close(torch.tensor(served), want, atol=1e-4, rtol=0)

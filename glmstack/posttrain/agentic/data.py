@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 
 from glmstack.posttrain.agentic.groups import advantages
-from glmstack.posttrain.policy import full_state
+from glmstack.posttrain.policy import full_state, served_state
 from glmstack.posttrain.sample import collate
 
 
@@ -30,8 +30,10 @@ def reset_optimizer(optimizer) -> None:
 
 class AgenticData:
     def __init__(self, *, policy, optimizer, runner, group_size: int, micro_batches: int, sync_every: int,
-                 temperature: float, reset: bool = True, evaluate=None, eval_every: int = 0):  # fmt: skip
+                 temperature: float, reset: bool = True, evaluate=None, eval_every: int = 0,
+                 to_server: bool = False):  # fmt: skip
         self.policy, self.optimizer, self.runner = policy, optimizer, runner
+        self.to_server = to_server  # pushes go to a rollout server: a LoRA policy's adapters folded in
         self.group_size, self.micro_batches, self.sync_every = group_size, micro_batches, sync_every
         self.temperature, self.reset, self.evaluate, self.eval_every = temperature, reset, evaluate, eval_every
         self.step = 0
@@ -59,7 +61,8 @@ class AgenticData:
         stats = {}
         if self.step % self.sync_every == 0 or self.runner.version < 0:
             t0 = time.perf_counter()
-            self.runner.push(self.weights(), self.step)
+            state = self.weights()
+            self.runner.push(served_state(self.policy, state) if self.to_server else state, self.step)
             if self.reset and self.step > 0:
                 reset_optimizer(self.optimizer)
             stats["time/sync_s"] = time.perf_counter() - t0

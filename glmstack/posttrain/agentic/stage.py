@@ -246,7 +246,8 @@ def build(cfg: AgenticConfig, model, optimizer, tokenizer_dir: str):
     data = AgenticData(policy=model, optimizer=optimizer, runner=None, group_size=o.group_size,
                        micro_batches=cfg.grad_accum, sync_every=o.sync_every, temperature=o.episode.temperature,
                        reset=o.reset_optimizer, eval_every=o.eval_every,
-                       evaluate=held_out_eval(cfg, model, tokenizer_dir) if o.heldout_n else None)  # fmt: skip
+                       evaluate=held_out_eval(cfg, model, tokenizer_dir) if o.heldout_n else None,
+                       to_server=bool(o.rollout_server))  # fmt: skip
     data.runner = Runner(make_pool(cfg, model, tokenizer_dir, data.weights()), sampler(o, cfg.seed),
                          groups_per_step=o.groups_per_step // W, group_size=o.group_size, tau=o.tau,
                          workers=o.workers, inflight=o.inflight, asynchronous=o.asynchronous, rank=dist.rank(),

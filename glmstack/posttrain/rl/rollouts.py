@@ -164,6 +164,10 @@ class Rollouts:
                                       perturb=self.perturb, invariant=o.true_on_policy,
                                       autocast=self.autocast if o.true_on_policy else None)  # fmt: skip
         self.engine.perturb = self.perturb if perturb and not o.rollout_server else None
+        if o.rollout_server:
+            from glmstack.posttrain.policy import served_state
+
+            state = served_state(self.policy, state)  # a LoRA policy's adapters folded in: the server has none
         self.engine.push(state, self.step)
         self.version = self.step
         return time.perf_counter() - t0
