@@ -135,7 +135,12 @@ def attention(q_BHTK, k_BGSK, v_BGSK, mask=None):
     else:
         key_ok_BS = mask[:, 0, -1]  # the row's last query (a real token) sees every real key before it
         first_B = key_ok_BS.to(torch.int8).argmax(-1)
-        pos_BT = (mask[:, 0].sum(-1) - 1).clamp_min(0)  # keys seen - 1 = the query's sequence position
+        seen_BT = mask[:, 0].sum(-1)
+        pos_BT = (seen_BT - 1).clamp_min(0)  # keys seen - 1 = the query's sequence position
+        first_BT = mask[:, 0].to(torch.int8).argmax(-1)
+        if bool(((first_BT != first_B[:, None]) & (seen_BT > 1)).any()):
+            raise ValueError("batch-invariant attention: a row's queries must share their first key (one sequence "
+                             "per row, left-padded or not); packed segments are not supported")  # fmt: skip
     n_keys = int(pos_BT.max()) + 1
     S_al = -(-n_keys // KEY_CHUNK) * KEY_CHUNK
     idx_BS = first_B[:, None] + torch.arange(S_al, device=dev)  # aligned key i of row b = cache key first_b + i

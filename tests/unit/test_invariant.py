@@ -104,3 +104,11 @@ def test_the_switch_is_scoped():
             assert not invariant.enabled()
         assert invariant.enabled()
     assert not invariant.enabled()
+
+
+def test_packed_segments_are_refused():
+    from glmstack.model.attention import segment_mask
+
+    q = k = v = torch.randn(1, 2, 6, 8)
+    with batch_invariant(), pytest.raises(ValueError, match="packed segments"):
+        invariant.attention(q, k, v, segment_mask(torch.tensor([[1, 1, 1, 2, 2, 2]])))
