@@ -128,8 +128,9 @@ def rl_loss(opts: RLOptions):
 
     def loss_fn(model, batch: dict, values: dict):
         vision = {k: batch[k] for k in VISION_INPUTS if k in batch}  # a vision-language policy's pixels
+        segments = {k: batch[k] for k in ("segment_ids", "position_ids") if k in batch}  # folded contexts (sample.py)
         with batch_invariant(getattr(opts, "true_on_policy", False)):  # the sampler's ops (policy.trainer_numerics)
-            out = model(batch["input_ids"], **vision)
+            out = model(batch["input_ids"], **vision, **segments)
         logits_BTV = out.logits.float()
         temp = batch["temperature"]
         logp_BT = token_logprobs(logits_BTV, batch["targets"], temp, opts.top_p, opts.top_k)
