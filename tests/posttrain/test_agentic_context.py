@@ -6,6 +6,7 @@ fits with it), error turns out of the loss, and a 2-step agentic run with manage
 from __future__ import annotations
 
 import json
+import pickle
 import random
 from itertools import pairwise
 
@@ -189,6 +190,8 @@ def test_error_turns_stay_in_context_but_leave_the_loss(tok):
     t.add_model([7], [-0.3], 0)
     assert t.ids[2:4] == [5, 6] and t.mask[2:4] == [0, 0] and t.mask[-1] == 1 and t.logprobs[2:4] == [-0.1, -0.2]
     assert t.sample().meta["masked_turns"] == [0]
+    back = pickle.loads(pickle.dumps(t))  # as a Ray worker returns it: without the tokenizer
+    assert back.view.tokenizer is None and back.view.ids == t.view.ids and back.ids == t.ids
 
 
 @pytest.mark.slow

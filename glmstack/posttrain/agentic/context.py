@@ -73,6 +73,10 @@ class Context:
         self.number: dict[tuple[int, int], int] = {}  # (piece, message) -> the tool result's number in the episode
         self.folds: list[dict] = []
 
+    def __getstate__(self) -> dict:
+        """A view travels without its tokenizer (Ray workers send finished trajectories back): it can no longer fold."""
+        return {**vars(self), "tokenizer": None}
+
     @property
     def ids(self) -> list[int]:
         return [x for p in self.pieces if not p.dropped for x in p.ids]
