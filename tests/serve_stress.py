@@ -8,7 +8,9 @@ deterministic as a trained model's, and a corrupted or misplaced KV block change
 
 Workload: prompts grow like agent conversations: a request takes an earlier prompt (often a recent one) or one of a
 few system prompts, appends a random "turn" of 1..24 tokens, and becomes a prompt later requests may extend, so
-prompts share long prefixes and diverge at arbitrary (not block-aligned) points.
+prompts share long prefixes and diverge at arbitrary (not block-aligned) points. With `fold_frac` a request may
+instead fold an earlier prompt as agentic context management does (posttrain/agentic/context.py): a span after its
+system prompt is replaced by a fixed stub, so the prompt shares only the part before the span with the cache.
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ from glmstack.tokenizer import Tokenizer
 def build_random_checkpoint(folder, preset: str = "tiny", **overrides) -> str:
     """A random-weight tiny GLM and a small tokenizer, saved to `folder` (a second or two). Default: 2 dense layers,
     no MTP (the cheapest model whose KV path is the served one; MoE routing only costs time here)."""
-    overrides = {"num_hidden_layers": 2, "first_k_dense_replace": 2, "num_nextn_predict_layers": 0, **overrides}
+    overrides = {"num_hidden_layers": 2, "first_k_dense_replace": 2, "num_nextn_predict_layers": 0,
+                 "max_position_embeddings": 1024, **overrides}
     tok = Tokenizer.train(["the quick brown fox jumps over the lazy dog. " * 20, "hello world, agents " * 20],
                           vocab_size=300)  # fmt: skip
-    cfg = ModelConfig.preset(preset, vocab_size=tok.vocab_size, max_position_embeddings=1024, **overrides)
+    cfg = ModelConfig.preset(preset, vocab_size=tok.vocab_size, **overrides)
     save_hf(GLM(cfg).init_weights(seed=0).eval(), folder)
     tok.save(folder, chat_style="glm-4.5")
     return str(folder)
@@ -47,13 +50,17 @@ class Req:
 
 
 def workload(n: int, vocab: int, seed: int = 0, systems: int = 6, system_len: int = 48, max_prompt: int = 400,
-             cancel_frac: float = 0.1, max_tokens: tuple[int, int] = (4, 12)) -> list[Req]:  # fmt: skip
+             cancel_frac: float = 0.1, max_tokens: tuple[int, int] = (4, 12), fold_frac: float = 0.0) -> list[Req]:  # fmt: skip
     rng = random.Random(seed)
     pool = [[rng.randrange(3, vocab) for _ in range(system_len)] for _ in range(systems)]
+    stub = [rng.randrange(3, vocab) for _ in range(4)] if fold_frac else []
     reqs = []
     for _ in range(n):
         r = rng.random()
         base = rng.choice(pool[-16:]) if r < 0.6 else rng.choice(pool) if r < 0.9 else rng.choice(pool[:systems])
+        if fold_frac and rng.random() < fold_frac and len(base) > system_len + 8:  # a fold: a span -> the stub
+            a = rng.randrange(system_len, len(base) - 4)
+            base = base[:a] + stub + base[rng.randint(a + 4, len(base)) :]
         if len(base) > max_prompt - 24:
             base = pool[rng.randrange(systems)]
         prompt = base + [rng.randrange(3, vocab) for _ in range(rng.randint(1, 24))]
@@ -128,14 +135,14 @@ def check(reqs: list[Req], refs: dict) -> dict:
 
 
 def stress(ckpt: str, n: int, concurrency: int, budget_mb: float, fault_block: int | None = None, seed: int = 0,
-           block: int = 16, time_limit: float = 600.0) -> dict:  # fmt: skip
+           block: int = 16, time_limit: float = 600.0, fold_frac: float = 0.0) -> dict:  # fmt: skip
     """One server (prefix cache of budget_mb), the workload, the references; -> counts and cache figures."""
     from serve_fixture import RunningServer
 
     srv = RunningServer(ckpt, max_running=concurrency, max_waiting=max(256, n), prefix_cache_mb=budget_mb,
                         prefix_block=block, fault_block=fault_block)  # fmt: skip
     try:
-        reqs = workload(n, srv.engine.tokenizer.vocab_size, seed=seed)
+        reqs = workload(n, srv.engine.tokenizer.vocab_size, seed=seed, fold_frac=fold_frac)
         seconds = run_clients(srv.url, reqs, concurrency, time_limit)
     finally:
         srv.stop()

@@ -16,11 +16,19 @@ When any sample carries the rollout engine's `routes` (routing replay, docs/rl.m
 (B, L, n trunk MoE layers, K) long: position t = the experts input token t was routed to, -1 where unknown or padding.
 One L over every rank (an all-reduce), so the loop gives every micro-batch the same weight and a sample-mean
 reduction stays exact under accumulation and data parallelism.
+
+Segments (agentic context management, agentic/context.py): a sample whose context was folded mid-episode holds
+several segments, each a context the sampler saw followed by the turns it sampled there; `segments` lists their start
+offsets. When any sample of a batch has more than one, the batch also carries `segment_ids` (1, 2, ... per segment,
+0 on padding) and `position_ids` (restarting at 0 in each segment) for the inputs, so attention never crosses
+segments and each turn is scored under exactly its own context; a sample stays one row (one advantage, one
+sample-mean). A segment starts with context tokens (mask 0), so no trained target crosses a boundary.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 import torch
@@ -45,6 +53,7 @@ class Sample:
     # (n <= len(tokens), L, K) int: the experts each trunk MoE layer routed tokens[t] to in the rollout engine (t < n;
     # -1 = unknown), GenerationResult.routes; None = not recorded
     routes: torch.Tensor | None = None
+    segments: list[int] = field(default_factory=list)  # start offsets of the segments ([] or [0]: one)
 
     def __post_init__(self):
         if not (len(self.tokens) == len(self.loss_mask) == len(self.rollout_logp)):
@@ -53,6 +62,11 @@ class Sample:
         if self.routes is not None and (self.routes.dim() != 3 or self.routes.shape[0] > len(self.tokens)):
             raise ValueError(f"a sample's routes {tuple(self.routes.shape)} must be (n <= {len(self.tokens)} tokens, "
                              "MoE layers, K)")  # fmt: skip
+        s = self.segments
+        if s and (s[0] != 0 or sorted(set(s)) != s or s[-1] >= len(self.tokens)):
+            raise ValueError(f"a sample's segment starts must be increasing from 0 inside its tokens (got {s})")
+        if any(self.loss_mask[k] for k in s):
+            raise ValueError("a segment must start with context (mask 0): a trained target would cross segments")
 
     @classmethod
     def single_turn(cls, prompt: list[int], response: list[int], logprobs: list[float], **kw) -> Sample:
@@ -73,6 +87,8 @@ def collate(samples: list[Sample], advantages: torch.Tensor) -> dict:
         mask[i, :k] = torch.tensor(s.loss_mask[1:], dtype=torch.float32)  # target t + 1 is a sampled token
         rlp[i, :k] = torch.tensor(s.rollout_logp[1:], dtype=torch.float32)
     out = {"input_ids": ids, "targets": tgt, "mask": mask, "rollout_logp": rlp, "advantages": advantages}
+    if any(len(s.segments) > 1 for s in samples):
+        out["segment_ids"], out["position_ids"] = segment_layout(samples, L)
     return out | ({"routes": collate_routes(samples, L)} if any(s.routes is not None for s in samples) else {})
 
 
@@ -85,3 +101,13 @@ def collate_routes(samples: list[Sample], L: int) -> torch.Tensor:
             k = min(s.routes.shape[0], len(s.tokens) - 1)  # the last token is never an input
             out[i, :k] = s.routes[:k]
     return out
+
+
+def segment_layout(samples: list[Sample], L: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(segment_ids, position_ids), (B, L) each, of the samples' inputs (tokens[:-1]); see the module docstring."""
+    seg, pos = torch.zeros(len(samples), L, dtype=torch.long), torch.zeros(len(samples), L, dtype=torch.long)
+    for i, s in enumerate(samples):
+        bounds = [*(s.segments or [0]), len(s.tokens) - 1]
+        for j, (a, b) in enumerate(pairwise(bounds)):
+            seg[i, a:b], pos[i, a:b] = j + 1, torch.arange(b - a)
+    return seg, pos

@@ -10,6 +10,11 @@ Sets (GLM-4.5's three experts at toy scale, research/post-training-recipe.md §5
               (or the first two) fails with one of agentic RL's injected tool failures (posttrain.tools.FAULTS)
               and the assistant calls again, reads the result and answers: recovery behaviour agentic RL with fault
               injection can then reinforce (docs/agentic.md, session 6)
+  search      (opt-in: "synthetic:search") one assistant turn of the agentic `search` environment (follow a chain of
+              notes to a secret code, posttrain/agentic/envs/search.py), in the context the agent sees at that turn:
+              all tool results, or under keep-last-1 context management every note but the latest replaced by the
+              stub (agentic/context.py). Earlier turns are context ("train": false); the turn itself is the next
+              call (read the person the latest note names) or the answer. Tasks of the environment's training split
   compare     the larger / smaller of two or three one-digit numbers ("Which is the largest of 3, 8 and 5?"); the
               reasoning orders them, the content gives the answer as the arithmetic set does. A task a tiny model can partly
               solve after SFT (copying one of the numbers scores 1/2 or 1/3), so reasoning RL has room to improve it
@@ -41,7 +46,7 @@ from glmstack.chat.modes import MODES
 from glmstack.posttrain.tools import CALCULATOR, FAULTS, PYTHON, TOOLS, calculate, run_python
 
 SETS = ("arithmetic", "tools", "chat", "compare")
-OPT_IN_SETS = ("tools_recovery",)  # generated only when named: `sft-data` and the SFT recipes' defaults leave them out
+OPT_IN_SETS = ("tools_recovery", "search")  # generated only when named: `sft-data` and the SFT recipes' defaults leave them out
 TEST_EVERY = 5  # one prompt in TEST_EVERY is held out
 
 NAMES = ["Ana", "Ben", "Cleo", "Dan", "Eva", "Finn", "Gus", "Hana", "Ivo", "Jade", "Kai", "Lena", "Milo", "Nora"]
@@ -187,6 +192,41 @@ def recovery_record(rng: random.Random, thinking: bool, outputs: dict[str, str])
     return _record("tools_recovery", messages, TOOLS, thinking, rec["meta"]["answer"], tool)
 
 
+def search_record(rng: random.Random, thinking: bool) -> dict:
+    """One turn of a `search` episode in the context the agent sees then (module docstring)."""
+    import json
+
+    from glmstack.posttrain.agentic.context import STUB
+    from glmstack.posttrain.agentic.env import split_of as env_split
+    from glmstack.posttrain.agentic.envs.search import SearchEnv
+
+    level = rng.choice([0, 1])
+    spec = SearchEnv.make_spec(rng, level)
+    chain, turn = spec["chain"], rng.randint(0, len(spec["chain"]))
+    keep_all = level == 0 and rng.random() < 0.5  # without management; level 1 would not fit then
+    messages = [{"role": "user", "content": spec["question"]}]
+    for i, who in enumerate(chain[:turn]):
+        note = spec["notes"][who] if keep_all or i == turn - 1 else STUB
+        messages += [_read_note(who) | {"train": False}, {"role": "tool", "content": note}]
+    if turn < len(chain):
+        reply = _read_note(chain[turn])
+        thought = f"The note says to ask {chain[turn]}." if turn else f"I start with the note of {chain[0]}."
+    else:
+        reply = {"role": "assistant", "content": f"The secret code is {spec['code']}."}
+        thought = f"The note of {chain[-1]} gives the code."
+    messages.append(reply | ({"reasoning_content": thought} if thinking else {}))
+    meta = {"set": "search", "split": env_split(json.dumps(spec, sort_keys=True)), "answer": str(spec["code"]),
+            "tool": "read_note", "prompt_turns": len(messages) - 1, "level": level}  # fmt: skip
+    if turn < len(chain):  # the call's result follows (context), so the call ends in <|observation|> as in an episode
+        messages.append({"role": "tool", "content": spec["notes"][chain[turn]]})
+    return {"messages": messages, "tools": SearchEnv.tools, "enable_thinking": thinking, "meta": meta}
+
+
+def _read_note(who: str) -> dict:
+    return {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+        "name": "read_note", "arguments": {"name": who}}}]}  # fmt: skip
+
+
 # ---------------------------------------------------------------------------------------------- chat
 def chat_exchange(rng: random.Random, name: str) -> tuple[str, str, str, str]:
     """(question, thought, reply, the word the reply must contain)."""
@@ -246,6 +286,8 @@ def generate(set_name: str, n: int, seed: int = 0, split: str = "train", thinkin
             rec = recovery_record(rng, thinking, _PY_OUTPUTS)
         elif set_name == "compare":
             rec = compare_record(rng, thinking)
+        elif set_name == "search":
+            rec = search_record(rng, thinking)
         else:
             rec = chat_record(rng, thinking, per_turn=thinking_mode == "turn")
         if rec["meta"]["split"] == split:

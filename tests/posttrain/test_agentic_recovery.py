@@ -109,7 +109,7 @@ def test_probe_scores_a_model_folder_on_held_out_tasks(base_dir, capsys):
 
     out = probe(str(base_dir), "calculator", level=1, n=3, fault_p=1.0)
     assert out["distinct"] == 3 and 0.0 <= out["success"] <= 1.0  # a random model: every call fails, if it calls
-    assert set(out) <= {"success", "distinct", "retry_frac"}
+    assert set(out) <= {"success", "distinct", "retry_frac", "truncated_frac", "folds"}
     assert main(["/no/such/model"]) == 2
     assert capsys.readouterr().err.startswith("probe: /no/such/model")
 

@@ -106,4 +106,6 @@ def rollout_stats(flat: list) -> dict:
     return retry_stats(flat) | {"reward": sum(t.reward for t in flat) / n, "success": sum(t.success for t in flat) / n,
             "turns": sum(t.turns for t in flat) / n, "model_tokens": sum(t.model_tokens for t in flat) / n,
             "malformed_frac": status("malformed"), "loop_frac": status("loop"), "truncated_frac": status("truncated"),
-            "tool_calls": sum(len([m for m in t.messages if m["role"] == "tool"]) for t in flat) / n}  # fmt: skip
+            "tool_calls": sum(len([m for m in t.messages if m["role"] == "tool"]) for t in flat) / n,
+            "context_folds": sum(len(t.view.folds) if t.view else 0 for t in flat) / n,  # context management
+            "segments": sum(len(t.segments) for t in flat) / n}  # fmt: skip

@@ -8,6 +8,10 @@ of the episode's seed and the turn), and each completion is appended as sampled 
   - a tool call that does not parse (markup left in the text) or that is not ended by `<|observation|>` is a
     malformed call: the episode ends with reward 0 (GLM-4.5 §3.3);
   - otherwise the environment steps; its reply is appended as context, or the episode is done.
+Before each turn the trajectory's view applies `opts.context` (context.py: keep-last-k tool results, a token
+budget); a fold starts a new segment, and the sampler gets the folded view. With `mask_error_turns` a turn whose
+tool call came back as an error ("Error: ...") stays in the context but leaves the loss (GLM-5: error segments are
+masked).
 `version()` is asked before each turn: a worker that received new weights between turns reports them, so a
 trajectory records every weight version it was generated with (GLM-5's staleness rule reads the first). With
 `routing_replay` record / replay each turn also returns the experts the engine routed every token of its context to;
@@ -16,13 +20,14 @@ the trajectory keeps the latest turn's (it covers all earlier tokens: their rout
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from glmstack.chat import parse
+from glmstack.posttrain.agentic.context import Context, ContextOptions
 from glmstack.posttrain.agentic.env import EnvCrash, EnvOptions
 from glmstack.posttrain.agentic.envs import make_env
-from glmstack.posttrain.agentic.trajectory import Trajectory, continuation_ids
+from glmstack.posttrain.agentic.trajectory import Trajectory
 from glmstack.posttrain.rl.rollouts import stable_seed
 
 
@@ -39,6 +44,8 @@ class EpisodeOptions:
     # routing replay (rl/replay.py): off | record | replay; record / replay ask every turn for the experts the engine
     # routed the whole context to (the latest turn's record covers every earlier token)
     routing_replay: Literal["off", "record", "replay"] = "off"
+    context: ContextOptions = field(default_factory=ContextOptions)  # context management (context.py); off
+    mask_error_turns: bool = False  # a turn whose tool call returned "Error: ..." stays in context, out of the loss
 
 
 def _malformed(text: str, message: dict, last: int | None, observation_id: int) -> bool:
@@ -53,23 +60,26 @@ def run_group(engine, tokenizer, specs: list[dict], opts: EpisodeOptions, env_op
     for j, (spec, seed) in enumerate(zip(specs, seeds)):
         env = make_env(spec["env"], env_opts, seed=stable_seed(seeds[0] if env_opts.group_faults else seed, "env"))
         messages, tools = env.reset(spec)
-        text = _prompt_text(messages, tools, opts)
+        view = Context(tokenizer, tokenizer.encode(_prompt_text(messages, tools, opts)), opts.context,
+                       style=opts.chat_style, thinking=opts.thinking)  # fmt: skip
         envs.append(env)
         trajs.append(Trajectory(task_id=task_id, index=j, spec=spec, messages=list(messages), tools=tools,
-                                ids=tokenizer.encode(text)))  # fmt: skip
+                                ids=view.ids, view=view))  # fmt: skip
     ctx = engine.cfg.max_position_embeddings
     observation = tokenizer.token_id("<|observation|>")
     live = list(range(len(trajs)))
     for turn in range(opts.max_turns):
-        for i in [i for i in live if ctx - len(trajs[i].ids) < opts.min_room]:
+        for i in live:
+            trajs[i].manage()
+        for i in [i for i in live if ctx - len(trajs[i].context) < opts.min_room]:
             envs[i].abort("truncated")
         live = [i for i in live if envs[i].status == "running"]
         if not live:
             break
         v = version()
-        budget = min(opts.max_new_tokens, min(ctx - len(trajs[i].ids) for i in live))
+        budget = min(opts.max_new_tokens, min(ctx - len(trajs[i].context) for i in live))
         routes = {"return_routes": True} if opts.routing_replay != "off" else {}
-        res = engine.generate([trajs[i].ids for i in live], max_new_tokens=budget, temperature=opts.temperature,
+        res = engine.generate([trajs[i].context for i in live], max_new_tokens=budget, temperature=opts.temperature,
                               top_p=opts.top_p, top_k=opts.top_k, logprobs=True,
                               seeds=[stable_seed(seeds[i], "turn", turn) for i in live], **routes)  # fmt: skip
         # each turn records the version the sampler reports for it (a server: the weights that generated it)
@@ -103,9 +113,12 @@ def _advance(t: Trajectory, env, toks, lps, finish, v, tokenizer, opts: EpisodeO
     except EnvCrash:
         env.abort("env_error")
         return
+    if opts.mask_error_turns and any(str(m.get("content") or "").startswith("Error") for m in step.messages
+                                     if m["role"] == "tool"):  # fmt: skip
+        t.mask_last_turn()
     if not step.done:
         t.messages += step.messages
-        t.add_context(continuation_ids(tokenizer, step.messages, opts.chat_style, opts.thinking, after=toks[-1]))
+        t.add_env(step.messages, after=toks[-1])
 
 
 def _prompt_text(messages, tools, opts: EpisodeOptions) -> str:

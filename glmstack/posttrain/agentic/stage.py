@@ -210,6 +210,15 @@ def check(cfg: AgenticConfig) -> None:
     if min(o.workers, o.group_size, o.groups_per_step, o.sync_every, o.inflight) < 1:
         raise ConfigError("agentic: workers, group_size, groups_per_step, sync_every and inflight must be >= 1")
     check_true_on_policy(o)
+    bad = o.episode.context.check()
+    if bad:
+        raise ConfigError("agentic.episode.context: " + "; ".join(bad))
+    if o.true_on_policy and o.episode.context.active:  # invariant.attention reads left-padding masks only
+        raise ConfigError("agentic.true_on_policy with context management: the trainer's segment masks have no "
+                          "batch-invariant attention yet; turn one of them off")  # fmt: skip
+    if o.episode.routing_replay != "off" and o.episode.context.active:  # routes are the view's, not the trajectory's
+        raise ConfigError("agentic.episode.routing_replay with context management: the engine's routes are of the "
+                          "folded view, not of the trained segments; turn one of them off")  # fmt: skip
 
 
 def make_pool(cfg: AgenticConfig, model, tokenizer_dir: str, state: dict):

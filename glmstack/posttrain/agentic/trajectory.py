@@ -10,14 +10,30 @@ stays the chat format the model was trained on.
     t = Trajectory(task_id=3, index=0, spec=spec, messages=msgs, tools=tools, ids=prompt_ids)
     t.add_model(ids, logprobs, version=5)       # an assistant turn, sampled at weight version 5
     t.add_context(continuation_ids(tok, [tool_msg], "glm-4.5", thinking=False, after=ids[-1]))
+
+Context management (context.py) changes what the sampler sees mid-episode: with a `view` (a context.Context) the
+environment replies go through it (`add_env`) and `manage()` applies its folds before each turn. When a fold changes
+the view, the next prompt no longer extends the last one, so the trajectory starts a new *segment*: `ids` is the
+concatenation of segments, `segments` their start offsets, and each segment is a context the sampler really saw
+followed by the turns sampled from it (a segment ends at its last sampled token: the replies after it belong to the
+next segment's context). Every sampled token is trained once, in the segment it was sampled in; the trainer runs the
+segments of a row apart (posttrain/sample.py: `segment_ids`, positions restarting per segment).
+
+    t = Trajectory(..., ids=view.ids, view=view)
+    t.manage()                                  # before a turn: a fold starts a new segment with the folded view
+    prompt = t.context                          # what the sampler gets (the current segment)
+    t.add_model(ids, logprobs, version=5); t.add_env([tool_msg], after=ids[-1])
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from glmstack.chat import render
+
+if TYPE_CHECKING:
+    from glmstack.posttrain.agentic.context import Context
 
 _DUMMY = [{"role": "user", "content": "."}, {"role": "assistant", "content": "."}]
 
@@ -40,34 +56,74 @@ class Trajectory:
     turns: int = 0
     # routing replay: (n <= len(ids), L, K) int16, the experts the latest turn's engine routed ids[t] to (episode.py)
     routes: Any = None
+    view: Context | None = None  # the sampler's view under context management (context.py); None: `ids` as is
+    segments: list[int] = field(default_factory=lambda: [0])  # start offset of each segment in `ids`
+    masked_turns: list[int] = field(default_factory=list)  # turns taken out of the loss (failed tool calls)
 
     def __post_init__(self):
         if not self.mask:
             self.mask = [0] * len(self.ids)
             self.logprobs = [0.0] * len(self.ids)
         self.prompt_len = len(self.ids)
+        self.last_turn = (len(self.ids), len(self.ids))
+
+    @property
+    def context(self) -> list[int]:
+        """What the sampler sees next: the current segment."""
+        return self.ids[self.segments[-1] :]
 
     def add_model(self, ids: list[int], logprobs: list[float], version: int) -> None:
         if len(ids) != len(logprobs):
             raise ValueError(f"{len(ids)} sampled tokens but {len(logprobs)} log-probs")
+        self.last_turn = (len(self.ids), len(self.ids) + len(ids))
         self.ids += ids
         self.mask += [1] * len(ids)
         self.logprobs += list(logprobs)
         self.versions.append(version)
         self.turns += 1
+        if self.view is not None:
+            self.view.add_model(ids)
 
     def add_context(self, ids: list[int]) -> None:
         self.ids += ids
         self.mask += [0] * len(ids)
         self.logprobs += [0.0] * len(ids)
 
+    def add_env(self, messages: list[dict], after: int | None) -> None:
+        """An environment reply, rendered by the view (which needs the messages to fold them later)."""
+        self.add_context(self.view.add_env(messages, after))
+
+    def mask_last_turn(self) -> None:
+        """Take the last assistant turn out of the loss (it stays in the context; its log-probs stay recorded)."""
+        a, b = self.last_turn
+        self.mask[a:b] = [0] * (b - a)
+        self.masked_turns.append(self.turns - 1)
+
+    def manage(self) -> dict | None:
+        """Apply the view's context management before a turn; a changed view starts a new segment."""
+        fold = self.view.manage(self.turns) if self.view is not None else None
+        if fold is not None:
+            start = self.segments[-1]
+            end = max((i + 1 for i in range(start, len(self.ids)) if self.mask[i]), default=start)
+            del self.ids[end:], self.mask[end:], self.logprobs[end:]  # replies after the last sampled token
+            if end == start:  # nothing trained in it: the new view replaces it
+                self.segments.pop()
+            self.segments.append(len(self.ids))
+            self.add_context(self.view.ids)
+        return fold
+
     def sample(self):
         """This trajectory as the Sample every RL path trains on (posttrain/sample.py)."""
         from glmstack.posttrain.sample import Sample
 
+        meta = {"spec": self.spec}
+        if self.view is not None and self.view.opts.active:
+            meta["context"] = {"options": vars(self.view.opts), "folds": self.view.folds}
+        if self.masked_turns:
+            meta["masked_turns"] = self.masked_turns
         return Sample(tokens=self.ids, loss_mask=self.mask, rollout_logp=self.logprobs, versions=self.versions,
-                      group=self.task_id, index=self.index, reward=self.reward, status=self.status,
-                      meta={"spec": self.spec}, routes=self.routes)  # fmt: skip
+                      group=self.task_id, index=self.index, reward=self.reward, status=self.status, meta=meta,
+                      segments=list(self.segments), routes=self.routes)  # fmt: skip
 
     @property
     def first_version(self) -> int:

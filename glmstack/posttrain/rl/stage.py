@@ -146,8 +146,9 @@ def rl_loss(opts: RLOptions):
                "mtp_detach_trunk": opts.mtp_detach_trunk} if mtp_weight else {}  # fmt: skip
         # routing replay (replay.py): the engine's recorded experts replayed, the trainer's own top-k returned
         routing = model_routes(getattr(opts, "routing_replay", "off"), batch, own=True)
+        segments = {k: batch[k] for k in ("segment_ids", "position_ids") if k in batch}  # folded contexts (sample.py)
         with batch_invariant(getattr(opts, "true_on_policy", False)):  # the sampler's ops (policy.trainer_numerics)
-            out = model(batch["input_ids"], **vision, **routing, **mtp)
+            out = model(batch["input_ids"], **vision, **routing, **mtp, **segments)
         logits_BTV = out.logits.float()
         temp = batch["temperature"]
         logp_BT = token_logprobs(logits_BTV, batch["targets"], temp, opts.top_p, opts.top_k)

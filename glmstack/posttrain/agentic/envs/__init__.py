@@ -7,6 +7,7 @@ python      small programs to solve by running code in glmstack.sandbox (the SFT
 functions   executable BFCL-style functions over several user turns, checked on the final state
 files       create or fix files in a sandbox directory; checked by running tests in the sandbox
 roles       a multi-agent role task: the model writes a sentence, then reviews its own draft as the reviewer
+search      follow a chain of notes to a secret code: episodes longer than the context without management
 
     from glmstack.posttrain.agentic.envs import make_env
     env = make_env("calculator", EnvOptions(fault_p=0.2), seed=7)
@@ -17,7 +18,7 @@ from __future__ import annotations
 import importlib
 
 from glmstack.posttrain.agentic.env import ENVS, Env, EnvOptions
-from glmstack.posttrain.agentic.envs import files, functions, roles, tools  # noqa: F401 (registration)
+from glmstack.posttrain.agentic.envs import files, functions, roles, search, tools  # noqa: F401 (registration)
 
 
 def env_class(name: str) -> type[Env]:

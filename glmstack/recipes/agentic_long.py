@@ -1,0 +1,52 @@
+"""Long-horizon agentic RL with context management (issue 40): the `search` environment at level 1 (follow 4-5 notes
+to a secret code), whose episodes run past the speedrun model's 512 positions unless older notes are folded.
+
+GLM-5's search agent keeps the k = 5 most recent tool outputs (research/wave3-facts.md §6); at this scale one note
+is ~55 tokens and the prompt ~250, so k = 1: every note but the latest is replaced by "[tool output elided]"
+(posttrain/agentic/context.py). A trajectory whose context was folded trains each turn on the context it was
+sampled from (segments, posttrain/sample.py). `sft()` first teaches the speedrun SFT model the environment (the
+opt-in `search` SFT set: one turn in the context the agent sees then, with and without folding), since it has never
+seen the `read_note` tool.
+
+    glmstack sft agentic_long --set init_from=/work/runs/sr5/sft/model --set run=long     # -> runs/long/sft_search/model
+    glmstack agentic-rl agentic_long --set init_from=runs/long/sft_search/model --set seed=S --set run=long_sS
+    glmstack agentic-rl agentic_long --set init_from=... --set agentic.episode.context.keep_last_tool_results=0  # off
+    python -m glmstack.posttrain.agentic.probe MODEL --env search --level 1 --max-turns 6 --keep-last 1   # start point
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from glmstack.posttrain.agentic.context import ContextOptions
+from glmstack.posttrain.agentic.stage import AgenticConfig
+from glmstack.posttrain.sft import SFTConfig
+from glmstack.recipes import agentic_speedrun, sft_speedrun
+
+SFT_STEPS = 300
+KEEP_LAST = 1
+
+
+def sft() -> SFTConfig:
+    cfg = sft_speedrun.expert("search", ("search",), SFT_STEPS)
+    cfg.run, cfg.stage, cfg.init_from = "long", "sft_search", "speedrun/sft/model"
+    cfg.micro_batch_size = 8
+    cfg.optim.lr = 1e-3
+    cfg.schedule = dataclasses.replace(cfg.schedule, warmup_steps=5)
+    cfg.sft = dataclasses.replace(cfg.sft, synthetic_n=2000)
+    cfg.ckpt.every = 0
+    return cfg
+
+
+def agentic() -> AgenticConfig:
+    cfg = agentic_speedrun.agentic()
+    cfg.run, cfg.init_from, cfg.steps, cfg.grad_accum = "long", "long/sft_search/model", 10, 4
+    o = cfg.agentic
+    o.envs, o.level, o.groups_per_step = [["search", 1.0]], 1, 4  # 32 trajectories per step
+    o.heldout_n, o.heldout_seed, o.eval_every = 64, 0, 0
+    o.episode.max_turns, o.episode.max_new_tokens = 6, 32  # 5 notes + the answer
+    o.episode.context = ContextOptions(keep_last_tool_results=KEEP_LAST)
+    o.env.max_tool_calls, o.env.free_calls = 6, 6  # a call per note: no efficiency penalty below the chain's length
+    o.reset_optimizer = False  # as agentic_tools: Muon's momentum kept across pushes
+    cfg.optim.lr = 5e-4
+    return cfg
