@@ -51,9 +51,9 @@ def partial_step(ro, n_groups: int, group_size: int, level: int, stable_seed) ->
              for i in range(len(problems))]  # fmt: skip
     groups = fresh_from + [new_group(p, s, ro.next_uid + i, ro.version) for i, (p, s) in enumerate(zip(problems, seeds))]
     ro.next_uid += len(problems)
-    todo = [(g, r) for g in groups for r in g["rows"] if r["finish"] is None]
+    todo = [(g, j, r) for g in groups for j, r in enumerate(g["rows"]) if r["finish"] is None]
     stats = {"partial/dropped_groups": float(dropped), "partial/resumed_rows": float(sum(bool(r["tokens"])
-             for _, r in todo)), "rollout_idle_frac": 0.0}  # fmt: skip
+             for _, _, r in todo)), "rollout_idle_frac": 0.0}  # fmt: skip
     if todo:
         res = generate(ro, groups, todo, n_groups, group_size, stable_seed)
         stats["rollout_idle_frac"] = 1.0 - res.stats["new_tokens"] / max(res.stats.get("row_slots", 0), 1)
@@ -73,7 +73,7 @@ def generate(ro, groups: list[dict], todo: list, n_groups: int, group_size: int,
     """One engine call over every unfinished row; stops when n_groups groups are complete."""
     o = ro.opts
     done_rows = {id(g): sum(r["finish"] is not None for r in g["rows"]) for g in groups}
-    owner = [id(g) for g, _ in todo]
+    owner = [id(g) for g, _, _ in todo]
 
     def stop_when(finish: list) -> bool:
         finished = dict(done_rows)
@@ -81,15 +81,15 @@ def generate(ro, groups: list[dict], todo: list, n_groups: int, group_size: int,
             finished[gid] += f is not None
         return sum(n == group_size for n in finished.values()) >= n_groups
 
-    prompts = [g["prompt"] + r["tokens"] for g, r in todo]
-    budgets = [o.max_new_tokens - len(r["tokens"]) for _, r in todo]
-    seeds = [stable_seed(ro.seed, "partial", g["uid"], g["rows"].index(r), len(r["tokens"])) if r["tokens"]
-             else r["seed"] for g, r in todo]  # fmt: skip
+    prompts = [g["prompt"] + r["tokens"] for g, _, r in todo]
+    budgets = [o.max_new_tokens - len(r["tokens"]) for _, _, r in todo]
+    seeds = [stable_seed(ro.seed, "partial", g["uid"], j, len(r["tokens"])) if r["tokens"] else r["seed"]
+             for g, j, r in todo]  # fmt: skip
     res = ro.engine.generate(prompts, o.max_new_tokens, temperature=ro.temperature, top_p=o.top_p, top_k=o.top_k,
                              seeds=seeds, logprobs=True, stop_ids=ro._stop_ids(), budgets=budgets,
                              stop_when=stop_when)  # fmt: skip
     ro.check_versions(res.weight_versions)
-    for k, (_, r) in enumerate(todo):
+    for k, (_, _, r) in enumerate(todo):
         r["tokens"] += res.tokens[k]
         r["logprobs"] += res.logprobs[k]
         r["versions"] += [res.weight_versions[k]] * len(res.tokens[k])
