@@ -45,11 +45,11 @@ class Router(nn.Module):
     def forward(self, x_TD: torch.Tensor):
         """-> scores_TE (fp32 sigmoid), topk_idx_TK (long), topk_w_TK (fp32 gate values)."""
         same_bits = invariant.enabled()  # the trainer's and the engine's choices bit for bit (invariant.py)
-        with torch.autocast(x_TD.device.type, enabled=False):  # fp32 even under autocast (as documented)
-            if same_bits:
-                scores_TE = invariant.sigmoid(invariant.linear(x_TD.float(), self.weight.float()))
-            else:
-                scores_TE = F.linear(x_TD.float(), self.weight.float()).sigmoid()
+        if torch.is_autocast_enabled(x_TD.device.type):  # fp32 even under autocast (as documented)
+            with torch.autocast(x_TD.device.type, enabled=False):
+                scores_TE = self._scores(x_TD, same_bits)
+        else:  # (no context to enter on the decode hot path)
+            scores_TE = self._scores(x_TD, same_bits)
         choice_TE = scores_TE.detach() + self.e_score_correction_bias
         if self.n_group > 1:
             choice_TE = self._limit_groups(choice_TE)
@@ -57,6 +57,12 @@ class Router(nn.Module):
         if self.record is not None:
             self.record.append(topk_idx_TK)
         return scores_TE, topk_idx_TK, self.gates(scores_TE, topk_idx_TK)
+
+    def _scores(self, x_TD: torch.Tensor, same_bits: bool) -> torch.Tensor:
+        """(T, E) fp32 sigmoid router scores."""
+        if same_bits:
+            return invariant.sigmoid(invariant.linear(x_TD.float(), self.weight.float()))
+        return F.linear(x_TD.float(), self.weight.float()).sigmoid()
 
     def gates(self, scores_TE: torch.Tensor, idx_TK: torch.Tensor) -> torch.Tensor:
         """Gate values (T, K) of the experts idx_TK: read from the FULL scores, renormalised, scaled. Routing replay
