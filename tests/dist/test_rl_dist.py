@@ -69,13 +69,19 @@ DYNAMIC = ["rl.dynamic_sampling=true", "rl.oversample_rounds=2", "rl.curriculum=
 LORA = ["lora.enabled=true", "optim.muon=false", "optim.lr=1e-3"]  # issue 37: the rollout copy carries the adapters
 
 
-@pytest.mark.parametrize(("dp", "extra"), [("ddp", []), ("fsdp", []), ("ddp", DYNAMIC), ("fsdp", LORA)])
-def test_two_ranks_equal_one_process_with_the_global_batch(tmp_path, dp, extra):
+def one_and_two_ranks(tmp_path, dp: str, extra: list[str]):
+    """`glmstack rl rl_tiny` in one process (grad_accum 2) and on two gloo ranks (grad_accum 1): their out_dirs."""
     single = tmp_path / "single"
     assert glmstack(["rl", "rl_tiny", *_sets([*BASE, *extra, "grad_accum=2", f"out_dir={single}"])]) == 0
     two = tmp_path / "two"
     mp.spawn(_worker, args=(2, free_port(), [*BASE, *extra, "grad_accum=1", f"dist.dp={dp}", f"out_dir={two}"]),
              nprocs=2, join=True)  # fmt: skip
+    return single, two
+
+
+@pytest.mark.parametrize(("dp", "extra"), [("ddp", []), ("fsdp", []), ("ddp", DYNAMIC), ("fsdp", LORA)])
+def test_two_ranks_equal_one_process_with_the_global_batch(tmp_path, dp, extra):
+    single, two = one_and_two_ranks(tmp_path, dp, extra)
     ref, got = _rows(single), _rows(two)
     if extra:  # refills ran and kept what one process keeps
         assert any(r["zero_var_frac"] > 0 for r in ref)
@@ -127,12 +133,7 @@ def test_true_on_policy_two_ranks_equal_one_process_within_1e6(tmp_path, dp):
     """With rl.true_on_policy the sampler is batch-invariant: a rank's half of the rollouts has the log-probs the
     single process gives the same rows, so what is left between the runs is the all-reduce against the
     accumulation."""
-    extra = ["rl.true_on_policy=true"]
-    single = tmp_path / "single"
-    assert glmstack(["rl", "rl_tiny", *_sets([*BASE, *extra, "grad_accum=2", f"out_dir={single}"])]) == 0
-    two = tmp_path / "two"
-    mp.spawn(_worker, args=(2, free_port(), [*BASE, *extra, "grad_accum=1", f"dist.dp={dp}", f"out_dir={two}"]),
-             nprocs=2, join=True)  # fmt: skip
+    single, two = one_and_two_ranks(tmp_path, dp, ["rl.true_on_policy=true"])
     ref, got = _rows(single), _rows(two)
     assert [(r["loss"], r["logp_diff_frac"]) for r in got] == [(r["loss"], r["logp_diff_frac"]) for r in ref]
     from safetensors.torch import load_file

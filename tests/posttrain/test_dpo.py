@@ -60,3 +60,25 @@ def test_bad_preference_file_is_one_clear_line(base_dir, tmp_path, capsys):
     bad.write_text('{"prompt": "2+2?", "chosen": "4", "rejected": "5"}\n{"prompt": "3+3?", "chosen": "6"}\n')
     assert cli(args(base_dir, tmp_path, "--set", f'dpo.data=["{bad}"]')) == 2
     assert capsys.readouterr().err.strip() == f"glmstack dpo: {bad}:2: missing field 'rejected'"
+
+
+def test_a_parquet_preference_file_trains_as_its_jsonl(base_dir, tmp_path, capsys):
+    """The same pairs as JSONL and as Parquet: the same losses over 2 steps; a bad Parquet row is one clear line."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    records = synthetic_pairs("checkable", 8, seed=0, split="train")
+    jsonl = write_jsonl(records, tmp_path / "pairs.jsonl")
+    pq.write_table(pa.Table.from_pylist(records), tmp_path / "pairs.parquet")
+    losses = []
+    for name, path in (("j", jsonl), ("p", tmp_path / "pairs.parquet")):
+        assert cli(args(base_dir, tmp_path / name, "--set", f'dpo.data=["{path}"]', "--set", "dpo.val_data=[]",
+                        "--set", "steps=2")) == 0  # fmt: skip
+        losses.append([r["loss"] for r in rows(tmp_path / name / "tiny" / "dpo")])
+    assert losses[0] == losses[1] and len(losses[0]) == 2
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(pa.Table.from_pylist([{"prompt": "a", "chosen": "b", "rejected": "c"}, {"prompt": "d", "chosen": "e"}]),
+                   bad)  # fmt: skip
+    capsys.readouterr()
+    assert cli(args(base_dir, tmp_path / "bad", "--set", f'dpo.data=["{bad}"]')) == 2
+    assert capsys.readouterr().err.strip() == f"glmstack dpo: {bad}: row 2: missing field 'rejected'"
