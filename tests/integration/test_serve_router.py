@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from serve_fixture import free_port
 from serve_stress import build_random_checkpoint
 
-from glmstack.serve.router import create_router, launch_replicas
+from glmstack.serve.router import Ring, create_router, launch_replicas
 
 pytestmark = [pytest.mark.slow, pytest.mark.dist]  # two engine processes (~10 s to start on a loaded machine)
 
@@ -50,10 +50,21 @@ def _turn(client, conv: str, prompt: list[int], max_tokens: int = 4):
     return raw.headers["x-glmstack-replica"], raw.parse().choices[0].model_extra["token_ids"]
 
 
+def _ids_on_both(urls: list[str], per_replica: int) -> list[str]:
+    """Conversation ids that the ring spreads over every replica: the ports are random, so fixed ids could all hash
+    to one engine (CI saw it) and "both engines served" would fail by chance."""
+    ring, chosen = Ring(urls), {u: [] for u in urls}
+    for i in range(1000):
+        u = ring.pick(f"conversation_id:agent-{i}")
+        if len(chosen[u]) < per_replica:
+            chosen[u].append(f"agent-{i}")
+    return sorted((c for cs in chosen.values() for c in cs), key=lambda c: int(c.split("-")[1]))
+
+
 def test_affinity_hit_rate_and_a_killed_replica(cluster):
     url, procs, urls, httpx = cluster
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
-    convs = {f"agent-{i}": [3 + i] * 40 for i in range(6)}
+    convs = {c: [3 + i] * 40 for i, c in enumerate(_ids_on_both(urls, per_replica=3))}
     where: dict[str, set[str]] = {c: set() for c in convs}
     for _turn_no in range(3):
         for c, prompt in convs.items():
@@ -66,8 +77,8 @@ def test_affinity_hit_rate_and_a_killed_replica(cluster):
     rate = float(metrics.split("glmstack:prefix_cache_hit_rate ")[1].split()[0])
     assert rate > 0.4, metrics  # turns 2 and 3 re-send the history: most of it comes from the cache
 
-    # kill the engine of conversation agent-0 while it streams: that request ends with a clear error
-    victim_conv = "agent-0"
+    # kill the engine of the first conversation while it streams: that request ends with a clear error
+    victim_conv = next(iter(convs))
     victim = next(iter(where[victim_conv]))
     survivor_conv = next(c for c, s in where.items() if victim not in s)
     stream = client.completions.create(model="tiny", prompt=convs[victim_conv], max_tokens=500, temperature=0,
