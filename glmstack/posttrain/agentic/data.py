@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import time
 
+import torch
+
 from glmstack.posttrain.agentic.groups import advantages
 from glmstack.posttrain.policy import full_state, served_state
 from glmstack.posttrain.sample import collate
@@ -31,8 +33,9 @@ def reset_optimizer(optimizer) -> None:
 class AgenticData:
     def __init__(self, *, policy, optimizer, runner, group_size: int, micro_batches: int, sync_every: int,
                  temperature: float, reset: bool = True, evaluate=None, eval_every: int = 0,
-                 to_server: bool = False):  # fmt: skip
+                 to_server: bool = False, mix=None):  # fmt: skip
         self.policy, self.optimizer, self.runner = policy, optimizer, runner
+        self.mix = mix  # rl/teachers.py's TeacherMix: cross-stage distillation rows in every batch, or None
         self.to_server = to_server  # pushes go to a rollout server: a LoRA policy's adapters folded in
         self.group_size, self.micro_batches, self.sync_every = group_size, micro_batches, sync_every
         self.temperature, self.reset, self.evaluate, self.eval_every = temperature, reset, evaluate, eval_every
@@ -63,6 +66,8 @@ class AgenticData:
             t0 = time.perf_counter()
             state = self.weights()
             self.runner.push(served_state(self.policy, state) if self.to_server else state, self.step)
+            if self.mix is not None:
+                self.mix.push(self.policy, state, self.step)
             if self.reset and self.step > 0:
                 reset_optimizer(self.optimizer)
             stats["time/sync_s"] = time.perf_counter() - t0
@@ -78,13 +83,19 @@ class AgenticData:
             "weight_version": float(self.runner.version), "accepted_trajectories": float(self.runner.trajectories),
             "traj_per_s": len(flat) / max(now - self.t_last, 1e-9)}  # fmt: skip
         self.t_last = now
+        mixed = self.mix.samples(self.step) if self.mix is not None else ([], [], {})
         self.step += 1
-        return self.micro(flat, stats)
+        return self.micro(flat, stats, mixed)
 
-    def micro(self, flat: list, stats: dict) -> list[dict]:
-        batch = collate([t.sample() for t in flat], advantages([t.reward for t in flat], self.group_size))
-        n = len(flat)
-        stats = stats | {
+    def micro(self, flat: list, stats: dict, mixed: tuple = ([], [], {})) -> list[dict]:
+        """`mixed`: the teachers' (samples, owners, stats), rows after the trajectories', advantage 0 of their own."""
+        extra, owners, mix_stats = mixed
+        adv = advantages([t.reward for t in flat], self.group_size)
+        batch = collate([t.sample() for t in flat] + extra, torch.cat([adv, torch.zeros(len(extra))]))
+        if extra:
+            mix_stats = mix_stats | self.mix.score(batch, len(flat), owners)
+        n = len(flat) + len(extra)
+        stats = stats | mix_stats | {
             "input_tokens": float(batch["input_ids"].numel()),
             "trained_tokens": float(batch["mask"].sum()),
         }

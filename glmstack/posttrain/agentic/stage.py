@@ -5,11 +5,14 @@ GLM-5 §3.3 / GLM-4.5 §3.3 (research/rl-recipe.md §1.3): rollout workers play 
 weights go to the workers every `sync_every` updates with an optimizer reset (data.py); samples more than `tau`
 versions behind are dropped; environment crashes are excluded and groups padded (groups.py); advantage = reward −
 group mean; the loss is direct double-sided importance sampling (rl.losses.dis_loss via rl.stage.rl_loss).
+With `agentic.teachers`, each step also trains on-policy distillation rows from earlier stages' models (GLM-5 §3.5,
+rl/teachers.py): the speedrun's agentic stage keeps the reasoning-RL model's skill this way.
 
     glmstack agentic-rl agentic_speedrun                               # the SFT'd speedrun model, tool tasks
     glmstack agentic-rl agentic_speedrun --set runner=ray --set ray.num_cpus=2 --set agentic.tau=2
     glmstack agentic-rl agentic_speedrun --set runner=ray --set ray.address=auto   # an existing cluster
     glmstack agentic-rl agentic_speedrun --set agentic.env.fault_p=0.3  # train with injected tool failures
+    glmstack agentic-rl agentic_speedrun --set 'agentic.teachers=[{"model": "runs/x/rl/model", "task": "compare"}]'
 Output: <out_dir>/<run>/<stage>/metrics.jsonl, plots/agentic_*.png, agentic_summary.json, model/ (HF folder).
 """
 
@@ -31,6 +34,7 @@ from glmstack.posttrain.policy import plain_copy
 from glmstack.posttrain.rl.replay import check_model
 from glmstack.posttrain.rl.rollouts import stable_seed
 from glmstack.posttrain.rl.stage import check_true_on_policy
+from glmstack.posttrain.rl.teachers import parse_teachers
 from glmstack.train import dist
 from glmstack.train.config import DistConfig, TrainConfig
 
@@ -76,6 +80,12 @@ class AgenticOptions:
     # the workers sample with the trainer's batch-invariant ops and precision: rollout log-probs equal the
     # trainer's bit for bit (rl.true_on_policy's, docs/rl.md)
     true_on_policy: bool = False
+    # on-policy distillation from earlier stages' models mixed into every step (GLM-5 §3.5; rl/teachers.py):
+    # [{"model": FOLDER_OR_RUN/STAGE, "task": "compare", "weight": 1.0, "level": 0}, ...]; `teacher_samples` prompts
+    # of their tasks per step, one sample each from the current weights, Eq. 2's advantage on those rows
+    teachers: list[dict] = field(default_factory=list)
+    teacher_samples: int = 16
+    teacher_max_new_tokens: int = 16
 
     @property
     def temperature(self) -> float:
@@ -200,8 +210,16 @@ def check(cfg: AgenticConfig) -> None:
         raise ConfigError("agentic.curriculum: rows [from_step, level] with from_step >= 1, by increasing step")
     if o.tau < o.sync_every - 1:
         raise ConfigError(f"agentic.tau={o.tau} < sync_every - 1 = {o.sync_every - 1}: every sample would be stale")
-    if (o.groups_per_step * o.group_size) % cfg.grad_accum:
-        raise ConfigError("agentic: groups_per_step × group_size must split into grad_accum micro-batches")
+    if (o.groups_per_step * o.group_size + (o.teacher_samples if o.teachers else 0)) % cfg.grad_accum:
+        raise ConfigError("agentic: groups_per_step × group_size (+ teacher_samples) must split into grad_accum "
+                          "micro-batches")  # fmt: skip
+    if o.teachers:
+        parse_teachers(o.teachers, "agentic.teachers")
+        if any(t.get("server") for t in o.teachers):
+            raise ConfigError("agentic.teachers: in-process teachers only (a model folder or run/stage)")
+        if o.teacher_samples < 1 or o.teacher_samples % dist.world():
+            raise ConfigError(f"agentic.teacher_samples={o.teacher_samples} must be >= 1 and split over "
+                              f"{dist.world()} ranks")  # fmt: skip
     if o.episode.temperature <= 0:
         raise ConfigError("agentic.episode.temperature must be > 0 (RL samples)")
     if o.rollout_server and (o.episode.temperature != 1.0 or o.episode.top_p < 1.0 or o.episode.top_k):
@@ -256,12 +274,29 @@ def build(cfg: AgenticConfig, model, optimizer, tokenizer_dir: str):
                        micro_batches=cfg.grad_accum, sync_every=o.sync_every, temperature=o.episode.temperature,
                        reset=o.reset_optimizer, eval_every=o.eval_every,
                        evaluate=held_out_eval(cfg, model, tokenizer_dir) if o.heldout_n else None,
-                       to_server=bool(o.rollout_server))  # fmt: skip
+                       to_server=bool(o.rollout_server), mix=teacher_mix(cfg, tokenizer_dir))  # fmt: skip
     data.runner = Runner(make_pool(cfg, model, tokenizer_dir, data.weights()), sampler(o, cfg.seed),
                          groups_per_step=o.groups_per_step // W, group_size=o.group_size, tau=o.tau,
                          workers=o.workers, inflight=o.inflight, asynchronous=o.asynchronous, rank=dist.rank(),
                          world=W)  # fmt: skip
     return data
+
+
+def teacher_mix(cfg: AgenticConfig, tokenizer_dir: str):
+    """The cross-stage distillation rows of `agentic.teachers` (rl/teachers.py), or None."""
+    from glmstack.posttrain.rl.tasks import make_task
+    from glmstack.posttrain.rl.teachers import TeacherMix, load_teacher
+    from glmstack.tokenizer import Tokenizer
+    from glmstack.train.loop import device_of
+
+    o = cfg.agentic
+    if not o.teachers:
+        return None
+    tok, style = Tokenizer.load(tokenizer_dir), o.episode.chat_style
+    teachers = [(t, make_task(t.task, tok, style), load_teacher(t, cfg.out_dir, device_of(cfg), tok, "agentic.teachers"))
+                for t in parse_teachers(o.teachers, "agentic.teachers")]  # fmt: skip
+    return TeacherMix(teachers, tok, n=o.teacher_samples // dist.world(), max_new_tokens=o.teacher_max_new_tokens,
+                      temperature=o.episode.temperature, seed=stable_seed(cfg.seed, "teachers", dist.rank()))
 
 
 def run_agentic(cfg: AgenticConfig, stop_at: int | None = None) -> dict:

@@ -42,17 +42,18 @@ import torch
 
 from glmstack.config import ConfigError
 from glmstack.posttrain.rl import rewards as reward_lib
-from glmstack.posttrain.rl.losses import token_logprobs
 from glmstack.posttrain.rl.rollouts import Rollouts, stable_seed
 from glmstack.posttrain.rl.stage import RLConfig, RLOptions
+from glmstack.posttrain.rl.teachers import Teacher, load_teacher, parse_teachers, split_counts, teacher_logprobs
 from glmstack.train import dist
-
-TEACHER_KEYS = {"model": str, "task": str, "weight": (int, float), "level": int, "server": str}
 
 
 @dataclass(kw_only=True)
 class DistillOptions:
     teachers: list[dict] = field(default_factory=list)  # [{"model", "task", "weight" (1.0), "level" (0)}]
+    # general RL's rules on top of the teachers: each row's advantage also gets reward_weight × (its task reward −
+    # the mean of that task's rewards in the step); 0 = pure distillation (rewards watched only)
+    reward_weight: float = 0.0
 
 
 def distill_rl_options(**kw) -> RLOptions:
@@ -67,56 +68,17 @@ class DistillConfig(RLConfig):
     distill: DistillOptions = field(default_factory=DistillOptions)
 
 
-@dataclass
-class Teacher:
-    model: str
-    task: str
-    weight: float = 1.0
-    level: int = 0
-    server: str = ""  # an OpenAI-compatible server's URL: `model` is then the served model's name
-
-
 def teachers_of(cfg: DistillConfig) -> list[Teacher]:
-    """Validated teachers (one ConfigError naming the entry and key)."""
-    from glmstack.posttrain.rl.tasks import TASKS
-
-    if not cfg.distill.teachers:
-        raise ConfigError('distill.teachers is empty: give [{"model": FOLDER_OR_RUN/STAGE, "task": NAME}, ...]')
-    out = []
-    for i, t in enumerate(cfg.distill.teachers):
-        where = f"distill.teachers[{i}]"
-        if not isinstance(t, dict):
-            raise ConfigError(f"{where}: must be an object with keys {', '.join(TEACHER_KEYS)}")
-        bad = sorted(set(t) - set(TEACHER_KEYS))
-        missing = [k for k in ("model", "task") if k not in t]
-        if bad or missing:
-            raise ConfigError(f"{where}: unknown key(s) {bad}" if bad else f"{where}: missing {', '.join(missing)}")
-        wrong = [k for k, v in t.items() if not isinstance(v, TEACHER_KEYS[k])]
-        if wrong:
-            raise ConfigError(f"{where}: wrong type for {', '.join(wrong)}")
-        if t["task"] not in TASKS:
-            raise ConfigError(f"{where}: unknown task {t['task']!r} (expected one of {', '.join(TASKS)})")
-        if t.get("weight", 1.0) <= 0:
-            raise ConfigError(f"{where}: weight must be > 0")
-        out.append(Teacher(**t))
-    return out
-
-
-def split_counts(total: int, weights: list[float]) -> list[int]:
-    """`total` samples over teachers in proportion to `weights`, largest remainder (sums to `total` exactly)."""
-    shares = [total * w / sum(weights) for w in weights]
-    counts = [int(s) for s in shares]
-    for i in sorted(range(len(shares)), key=lambda i: counts[i] - shares[i])[: total - sum(counts)]:
-        counts[i] += 1
-    return counts
+    return parse_teachers(cfg.distill.teachers, "distill.teachers")
 
 
 class Distillation(Rollouts):
     """The distillation data stream: Rollouts' machinery, prompts from each teacher's task, teacher log-probs."""
 
     def __init__(self, *, model, teachers: list[tuple[Teacher, object, object]], opts, seed: int,
-                 micro_batches: int, tokenizer=None, style="glm-4.5"):  # fmt: skip
+                 micro_batches: int, tokenizer=None, style="glm-4.5", reward_weight: float = 0.0):  # fmt: skip
         self.teachers = teachers  # (Teacher, its task, its model: a GLM in process or a remote.ServerEngine)
+        self.reward_weight = reward_weight
         super().__init__(model=model, task=teachers[0][1], opts=opts, seed=seed, micro_batches=micro_batches,
                          tokenizer=tokenizer, style=style)  # fmt: skip
         self.heldouts = [task.problems(split="test", n=opts.heldout_n, seed=seed, level=t.level)
@@ -131,7 +93,7 @@ class Distillation(Rollouts):
             scores = self.evaluate_all()
             stats |= scores | {"heldout_acc": sum(scores.values()) / len(scores)}
         counts = split_counts(o.samples_per_step, [t.weight for t, _, _ in self.teachers])
-        flat, owner, rewards = [], [], []
+        flat, owner, rewards, task_adv = [], [], [], []
         for k, ((teacher, task, _), n) in enumerate(zip(self.teachers, counts)):
             if n == 0:
                 continue
@@ -140,11 +102,12 @@ class Distillation(Rollouts):
             t0 = time.perf_counter()
             rows, samples = self.generate(problems, 1, self.temperature, tag)
             t1 = time.perf_counter()
-            task_reward, _ = reward_lib.total(samples, [(r, 1.0) for r in task.rewards])  # watched, not trained on
+            task_reward, _ = reward_lib.total(samples, [(r, 1.0) for r in task.rewards])
             stats["time/rollout_s"] = stats.get("time/rollout_s", 0.0) + t1 - t0
             stats["time/reward_s"] = stats.get("time/reward_s", 0.0) + time.perf_counter() - t1
             stats[f"reward/{teacher.task}"] = sum(task_reward) / n
             flat += [(row, 0.0, s) for row, s in zip(rows, samples)]
+            task_adv += [self.reward_weight * (r - sum(task_reward) / n) for r in task_reward]
             owner += [k] * n
             rewards += task_reward
         stats |= {"reward": sum(rewards) / len(rewards), "temperature": self.temperature,
@@ -153,6 +116,8 @@ class Distillation(Rollouts):
         self.history.append(stats["reward"])
         self.step += self.updates
         batch, t0 = self.batch([[s] for s in flat], 1, stats), time.perf_counter()
+        self.last_rewards = rewards  # the rows' task rewards (tests, inspection)
+        batch["advantages"] = torch.tensor(task_adv)  # rl_loss adds Eq. 2's per-token teacher advantage to it
         self.score(batch, owner, [r for r, _, _ in flat])  # before the split: PPO epochs shuffle the rows
         gap = float(((batch["rollout_logp"] - batch["teacher_logp"]) * batch["mask"]).sum())
         # reverse_kl: the mean per-token sample of log π_student − log π_teacher over the step
@@ -177,11 +142,8 @@ class Distillation(Rollouts):
                     lo, n = len(rows[i][0]) - 1, len(rows[i][1])  # the response's targets start at prompt end − 1
                     tlp[i, lo : lo + n] = torch.tensor(lps[lo : lo + n], dtype=tlp.dtype)
                 continue
-            dev = next(teacher_model.parameters()).device  # the batch is on the CPU until the loop moves it
-            logits = teacher_model(batch["input_ids"][rows_k].to(dev)).logits.float()
-            lp = token_logprobs(logits, batch["targets"][rows_k].to(dev), self.temperature, self.opts.top_p,
-                                self.opts.top_k).cpu()  # fmt: skip
-            tlp[rows_k] = torch.where(batch["mask"][rows_k] > 0, lp, torch.zeros_like(lp))
+            tlp[rows_k] = teacher_logprobs(teacher_model, batch, rows_k, self.temperature, self.opts.top_p,
+                                           self.opts.top_k)  # fmt: skip
         batch["teacher_logp"] = tlp
 
     def evaluate_all(self, temperature: float = 0.0) -> dict[str, float]:
@@ -200,23 +162,6 @@ class Distillation(Rollouts):
 
 
 # ---------------------------------------------------------------------------------------------------- stage
-def load_teacher(t: Teacher, cfg: DistillConfig, device, tokenizer):
-    """A GLM in process from a folder or run/stage name, or the client of a teacher server."""
-    from glmstack.model import load_hf
-    from glmstack.posttrain.rl.remote import ServerEngine
-    from glmstack.train.checkpoint import resolve
-
-    if t.server:
-        return ServerEngine(t.server, t.model, tokenizer)
-    try:
-        folder = resolve(t.model, cfg.out_dir)
-    except ConfigError:
-        raise ConfigError(f"distill.teachers: model {t.model!r} is no HF folder, stage folder or run/stage under "
-                          f"{cfg.out_dir}") from None  # fmt: skip
-    model = load_hf(folder, dtype=torch.float32, device=device, missing_mtp="drop")
-    return model.eval().requires_grad_(False)
-
-
 def build(cfg: DistillConfig, model, tokenizer) -> Distillation:
     from glmstack.posttrain.rl.tasks import make_task
     from glmstack.train.loop import device_of
@@ -224,9 +169,10 @@ def build(cfg: DistillConfig, model, tokenizer) -> Distillation:
     device = device_of(cfg)
     try:
         teachers = [(t, make_task(t.task, tokenizer, cfg.rl.chat_style, cfg.rl.thinking),
-                     load_teacher(t, cfg, device, tokenizer)) for t in teachers_of(cfg)]  # fmt: skip
+                     load_teacher(t, cfg.out_dir, device, tokenizer)) for t in teachers_of(cfg)]  # fmt: skip
         return Distillation(model=model, teachers=teachers, opts=cfg.rl, seed=cfg.seed, micro_batches=cfg.grad_accum,
-                            tokenizer=tokenizer, style=cfg.rl.chat_style)  # fmt: skip
+                            tokenizer=tokenizer, style=cfg.rl.chat_style,
+                            reward_weight=cfg.distill.reward_weight)  # fmt: skip
     except ValueError as e:
         raise ConfigError(f"distill: {e}") from None
 

@@ -161,8 +161,11 @@ def rl_loss(opts: RLOptions):
         else:  # one optimizer step per rollout batch: π_old is the trainer at these very weights
             old = logp_BT.detach()
         mask, rollout, adv = valid.float(), batch["rollout_logp"], batch["advantages"]
-        if "teacher_logp" in batch:  # on-policy distillation (distill.py): GLM-5 Eq. 2's per-token advantage
-            adv = distill_advantages(batch["teacher_logp"], logp_BT) * mask
+        if "teacher_logp" in batch:  # on-policy distillation (teachers.py): GLM-5 Eq. 2's per-token advantage,
+            # added to the row's own (distill: general RL's rules or 0) on the teachers' rows (all, or teacher_rows)
+            rows = batch.get("teacher_rows", torch.ones(mask.shape[0], dtype=torch.bool, device=mask.device))
+            teach = distill_advantages(batch["teacher_logp"], logp_BT) * mask * rows[:, None]
+            adv = adv.unsqueeze(-1).expand_as(teach) + teach if adv.dim() == 1 else adv + teach
         if opts.loss == "grpo":
             loss, stats = policy_loss(logp_BT, old, adv, mask, rollout_logp=rollout, eps_low=opts.eps_low,
                                       eps_high=opts.eps_high, reduction=opts.reduction, mismatch=opts.mismatch,
