@@ -168,7 +168,7 @@ def build_optimizer(model: nn.Module, cfg) -> tuple[Optimizers, dict[str, str]]:
             nesterov=cfg.nesterov,
             ns_steps=cfg.ns_steps,
             adjust_lr_fn=cfg.adjust_lr,
-            ns_dtype=getattr(torch, cfg.ns_dtype),
+            ns_dtype=ns_dtype(cfg.ns_dtype, next(iter(muon_groups.values()))[0].device),
         )
     adam_groups = [
         {"params": adam_decay, "weight_decay": cfg.weight_decay},
@@ -184,3 +184,22 @@ def build_optimizer(model: nn.Module, cfg) -> tuple[Optimizers, dict[str, str]]:
     for g in opt.param_groups:
         g["initial_lr"] = g["lr"]
     return opt, groups
+
+
+def ns_dtype(name: str, device: torch.device) -> torch.dtype:
+    """Newton–Schulz precision: `auto` is bf16 (torch's and Keller Jordan's choice) where matrix products run in bf16
+    natively — CUDA, CPUs with AVX512-BF16 or AMX — and float32 elsewhere: on an AVX2 CPU bf16 products are
+    emulated, 10-30x slower than float32 (measured, docs/training.md), and Muon then dominates the step."""
+    if name != "auto":
+        return getattr(torch, name)
+    if device.type == "cuda":
+        return torch.bfloat16
+    return torch.bfloat16 if device.type == "cpu" and _cpu_has_bf16() else torch.float32
+
+
+def _cpu_has_bf16() -> bool:
+    try:
+        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return False  # not Linux: float32 is the safe side (never slow, more exact)
+    return "avx512_bf16" in flags or "amx_bf16" in flags

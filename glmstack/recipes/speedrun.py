@@ -32,6 +32,9 @@ class Size:
     rl_steps: int  # reasoning-RL steps on the procedural compare task (0 = no RL stage)
     rl_level: int  # its level: 3 = the SFT set's hardest; 5 = two-digit numbers, unseen in SFT (for models that
     #   already solve level 3: RL needs a task the SFT model only partly solves)
+    agentic_steps: int  # agentic-RL steps (calculator and python tools; distillation from the reasoning-RL model)
+    agentic_groups: int  # groups of 8 episodes per agentic step
+    general_steps: int  # general-RL steps (rules + distillation from every earlier stage's model)
     card_n: int  # held-out items per report-card metric and model
 
 
@@ -39,16 +42,20 @@ class Size:
 SIZES = (
     Size(minutes=0, hidden_size=64, num_hidden_layers=2, n_routed_experts=4, vocab_size=1024, corpus_mb=0.5,
          pretrain_steps=30, midtrain_steps=10, seq_len=64, mid_seq_len=128, batch_size=8,
-         sft_steps=90, sft_batch_size=4, sft_seq_len=512, rl_steps=2, rl_level=3, card_n=4),
+         sft_steps=90, sft_batch_size=4, sft_seq_len=512, rl_steps=2, rl_level=3, agentic_steps=2,
+         agentic_groups=2, general_steps=2, card_n=4),
     Size(minutes=5, hidden_size=96, num_hidden_layers=3, n_routed_experts=8, vocab_size=2048, corpus_mb=3,
          pretrain_steps=800, midtrain_steps=200, seq_len=128, mid_seq_len=256, batch_size=8,
-         sft_steps=130, sft_batch_size=8, sft_seq_len=512, rl_steps=40, rl_level=3, card_n=16),
+         sft_steps=130, sft_batch_size=8, sft_seq_len=512, rl_steps=40, rl_level=3, agentic_steps=6,
+         agentic_groups=8, general_steps=10, card_n=16),
     Size(minutes=20, hidden_size=128, num_hidden_layers=4, n_routed_experts=8, vocab_size=2048, corpus_mb=5,
          pretrain_steps=1300, midtrain_steps=300, seq_len=128, mid_seq_len=256, batch_size=8,
-         sft_steps=200, sft_batch_size=8, sft_seq_len=512, rl_steps=50, rl_level=5, card_n=32),
+         sft_steps=200, sft_batch_size=8, sft_seq_len=512, rl_steps=50, rl_level=5, agentic_steps=10,
+         agentic_groups=8, general_steps=20, card_n=32),
     Size(minutes=60, hidden_size=192, num_hidden_layers=5, n_routed_experts=16, vocab_size=2048, corpus_mb=12,
          pretrain_steps=2000, midtrain_steps=600, seq_len=256, mid_seq_len=512, batch_size=8,
-         sft_steps=400, sft_batch_size=8, sft_seq_len=512, rl_steps=80, rl_level=5, card_n=64),
+         sft_steps=400, sft_batch_size=8, sft_seq_len=512, rl_steps=80, rl_level=5, agentic_steps=20,
+         agentic_groups=8, general_steps=40, card_n=64),
 )  # sized from per-step times on one thread of a 2-core machine (session 5: the 20-minute row ran in ~16 min quiet;
 #   the 60-minute row's quiet time is estimated, ~60 min); one vocabulary from 5 minutes up so the card's
 #   perplexities compare. docs/speedrun.md has the measured runs.
@@ -150,6 +157,45 @@ def rl(minutes: float = 20, out: str = "runs/speedrun", seed: int = 0):
     cfg.rl = dataclasses.replace(cfg.rl, heldout_n=4 * size.card_n, eval_every=max(1, size.rl_steps),
                                  curriculum=[[0, size.rl_level, 8]], heldout_level=size.rl_level)
     cfg.ckpt.every, cfg.ckpt.keep_last, cfg.log.every = max(1, size.rl_steps // 2), 1, 1
+    return cfg
+
+
+def agentic(minutes: float = 20, out: str = "runs/speedrun", seed: int = 0):
+    """Agentic RL on the reasoning-RL model (GLM-5 §3.3): calculator and python tool episodes at the SFT set's level,
+    synchronous (so one seed gives one result, kills included), with on-policy distillation from the reasoning-RL
+    model on its own task mixed into every step (agentic.teachers; GLM-5 §3.5)."""
+    from glmstack.recipes.agentic_speedrun import agentic as agentic_recipe
+
+    size, out = size_for(minutes), Path(out)
+    cfg = agentic_recipe()
+    cfg.run, cfg.out_dir, cfg.seed, cfg.steps, cfg.device = out.name, str(out.parent), seed, size.agentic_steps, "cpu"
+    cfg.init_from, cfg.grad_accum = str(out / "rl" / "model"), size.agentic_groups
+    o = cfg.agentic
+    o.envs, o.groups_per_step, o.asynchronous, o.workers = [["calculator", 1.0], ["python", 1.0]], size.agentic_groups, False, 1
+    o.reset_optimizer, o.heldout_n, o.eval_every = False, 0, 0  # momentum kept across pushes (agentic_tools)
+    o.teachers = [{"model": str(out / "rl" / "model"), "task": "compare", "level": size.rl_level}]
+    o.teacher_samples, o.teacher_max_new_tokens = 2 * size.agentic_groups, 12
+    cfg.ckpt.every, cfg.ckpt.keep_last, cfg.log.every = max(1, size.agentic_steps // 2), 1, 1
+    return cfg
+
+
+def general(minutes: float = 20, out: str = "runs/speedrun", seed: int = 0):
+    """General RL on the agentic model (GLM-5 §3.4-3.5): the rules of each task (reward − its mean in the step) plus
+    on-policy distillation from every earlier stage's model on its own prompts: reasoning RL on compare, agentic RL
+    on tool calls, SFT on chat."""
+    from glmstack.recipes.distill_speedrun import distill as distill_recipe
+
+    size, out = size_for(minutes), Path(out)
+    cfg = distill_recipe()
+    cfg.run, cfg.stage, cfg.out_dir, cfg.seed = out.name, "general", str(out.parent), seed
+    cfg.steps, cfg.device, cfg.init_from = size.general_steps, "cpu", str(out / "agentic" / "model")
+    cfg.distill = dataclasses.replace(cfg.distill, reward_weight=1.0, teachers=[
+        {"model": str(out / "rl" / "model"), "task": "compare", "level": size.rl_level},
+        {"model": str(out / "agentic" / "model"), "task": "tools"},
+        {"model": str(out / "sft" / "model"), "task": "chat"}])  # fmt: skip
+    cfg.rl = dataclasses.replace(cfg.rl, samples_per_step=24 if minutes >= 5 else 6, heldout_n=0, eval_every=0)
+    cfg.micro_batch_size, cfg.grad_accum = cfg.rl.samples_per_step // 2, 2
+    cfg.ckpt.every, cfg.ckpt.keep_last, cfg.log.every = max(1, size.general_steps // 2), 1, 1
     return cfg
 
 

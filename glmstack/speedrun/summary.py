@@ -11,7 +11,8 @@ import numpy as np
 
 from glmstack.speedrun.run import Run
 
-RESULT_STAGES = ("tokenizer", "data", "pretrain", "midtrain", "sft", "rl", "evaluate", "card")  # whose DONE.json the summary reads
+# whose DONE.json the summary reads
+RESULT_STAGES = ("tokenizer", "data", "pretrain", "midtrain", "sft", "rl", "agentic", "general", "evaluate", "card")
 
 
 def stage_report(run: Run) -> dict:
@@ -65,6 +66,11 @@ def build_summary(run: Run) -> dict:
     else:
         fig |= {"rl steps": res["rl"]["step"], "rl held-out accuracy, before": res["rl"]["heldout_acc_start"],
                 "rl held-out accuracy, after": res["rl"]["heldout_acc"]}
+    for stage in ("agentic", "general"):
+        if "skipped" in res[stage]:
+            fig[stage] = "skipped: " + res[stage]["skipped"]
+        else:
+            fig[f"{stage} steps"] = res[stage]["step"]
     for stage, nll in ev["perplexity_by_position"].items():
         fig[f"{stage}: held-out loss, positions < {size.seq_len}"] = _sig(float(np.mean(nll[:split])))
         fig[f"{stage}: held-out loss, positions {size.seq_len}-{size.mid_seq_len}"] = _sig(float(np.mean(nll[split:])))
@@ -90,5 +96,6 @@ INTRO = ("The GLM-4.5 recipe at toy scale: a {num_hidden_layers}-layer MoE of wi
          "({n_routed_experts} routed experts, top-2, 1 shared, one MTP layer) pre-trained for {pretrain_steps} steps "
          "at context {seq_len} and mid-trained for {midtrain_steps} steps at context {mid_seq_len} on the embedded "
          "corpus ({corpus_mb} MB of Python standard library source, docs and generated math), then fine-tuned for "
-         "{sft_steps} SFT steps at context {sft_seq_len} in GLM's chat format and {rl_steps} RL steps, on {threads} "
-         "CPU thread(s). The report card scores every stage's model on {card_n} held-out items per metric. Rerun with `glmstack speedrun`; redraw with `python -m glmstack.report <run folder>`.")
+         "{sft_steps} SFT steps at context {sft_seq_len} in GLM's chat format, then GLM-5's RL sequence: {rl_steps} "
+         "reasoning-RL steps, {agentic_steps} agentic-RL steps (tool episodes, distilling the reasoning-RL model) and "
+         "{general_steps} general-RL steps (rules + distillation from every earlier stage), on {threads} CPU thread(s). The report card scores every stage's model on {card_n} held-out items per metric. Rerun with `glmstack speedrun`; redraw with `python -m glmstack.report <run folder>`.")

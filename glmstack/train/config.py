@@ -27,7 +27,9 @@ class OptimConfig:
     momentum: float = 0.95  # Muon momentum μ (Nesterov)
     nesterov: bool = True  # Nesterov momentum in Muon
     ns_steps: int = 5  # Newton–Schulz iterations (Moonlight: 10 is no better than 5)
-    ns_dtype: Literal["bfloat16", "float32"] = "bfloat16"  # Newton–Schulz precision (torch/Keller: bf16)
+    # Newton–Schulz precision (torch/Keller: bf16); auto = bf16 where the hardware multiplies in bf16, else
+    # float32 (optim/groups.ns_dtype: on an AVX2 CPU bf16 Newton–Schulz is 10-30x slower)
+    ns_dtype: Literal["auto", "bfloat16", "float32"] = "auto"
     adjust_lr: Literal["match_rms_adamw", "original"] = "match_rms_adamw"  # Muon update scale: 0.2·sqrt(max(A,B))
     adamw_betas: list[float] = field(default_factory=lambda: [0.9, 0.95])  # AdamW (β1, β2)
     adamw_eps: float = 1e-8  # AdamW ε

@@ -56,3 +56,17 @@ def test_every_preset_on_meta():
         assert set(groups) == {n for n, p in model.named_parameters() if p.requires_grad}, name
         assert groups.get("model.embed_tokens.weight", "adamw") == "adamw"
         assert "muon" in groups.values() and "adamw" in groups.values()
+
+
+def test_ns_dtype_auto_is_bf16_only_where_the_hardware_multiplies_in_bf16():
+    from pathlib import Path
+
+    from glmstack.optim.groups import ns_dtype
+
+    assert ns_dtype("bfloat16", torch.device("cpu")) is torch.bfloat16
+    assert ns_dtype("float32", torch.device("cuda")) is torch.float32
+    assert ns_dtype("auto", torch.device("cuda")) is torch.bfloat16
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    flags = next((line.split() for line in info.splitlines() if line.startswith("flags")), [])
+    native = "avx512_bf16" in flags or "amx_bf16" in flags
+    assert ns_dtype("auto", torch.device("cpu")) is (torch.bfloat16 if native else torch.float32)

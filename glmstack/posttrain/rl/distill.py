@@ -219,6 +219,16 @@ def run_distill(cfg: DistillConfig, stop_at: int | None = None) -> dict:
     return result
 
 
+def heldout_score(engine, task, n: int, seed: int = 0, level: int = 0, max_new_tokens: int = 48,
+                  style: str = "glm-4.5") -> float:  # fmt: skip
+    """Greedy score of `n` held-out problems of an RL task at `level` for an inference.Engine (the task's rewards)."""
+    problems = task.problems(split="test", n=n, seed=seed, level=level)
+    res = engine.generate([p.prompt_ids for p in problems], max_new_tokens=max_new_tokens, temperature=0.0)
+    samples = [reward_lib.Sample(meta=p.meta, tokens=t, text=x, finish=f, max_new_tokens=max_new_tokens, style=style)
+               for p, t, x, f in zip(problems, res.tokens, res.text, res.finish_reason)]  # fmt: skip
+    return sum(reward_lib.total(samples, [(r, 1.0) for r in task.rewards])[0]) / n
+
+
 def score_tasks(folder: str, tasks: list[str], n: int, seed: int = 0, style: str = "glm-4.5",
                 max_new_tokens: int = 48) -> dict[str, float]:  # fmt: skip
     """Greedy held-out score of RL tasks for one model folder: the table before and after distillation."""
@@ -228,16 +238,8 @@ def score_tasks(folder: str, tasks: list[str], n: int, seed: int = 0, style: str
     from glmstack.tokenizer import Tokenizer
 
     tok = Tokenizer.load(folder)
-    engine, out = Engine(load_hf(folder, missing_mtp="drop"), tok), {}
-    for name in tasks:
-        task = make_task(name, tok, style)
-        problems = task.problems(split="test", n=n, seed=seed)
-        res = engine.generate([p.prompt_ids for p in problems], max_new_tokens=max_new_tokens, temperature=0.0)
-        samples = [reward_lib.Sample(meta=p.meta, tokens=t, text=x, finish=f, max_new_tokens=max_new_tokens,
-                                     style=style) for p, t, x, f in
-                   zip(problems, res.tokens, res.text, res.finish_reason)]  # fmt: skip
-        out[name] = sum(reward_lib.total(samples, [(r, 1.0) for r in task.rewards])[0]) / n
-    return out
+    engine = Engine(load_hf(folder, missing_mtp="drop"), tok)
+    return {name: heldout_score(engine, make_task(name, tok, style), n, seed, 0, max_new_tokens, style) for name in tasks}
 
 
 def eval_main(argv: list[str]) -> int:

@@ -423,7 +423,7 @@ class Rollouts:
         weights: the mean accepted length per verify step, and the fraction of rows whose output equals plain greedy
         decoding (1: speculative decoding must not change the output). {} without an MTP layer or in-process engine."""
         pol = self.eval_engine
-        if getattr(pol, "engine", None) is None or not pol.cfg.num_nextn_predict_layers:
+        if getattr(pol, "engine", None) is None or not pol.cfg.num_nextn_predict_layers or not self.heldout:
             return {}
         prompts = [p.prompt_ids for p in self.heldout[:n]]
         kw = {"max_new_tokens": self.opts.max_new_tokens, "temperature": 0.0, "stop_ids": self._stop_ids()}

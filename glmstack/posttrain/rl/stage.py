@@ -346,10 +346,11 @@ def run_rl(cfg: RLConfig, stop_at: int | None = None, build_data=build, check_fn
     if dist.rank() == 0 and result["stopped"] == "done":
         from glmstack.posttrain.rl.dashboard import plot_dashboard, summary
 
-        result["heldout_acc"] = data.evaluate()
-        if hasattr(data, "evaluate_all"):  # one held-out score per task (distillation: per teacher)
-            result["heldout"] = data.evaluate_all()
-        result["heldout_acc_sampled"] = data.evaluate(data.temperature)
+        if cfg.rl.heldout_n:  # 0: no held-out evaluation (the speedrun's card scores the model instead)
+            result["heldout_acc"] = data.evaluate()
+            if hasattr(data, "evaluate_all"):  # one held-out score per task (distillation: per teacher)
+                result["heldout"] = data.evaluate_all()
+            result["heldout_acc_sampled"] = data.evaluate(data.temperature)
         result |= data.mtp_acceptance() if hasattr(data, "mtp_acceptance") else {}
         report = summary(folder, result)
         (folder / "rl_summary.json").write_text(json.dumps(report, indent=2) + "\n")
