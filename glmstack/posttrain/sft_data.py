@@ -8,6 +8,8 @@ What: `read_conversations(paths) -> (records, ReadReport)` reads JSONL files, Pa
             `{"role": "tool"}` messages carry results; `"train": false` on an assistant turn keeps it in context
             without training on it (GLM-5's masked error segments, research/post-training-recipe.md §2).
   ShareGPT: {"conversations": [{"from": "system|human|gpt|observation|...", "value": ...}], "tools": ...?}
+  text:     {"text": "..."}: plain text trained on every token, then `<|endoftext|>` (pre-training replay in the SFT
+            mixture: the speedrun keeps some of the base model's knowledge this way, docs/speedrun.md)
 A malformed record is skipped with `file:line` and the reason, and counted; a file without one valid record is
 an error (ConfigError, one line). Validation is the chat renderer's own (glmstack.chat.schema.check_messages) plus
 "has at least one trained assistant turn", so every kept record encodes.
@@ -104,12 +106,16 @@ def normalize(raw) -> dict:
         raise raw
     if not isinstance(raw, dict):
         raise MalformedRecord(f"a record must be a JSON object, got {type(raw).__name__}")
+    if "text" in raw and "messages" not in raw and "conversations" not in raw:
+        if not isinstance(raw["text"], str) or not raw["text"].strip():
+            raise MalformedRecord("text must be a non-empty string")
+        return {"text": raw["text"]}
     if "messages" in raw:
         messages = raw["messages"]
     elif "conversations" in raw:
         messages = _from_sharegpt(raw["conversations"])
     else:
-        raise MalformedRecord("no 'messages' (OpenAI) or 'conversations' (ShareGPT) field")
+        raise MalformedRecord("no 'messages' (OpenAI), 'conversations' (ShareGPT) or 'text' field")
     if not isinstance(messages, list) or not messages:
         raise MalformedRecord("messages must be a non-empty list")
     messages = [_drop_nulls(m) for m in messages]
@@ -201,6 +207,9 @@ def encode_record(tokenizer, record: dict, style: str) -> tuple[list[int], list[
 def encode_examples(tokenizer, record: dict, style: str, mode: str = "") -> list[tuple[list[int], list[int]]]:
     """The record's examples in its `thinking_mode`, else `mode` ("" = encode_record's one example). ValueError
     for preserved thinking in the glm-4.5 style (its template cannot keep earlier reasoning)."""
+    if "text" in record:  # pre-training replay: every token a target, the document's end marked as in the shards
+        ids = tokenizer.encode(record["text"]) + [tokenizer.token_id("<|endoftext|>")]
+        return [(ids, [1] * len(ids))]
     mode = record.get("thinking_mode") or mode
     if not mode:
         return [encode_record(tokenizer, record, style)]

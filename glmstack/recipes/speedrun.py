@@ -35,6 +35,7 @@ class Size:
     agentic_steps: int  # agentic-RL steps (calculator and python tools; distillation from the reasoning-RL model)
     agentic_groups: int  # groups of 8 episodes per agentic step
     general_steps: int  # general-RL steps (rules + distillation from every earlier stage's model)
+    replay_share: float  # pre-training replay records per synthetic chat record in the SFT mixture (0 = chat only)
     card_n: int  # held-out items per report-card metric and model
 
 
@@ -43,19 +44,22 @@ SIZES = (
     Size(minutes=0, hidden_size=64, num_hidden_layers=2, n_routed_experts=4, vocab_size=1024, corpus_mb=0.5,
          pretrain_steps=30, midtrain_steps=10, seq_len=64, mid_seq_len=128, batch_size=8,
          sft_steps=90, sft_batch_size=4, sft_seq_len=512, rl_steps=2, rl_level=3, agentic_steps=2,
-         agentic_groups=2, general_steps=2, card_n=4),
+         agentic_groups=2, general_steps=2, replay_share=0.05, card_n=4),
     Size(minutes=5, hidden_size=96, num_hidden_layers=3, n_routed_experts=8, vocab_size=2048, corpus_mb=3,
          pretrain_steps=800, midtrain_steps=200, seq_len=128, mid_seq_len=256, batch_size=8,
          sft_steps=130, sft_batch_size=8, sft_seq_len=512, rl_steps=40, rl_level=3, agentic_steps=6,
-         agentic_groups=8, general_steps=10, card_n=16),
+         agentic_groups=8, general_steps=10, replay_share=0.15,
+         card_n=16),
     Size(minutes=20, hidden_size=128, num_hidden_layers=4, n_routed_experts=8, vocab_size=2048, corpus_mb=5,
          pretrain_steps=1300, midtrain_steps=300, seq_len=128, mid_seq_len=256, batch_size=8,
          sft_steps=200, sft_batch_size=8, sft_seq_len=512, rl_steps=50, rl_level=5, agentic_steps=10,
-         agentic_groups=8, general_steps=20, card_n=32),
+         agentic_groups=8, general_steps=20, replay_share=0.15,
+         card_n=32),
     Size(minutes=60, hidden_size=192, num_hidden_layers=5, n_routed_experts=16, vocab_size=2048, corpus_mb=12,
          pretrain_steps=2000, midtrain_steps=600, seq_len=256, mid_seq_len=512, batch_size=8,
          sft_steps=400, sft_batch_size=8, sft_seq_len=512, rl_steps=80, rl_level=5, agentic_steps=20,
-         agentic_groups=8, general_steps=40, card_n=64),
+         agentic_groups=8, general_steps=40, replay_share=0.15,
+         card_n=64),
 )  # sized from per-step times on one thread of a 2-core machine (session 5: the 20-minute row ran in ~16 min quiet;
 #   the 60-minute row's quiet time is estimated, ~60 min); one vocabulary from 5 minutes up so the card's
 #   perplexities compare. docs/speedrun.md has the measured runs.

@@ -9,15 +9,23 @@ template (<out>/<stage>/model); the last one is the final model.
 from __future__ import annotations
 
 import json
+import random
+from pathlib import Path
 
 from glmstack.recipes import speedrun as recipe
 from glmstack.speedrun.run import Run
 
 
 def stage_sft(run: Run) -> dict:
+    """SFT on the synthetic chat sets plus a replay of the mid-training text: the row's `replay_share` text records
+    per chat record (docs/speedrun.md measures what it keeps of the base model's perplexity and what it costs)."""
     from glmstack.posttrain.sft import run_sft
 
-    result = run_sft(recipe.sft(run.minutes, str(run.out), run.seed))
+    cfg = recipe.sft(run.minutes, str(run.out), run.seed)
+    if run.size.replay_share:
+        n = round(run.size.replay_share * cfg.sft.synthetic_n * len(cfg.sft.data))
+        cfg.sft.data = [*cfg.sft.data, str(write_replay(run, n))]
+    result = run_sft(cfg)
     if result["stopped"] != "done":
         raise RuntimeError(f"sft stopped early: {result['stopped']} (see {run.stage_dir('sft')})")
     return {k: result[k] for k in ("step", "tokens", "val_loss", "loss", "checkpoint", "model")}
@@ -37,6 +45,27 @@ def stage_rl(run: Run) -> dict:
         raise RuntimeError(f"rl stopped early: {result['stopped']} (see {run.stage_dir('rl')})")
     return {"step": result["step"], "checkpoint": result["checkpoint"], "model": result["model"],
             "heldout_acc": result["heldout_acc"], "heldout_acc_start": _first_heldout(run)}
+
+
+def write_replay(run: Run, n: int, chars: int = 900) -> Path:
+    """<out>/sft/replay.jsonl: `n` {"text"} records cut from the mid-training mixture's train split (its held-out
+    split, which the card's perplexity reads, stays unseen), at most `chars` characters each, cut at line ends."""
+    from glmstack.data.corpus import corpus_docs
+    from glmstack.posttrain.sft_data import write_jsonl
+    from glmstack.speedrun import MIDTRAIN_SHARES, _corpus_cfg
+
+    records = []
+    for doc in corpus_docs(_corpus_cfg(run, MIDTRAIN_SHARES), split="train"):
+        piece = ""
+        for line in doc.text.splitlines(keepends=True):
+            if piece and len(piece) + len(line) > chars:
+                records.append({"text": piece})
+                piece = ""
+            piece += line[:chars]
+        records += [{"text": piece}] if piece.strip() else []
+    records = [r for r in records if r["text"].strip()]
+    random.Random(run.seed).shuffle(records)
+    return write_jsonl(records[:n], run.stage_dir("sft") / "replay.jsonl")
 
 
 def stage_agentic(run: Run) -> dict:

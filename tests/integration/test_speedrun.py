@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 
 from glmstack import speedrun
-from glmstack.recipes import speedrun as speedrun_recipe
 from glmstack.recipes.speedrun import SIZES, size_for
 
-STAGE_NAMES = ["tokenizer", "data", "pretrain", "midtrain", "sft", "rl", "evaluate", "card", "report"]
+STAGE_NAMES = ["tokenizer", "data", "pretrain", "midtrain", "sft", "rl", "agentic", "general", "evaluate", "card",
+               "report"]  # fmt: skip
+POSTTRAIN = ["sft", "rl", "agentic", "general"]
 
 
 def _speedrun(out: Path, stop_after: str | None = None) -> subprocess.CompletedProcess:
@@ -49,17 +50,16 @@ def _kill_once(out: Path, written: str) -> str:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Run A stopped after the data stage, then killed inside pre-training, SFT and RL (after their first checkpoint)
-    and inside the report card (after its first model), then finished; run B straight through. Both with seed 0."""
+    """Run A stopped after the data stage, then killed inside pre-training and inside each post-training stage (SFT,
+    reasoning RL, agentic RL, general RL: after their first checkpoint) and inside the report card (after its first
+    model), then finished; run B straight through. Both with seed 0."""
     base = tmp_path_factory.mktemp("speedrun")
     a, b = base / "a", base / "b"
     first = _speedrun(a, stop_after="data")
     assert first.returncode == speedrun.STOPPED_EXIT, first.stdout[-3000:] + first.stderr[-3000:]
     marks = {s: (a / s / "DONE.json").stat().st_mtime_ns for s in ("tokenizer", "data")}
     logs = {}
-    kills = [("pretrain", "pretrain/latest"), ("sft", "sft/latest"), ("card", "card/pretrain.json")]
-    if speedrun_recipe.rl(1) is not None:  # this checkout has the RL stage
-        kills.insert(2, ("rl", "rl/latest"))
+    kills = [("pretrain", "pretrain/latest"), *((s, f"{s}/latest") for s in POSTTRAIN), ("card", "card/pretrain.json")]
     for stage, written in kills:
         logs[stage] = _kill_once(a, written)
         assert (a / written).exists() and not (a / stage / "DONE.json").exists(), stage
@@ -109,13 +109,14 @@ def test_rerun_continues_and_skips_finished_stages(runs):
     # killed in the card), the report card (in the last run)
     pre = runs["logs"]["sft"].split("midtrain: 2x context")[0]
     assert "step     30/30" in pre and "step      1/" not in pre, "pre-training started over"
-    after_sft_kill = runs["logs"]["rl" if "rl" in runs["logs"] else "card"]
-    sft = after_sft_kill.split("] sft: ")[1].split("] rl: ")[0]
+    sft = runs["logs"]["rl"].split("] sft: ")[1].split("] rl: ")[0]
     steps = size_for(1).sft_steps
     assert f"step {steps:6d}/{steps}" in sft and "step      1/" not in sft, "SFT started over"
-    if "rl" in runs["logs"]:
-        rl = runs["logs"]["card"].split("] rl: ")[1].split("] evaluate: ")[0]
-        assert "resuming from" in rl and "step      1/" not in rl, "RL started over"
+    # the run after each RL stage's kill: that stage resumed from its checkpoint, then the next stage began
+    for stage, nxt, log in (("rl", "agentic", "agentic"), ("agentic", "general", "general"),
+                            ("general", "evaluate", "card")):  # fmt: skip
+        part = runs["logs"][log].split(f"] {stage}: ")[1].split(f"] {nxt}: ")[0]
+        assert "resuming from" in part and "step      1/" not in part, f"{stage} started over"
     assert "report card: pre-trained" not in second.stdout, "the report card started over"
     assert all((a / s / "DONE.json").exists() for s in STAGE_NAMES)
 
@@ -127,7 +128,9 @@ def test_one_seed_same_figures(runs):
     assert _figures(runs["a"]) == _figures(runs["b"])
     card = json.loads((runs["b"] / "summary.json").read_text())["card"]
     assert card == json.loads((runs["a"] / "summary.json").read_text())["card"]
-    assert list(card)[:3] == ["pre-trained", "mid-trained", "SFT"]
+    assert list(card) == ["pre-trained", "mid-trained", "SFT", "reasoning RL", "agentic RL", "general RL"]
+    assert all(isinstance(col["tool task success"], float) and isinstance(col["reasoning task accuracy"], float)
+               for col in card.values())  # fmt: skip
     # even 60 SFT steps of the 1-minute model move the chat-format metrics past the mid-trained model's
     for metric in ("thinking-switch obedience", "well-formed turns"):
         assert card["SFT"][metric] > card["mid-trained"][metric], metric
