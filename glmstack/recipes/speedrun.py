@@ -147,7 +147,9 @@ def sft(minutes: float = 20, out: str = "runs/speedrun", seed: int = 0):
 
 
 def rl(minutes: float = 20, out: str = "runs/speedrun", seed: int = 0):
-    """Reasoning RL on the SFT model (glmstack/recipes/rl_speedrun.py at the row's step count), or None while
+    """Reasoning RL on the SFT model (glmstack/recipes/rl_speedrun.py at the row's step count), with the SFT model
+    as the teacher of the tool skills on their own prompts in every batch (rl.teachers): without it, 50 steps on
+    `compare` took the 20-minute model's tool task success from 0.66 to 0.03 (docs/speedrun.md). None while
     glmstack.posttrain.rl has no stage (the speedrun then skips RL and says so)."""
     try:
         from glmstack.recipes.rl_speedrun import rl as rl_recipe
@@ -156,10 +158,15 @@ def rl(minutes: float = 20, out: str = "runs/speedrun", seed: int = 0):
     size, out = size_for(minutes), Path(out)
     cfg = rl_recipe()
     cfg.run, cfg.out_dir, cfg.seed, cfg.steps, cfg.device = out.name, str(out.parent), seed, size.rl_steps, "cpu"
-    cfg.init_from = str(out / "sft" / "model")
+    # four micro-batches: the teachers' long tool prompts fill the last one and the others stay short (rollouts.py
+    # trims each micro-batch's trailing padding)
+    cfg.init_from, cfg.grad_accum = str(out / "sft" / "model"), 4
     # evaluated at step 0 (the SFT model: the report card's baseline) and at the end
     cfg.rl = dataclasses.replace(cfg.rl, heldout_n=4 * size.card_n, eval_every=max(1, size.rl_steps),
-                                 curriculum=[[0, size.rl_level, 8]], heldout_level=size.rl_level)
+                                 curriculum=[[0, size.rl_level, 8]], heldout_level=size.rl_level,
+                                 teachers=[{"model": str(out / "sft" / "model"), "task": "tools"},
+                                           {"model": str(out / "sft" / "model"), "task": "tool_answer"}],
+                                 teacher_samples=16, teacher_max_new_tokens=40)  # fmt: skip
     cfg.ckpt.every, cfg.ckpt.keep_last, cfg.log.every = max(1, size.rl_steps // 2), 1, 1
     return cfg
 
@@ -177,7 +184,7 @@ def agentic(minutes: float = 20, out: str = "runs/speedrun", seed: int = 0):
     o = cfg.agentic
     o.envs, o.groups_per_step, o.asynchronous, o.workers = [["calculator", 1.0], ["python", 1.0]], size.agentic_groups, False, 1
     o.reset_optimizer, o.heldout_n, o.eval_every = False, 0, 0  # momentum kept across pushes (agentic_tools)
-    o.teachers = [{"model": str(out / "rl" / "model"), "task": "compare", "level": size.rl_level}]
+    o.teachers = [{"model": str(out / "rl" / "model"), "task": "compare", "level": size.rl_level}]  # GLM-5 §3.5
     o.teacher_samples, o.teacher_max_new_tokens = 2 * size.agentic_groups, 12
     cfg.ckpt.every, cfg.ckpt.keep_last, cfg.log.every = max(1, size.agentic_steps // 2), 1, 1
     return cfg
@@ -186,7 +193,7 @@ def agentic(minutes: float = 20, out: str = "runs/speedrun", seed: int = 0):
 def general(minutes: float = 20, out: str = "runs/speedrun", seed: int = 0):
     """General RL on the agentic model (GLM-5 §3.4-3.5): the rules of each task (reward − its mean in the step) plus
     on-policy distillation from every earlier stage's model on its own prompts: reasoning RL on compare, agentic RL
-    on tool calls, SFT on chat."""
+    on tool calls and on answering from a tool's result, SFT on chat."""
     from glmstack.recipes.distill_speedrun import distill as distill_recipe
 
     size, out = size_for(minutes), Path(out)
@@ -196,8 +203,9 @@ def general(minutes: float = 20, out: str = "runs/speedrun", seed: int = 0):
     cfg.distill = dataclasses.replace(cfg.distill, reward_weight=1.0, teachers=[
         {"model": str(out / "rl" / "model"), "task": "compare", "level": size.rl_level},
         {"model": str(out / "agentic" / "model"), "task": "tools"},
+        {"model": str(out / "agentic" / "model"), "task": "tool_answer"},
         {"model": str(out / "sft" / "model"), "task": "chat"}])  # fmt: skip
-    cfg.rl = dataclasses.replace(cfg.rl, samples_per_step=24 if minutes >= 5 else 6, heldout_n=0, eval_every=0)
+    cfg.rl = dataclasses.replace(cfg.rl, samples_per_step=24 if minutes >= 5 else 8, heldout_n=0, eval_every=0)
     cfg.micro_batch_size, cfg.grad_accum = cfg.rl.samples_per_step // 2, 2
     cfg.ckpt.every, cfg.ckpt.keep_last, cfg.log.every = max(1, size.general_steps // 2), 1, 1
     return cfg

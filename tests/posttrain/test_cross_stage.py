@@ -129,3 +129,57 @@ def test_distill_reward_weight_adds_reward_minus_task_mean(base_dir, tok):
     rewards = torch.tensor(data.last_rewards)
     assert rewards.min() < rewards.max()  # a mixed batch: the advantages are not all 0
     torch.testing.assert_close(batch["advantages"], 0.5 * (rewards - rewards.mean()))
+
+
+def _rl_args(tmp_path, base_dir, teachers: str, *more: str) -> list[str]:
+    return ["rl", "rl_tiny", "--set", f"init_from={base_dir}", "--set", f"out_dir={tmp_path}", "--set",
+            f"rl.teachers={teachers}", "--set", "rl.teacher_samples=4", "--set", "rl.teacher_max_new_tokens=4",
+            "--set", "log.plots=false", *more]  # fmt: skip
+
+
+def test_reasoning_rl_batch_has_the_groups_then_the_teachers_rows(tmp_path, base_dir, tok):
+    """rl.teachers: the rollout batch keeps its groups' advantages (reward − group mean) and appends the teachers'
+    rows, sampled by the rollout policy and scored by the teacher on the trainer's own tensors."""
+    from glmstack.posttrain.rl.stage import build as build_rl
+    from glmstack.recipes.rl_tiny import rl as rl_tiny
+
+    teacher = _teacher(base_dir, tmp_path / "earlier" / "rl")
+    cfg = rl_tiny()
+    cfg.out_dir, cfg.init_from, cfg.rl.eval_every = str(tmp_path), str(base_dir), 0
+    cfg.rl.teachers, cfg.rl.teacher_samples, cfg.rl.teacher_max_new_tokens = [{"model": "earlier/rl", "task": "toy"}], 4, 4
+    model = load_hf(str(base_dir))
+    data = build_rl(cfg, model, tok)
+    micro = data.make_step()
+    batch = {k: torch.cat([m[k] for m in micro]) for k in ("input_ids", "targets", "mask", "advantages",
+                                                            "teacher_logp", "teacher_rows", "rollout_logp")}  # fmt: skip
+    n = cfg.rl.samples_per_step
+    assert batch["teacher_rows"].tolist() == [False] * n + [True] * 4
+    assert batch["advantages"][n:].abs().sum() == 0 and batch["advantages"][:n].view(-1, 4).sum(1).abs().max() < 1e-6
+    with torch.no_grad():
+        want = token_logprobs(teacher(batch["input_ids"][n:]).logits, batch["targets"][n:], 1.0)
+    m = batch["mask"][n:] > 0
+    assert m.sum() > 0
+    torch.testing.assert_close(batch["teacher_logp"][n:][m], want[m])
+    with torch.no_grad():  # the rows were sampled by the policy itself: their rollout log-probs are the student's
+        own = token_logprobs(model(batch["input_ids"][n:]).logits, batch["targets"][n:], 1.0)
+    torch.testing.assert_close(batch["rollout_logp"][n:][m], own[m], atol=1e-4, rtol=0)
+
+
+@pytest.mark.slow
+def test_reasoning_rl_with_a_teacher_end_to_end(tmp_path, base_dir):
+    _teacher(base_dir, tmp_path / "earlier" / "rl")
+    teachers = json.dumps([{"model": "earlier/rl", "task": "toy"}])
+    assert cli(_rl_args(tmp_path, base_dir, teachers, "--set", "steps=3", "--set", "rl.eval_every=0")) == 0
+    rows = [json.loads(x) for x in (tmp_path / "tiny" / "rl" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3] and all("teacher_reward/toy" in r for r in rows)
+    kl = [r["teacher_reverse_kl"] for r in rows]
+    assert kl[0] > 1e-3 and kl[-1] < kl[0] / 10  # the student is pulled onto the teacher on the teacher's task
+
+
+def test_reasoning_rl_teachers_bad_input_is_one_line(tmp_path, base_dir, capsys):
+    teachers = json.dumps([{"model": "earlier/rl", "task": "toy"}])
+    assert cli(_rl_args(tmp_path, base_dir, teachers, "--set", "rl.teacher_samples=3")) == 2
+    err = capsys.readouterr().err.strip()
+    assert "rl.teachers: teacher_samples=3 must be >= 1 and split into 2 parts" in err and len(err.splitlines()) == 1
+    assert cli(_rl_args(tmp_path, base_dir, teachers, "--set", "rl.routing_replay=record")) == 2
+    assert "no recorded routes" in capsys.readouterr().err

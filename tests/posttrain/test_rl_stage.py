@@ -61,7 +61,7 @@ def test_first_step_gradient_is_the_hand_formula(tmp_path):
     cfg = small_cfg(tmp_path, mismatch="none")
     model = tiny_model()
     batches = rollouts(model, cfg).make_step()
-    assert len(batches) == cfg.grad_accum and {b["input_ids"].shape for b in batches} == {batches[0]["input_ids"].shape}
+    assert len(batches) == cfg.grad_accum and {len(b["input_ids"]) for b in batches} == {len(batches[0]["input_ids"])}
     adv = torch.cat([b["advantages"] for b in batches])
     assert adv.abs().sum() > 0, "the seed should give at least one informative group"
     loss_fn = rl_loss(cfg.rl)

@@ -34,7 +34,7 @@ from glmstack.posttrain.policy import plain_copy
 from glmstack.posttrain.rl.replay import check_model
 from glmstack.posttrain.rl.rollouts import stable_seed
 from glmstack.posttrain.rl.stage import check_true_on_policy
-from glmstack.posttrain.rl.teachers import parse_teachers
+from glmstack.posttrain.rl.teachers import build_mix, check_teachers
 from glmstack.train import dist
 from glmstack.train.config import DistConfig, TrainConfig
 
@@ -213,13 +213,7 @@ def check(cfg: AgenticConfig) -> None:
     if (o.groups_per_step * o.group_size + (o.teacher_samples if o.teachers else 0)) % cfg.grad_accum:
         raise ConfigError("agentic: groups_per_step × group_size (+ teacher_samples) must split into grad_accum "
                           "micro-batches")  # fmt: skip
-    if o.teachers:
-        parse_teachers(o.teachers, "agentic.teachers")
-        if any(t.get("server") for t in o.teachers):
-            raise ConfigError("agentic.teachers: in-process teachers only (a model folder or run/stage)")
-        if o.teacher_samples < 1 or o.teacher_samples % dist.world():
-            raise ConfigError(f"agentic.teacher_samples={o.teacher_samples} must be >= 1 and split over "
-                              f"{dist.world()} ranks")  # fmt: skip
+    check_teachers(o.teachers, "agentic.teachers", o.teacher_samples, dist.world())
     if o.episode.temperature <= 0:
         raise ConfigError("agentic.episode.temperature must be > 0 (RL samples)")
     if o.rollout_server and (o.episode.temperature != 1.0 or o.episode.top_p < 1.0 or o.episode.top_k):
@@ -284,19 +278,16 @@ def build(cfg: AgenticConfig, model, optimizer, tokenizer_dir: str):
 
 def teacher_mix(cfg: AgenticConfig, tokenizer_dir: str):
     """The cross-stage distillation rows of `agentic.teachers` (rl/teachers.py), or None."""
-    from glmstack.posttrain.rl.tasks import make_task
-    from glmstack.posttrain.rl.teachers import TeacherMix, load_teacher
     from glmstack.tokenizer import Tokenizer
     from glmstack.train.loop import device_of
 
     o = cfg.agentic
     if not o.teachers:
         return None
-    tok, style = Tokenizer.load(tokenizer_dir), o.episode.chat_style
-    teachers = [(t, make_task(t.task, tok, style), load_teacher(t, cfg.out_dir, device_of(cfg), tok, "agentic.teachers"))
-                for t in parse_teachers(o.teachers, "agentic.teachers")]  # fmt: skip
-    return TeacherMix(teachers, tok, n=o.teacher_samples // dist.world(), max_new_tokens=o.teacher_max_new_tokens,
-                      temperature=o.episode.temperature, seed=stable_seed(cfg.seed, "teachers", dist.rank()))
+    return build_mix(o.teachers, "agentic.teachers", n=o.teacher_samples // dist.world(), out_dir=cfg.out_dir,
+                     device=device_of(cfg), tokenizer=Tokenizer.load(tokenizer_dir), style=o.episode.chat_style,
+                     seed=stable_seed(cfg.seed, "teachers", dist.rank()), max_new_tokens=o.teacher_max_new_tokens,
+                     temperature=o.episode.temperature, top_p=o.episode.top_p, top_k=o.episode.top_k)  # fmt: skip
 
 
 def run_agentic(cfg: AgenticConfig, stop_at: int | None = None) -> dict:

@@ -183,7 +183,8 @@ NOT_FOR_DISTILL = (
                                  "(distill.teachers' `level`)")),
     ("dynamic_sampling", False, "no group rewards to select on: the teacher's log-probs are the advantage"),
     ("dynamic_temperature", False, "the temperature sweep needs a reward plateau; distillation trains on none"),
-    ("rewards", [], "task rewards are watched (reward/<task>), never trained on"),
+    ("rewards", [], "each teacher's task rewards it (distill.reward_weight)"),
+    ("teachers", [], "distillation's teachers are distill.teachers"),
 )  # fmt: skip
 
 

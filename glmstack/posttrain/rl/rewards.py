@@ -170,6 +170,12 @@ def tool_call(samples: list[Sample]) -> list[float]:
     return out
 
 
+@register("tool_answer")
+def tool_answer(samples: list[Sample]) -> list[float]:
+    """The tool's result (meta["answer"]) in the reply's content."""
+    return [float(s.meta["answer"] in (_message(s).get("content") or "")) for s in samples]
+
+
 @register("chat_fact")
 def chat_fact(samples: list[Sample]) -> list[float]:
     from glmstack.posttrain.synthetic import verify

@@ -91,8 +91,9 @@ class Rollouts:
     """Iterable of RL micro-batches for the loop (see the module docstring); `state_dict` makes resume exact."""
 
     def __init__(self, *, model, task, opts, seed: int, micro_batches: int, tokenizer=None, style="glm-4.5",
-                 reference=None, autocast=None):  # fmt: skip
+                 reference=None, autocast=None, mix=None):  # fmt: skip
         self.policy, self.task, self.opts, self.seed = model, task, opts, seed
+        self.mix = mix  # teachers.py's TeacherMix: cross-stage distillation rows in every batch (rl.teachers), or None
         self.autocast = autocast  # the trainer's autocast dtype (None: fp32): π_old's and a true on-policy sampler's
         self.reference = reference  # rl.loss=ppo: the frozen model of the KL-in-reward (ppo.py)
         self.micro_batches, self.tokenizer, self.style = micro_batches, tokenizer, style
@@ -314,8 +315,15 @@ class Rollouts:
                   "temperature": self.temperature, "weight_version": float(self.version),
                   "staleness_mean": self.staleness[0], "staleness_max": float(self.staleness[1])}  # fmt: skip
         self.history.append(stats["reward"])
+        mixed = ([], [], {})
+        if self.mix is not None:  # sampled by the rollout policy, which holds this step's weights
+            self.mix.temperature = self.temperature
+            mixed = self.mix.samples(self.step, self.engine)
         self.step += self.updates
-        return self.updates_of(self.batch(kept, group, stats), stats)
+        batch = self.batch(kept, group, stats, extra=mixed[0])
+        if mixed[0]:
+            stats |= mixed[2] | self.mix.score(batch, batch["input_ids"].shape[0] - len(mixed[0]), mixed[1])
+        return self.updates_of(batch, stats)
 
     def partial_groups(self, n_groups: int, group: int, level: int, stats: dict) -> list:
         """rl.partial_rollouts' groups for this step (partial.py) and their figures into `stats`."""
@@ -334,8 +342,9 @@ class Rollouts:
                             "rollout_tok_per_s": new_tokens / max(figures["time/rollout_s"], 1e-9)}  # fmt: skip
         return kept
 
-    def batch(self, groups: list, group: int, stats: dict) -> dict:
-        """The rollout batch as tensors (posttrain/sample.py's collate), advantages per group."""
+    def batch(self, groups: list, group: int, stats: dict, extra: list = ()) -> dict:
+        """The rollout batch as tensors (posttrain/sample.py's collate), advantages per group; `extra` Samples (the
+        teachers' rows) after the groups' rows, with advantage 0 of their own."""
         flat = [s for g in groups for s in g]
         rew = torch.tensor([r for _, r, _ in flat])
         adv = group_advantages(rew, group, std_normalize=self.opts.std_normalize)
@@ -343,7 +352,7 @@ class Rollouts:
                                       group=i // group, index=i % group, reward=float(r), meta=s.meta,
                                       media=s.meta.get("media"), routes=row[3])
                    for i, (row, r, s) in enumerate(flat)]  # fmt: skip
-        out = collate(samples, adv)
+        out = collate(samples + list(extra), torch.cat([adv, torch.zeros(len(extra))]))
         self.media = [s.media for s in samples] if samples[0].media is not None else []
         out |= {"rewards": rew} if self.opts.loss == "ppo" else {}  # ppo.rollout_fields puts them at the last token
         return out | ({"row": torch.arange(len(samples))} if self.media else {})
@@ -396,9 +405,24 @@ class Rollouts:
                 }
                 for k in range(0, per * self.micro_batches, per):
                     idx = rows[k : k + per]
-                    out.append(self.with_pixels({key: value[idx] for key, value in batch.items()}
-                                                | {"temperature": self.temperature, "stats": step_stats}))  # fmt: skip
+                    micro = {key: value[idx] for key, value in batch.items()}
+                    out.append(self.with_pixels(self.trimmed(micro) | {"temperature": self.temperature,
+                                                                       "stats": step_stats}))  # fmt: skip
         return out
+
+    def trimmed(self, micro: dict) -> dict:
+        """The micro-batch without its trailing columns past the last trained target: exact for a causal model
+        (no trained position sees them; the reductions read the mask), and what keeps a batch that mixes short rows
+        with long ones (a teacher's tool prompts, rl.teachers) from padding every micro-batch to the longest. Only
+        with one update per batch: with several, π_old was computed in the untrimmed shapes (old_logprobs)."""
+        if self.updates > 1 or self.media or self.opts.loss == "ppo":  # ppo: GAE's fields span the whole row
+            return micro
+        L = micro["mask"].shape[1]
+        used = int(micro["mask"].any(0).nonzero().max()) + 1 if micro["mask"].any() else L
+        if used == L:
+            return micro
+        return {k: v[:, :used] if torch.is_tensor(v) and v.dim() >= 2 and v.shape[1] == L else v
+                for k, v in micro.items()}  # fmt: skip
 
     def with_pixels(self, micro: dict) -> dict:
         """A VL micro-batch gets the pixels of its rows, in row order (rl_loss passes them to the model)."""

@@ -120,6 +120,12 @@ class RLOptions:
     rollout_server_key: str = ""
     # where the trainer writes its weight pushes: inside the server's --weight-root; "" = a private temporary folder
     rollout_weights_dir: str = ""
+    # on-policy distillation from earlier stages' models mixed into every rollout batch (GLM-5 §3.5; teachers.py):
+    # [{"model": FOLDER_OR_RUN/STAGE, "task": "tools", "weight": 1.0, "level": 0}, ...]; `teacher_samples` prompts of
+    # their tasks per batch, one sample each from the rollout policy, Eq. 2's advantage on those rows
+    teachers: list[dict] = field(default_factory=list)
+    teacher_samples: int = 16
+    teacher_max_new_tokens: int = 48
     eval_every: int = 5  # steps between held-out evaluations (greedy), 0 = only at the start and end
     heldout_n: int = 64  # held-out problems
     heldout_level: int = 0  # their difficulty level
@@ -241,6 +247,7 @@ def check_partial(o) -> None:
 def check(cfg: RLConfig) -> None:
     from glmstack.posttrain.rl.rollouts import check_divisible, stage_at
     from glmstack.posttrain.rl.tasks import TASKS
+    from glmstack.posttrain.rl.teachers import check_teachers
 
     if not isinstance(cfg, RLConfig):
         raise ConfigError(f"the rl stage needs an RLConfig (got {type(cfg).__name__})")
@@ -259,6 +266,10 @@ def check(cfg: RLConfig) -> None:
         check_ppo(cfg)
     check_true_on_policy(o)
     check_partial(o)
+    check_teachers(o.teachers, "rl.teachers", o.teacher_samples, dist.world() * cfg.grad_accum * o.minibatches)
+    if o.teachers and (o.loss == "ppo" or o.routing_replay != "off"):
+        raise ConfigError("rl.teachers: the teachers' rows have no critic rewards (rl.loss=ppo) and no recorded "
+                          "routes (rl.routing_replay); turn one of them off")  # fmt: skip
     for _, _, group, hard_k in (stage_at(o.curriculum, r[0]) for r in o.curriculum):
         if hard_k >= group:
             raise ConfigError(f"rl.curriculum: hard_k={hard_k} must be below the group size {group}")
@@ -300,9 +311,22 @@ def build(cfg: RLConfig, model, tokenizer):
         task = make_task(cfg.rl.task, tokenizer, cfg.rl.chat_style, cfg.rl.thinking)
         return Rollouts(model=model, task=task, opts=cfg.rl, seed=cfg.seed, micro_batches=cfg.grad_accum,
                         tokenizer=tokenizer, style=cfg.rl.chat_style, reference=reference(cfg),
-                        autocast=trainer_autocast(cfg))  # fmt: skip
+                        autocast=trainer_autocast(cfg), mix=teacher_mix(cfg, tokenizer))  # fmt: skip
     except ValueError as e:
         raise ConfigError(f"rl: {e}") from None
+
+
+def teacher_mix(cfg: RLConfig, tokenizer):
+    """The cross-stage distillation rows of `rl.teachers` (teachers.py), or None."""
+    from glmstack.posttrain.rl.rollouts import stable_seed
+    from glmstack.posttrain.rl.teachers import build_mix
+    from glmstack.train.loop import device_of
+
+    o = cfg.rl
+    return build_mix(o.teachers, "rl.teachers", n=o.teacher_samples // dist.world(), out_dir=cfg.out_dir,
+                     device=device_of(cfg), tokenizer=tokenizer, style=o.chat_style,
+                     seed=stable_seed(cfg.seed, "teachers", dist.rank()), max_new_tokens=o.teacher_max_new_tokens,
+                     temperature=o.temperature, top_p=o.top_p, top_k=o.top_k)  # fmt: skip
 
 
 def trainer_autocast(cfg) -> torch.dtype | None:

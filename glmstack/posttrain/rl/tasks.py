@@ -209,6 +209,35 @@ class ToolUse(ChatTask):
         return q, {"question": q, "tool": tool, "arguments": args}
 
 
+class ToolAnswer(ChatTask):
+    """The SFT tools set's last turn: the conversation up to the calculator's result (question, the call, the tool's
+    reply) is the prompt; right = the result in the answer (reward `tool_answer`). The turn that copies a tool's
+    result into the answer, which reasoning RL on other tasks is the first to lose (docs/speedrun.md)."""
+
+    name = "tool_answer"
+    rewards = ("tool_answer",)
+
+    @property
+    def tools(self):
+        from glmstack.posttrain.tools import TOOLS
+
+        return TOOLS
+
+    def item(self, rng: random.Random, level: int) -> tuple[str, dict]:
+        from glmstack.posttrain.synthetic import tool_item
+        from glmstack.posttrain.tools import calculate
+
+        while True:
+            q, tool, args, _ = tool_item(rng)
+            if tool == "calculator":  # pure: its result needs no sandbox
+                break
+        result = str(calculate(args["expression"]))
+        call = {"type": "function", "function": {"name": tool, "arguments": args}}
+        messages = [{"role": "user", "content": q}, {"role": "assistant", "content": "", "tool_calls": [call]},
+                    {"role": "tool", "content": result}]  # fmt: skip
+        return q, {"question": q, "messages": messages, "answer": result}
+
+
 class ChatFacts(ChatTask):
     """The SFT chat set's first turn (synthetic.chat_exchange) under a system prompt that names the assistant:
     right = the expected word (capital, opposite, own name) in the reply (reward `chat_fact`)."""
@@ -226,7 +255,8 @@ class ChatFacts(ChatTask):
         return f"{system} | {q}", {"question": q, "messages": messages, "answer": must}
 
 
-TASKS = {"arithmetic": Arithmetic, "compare": Compare, "code": Code, "toy": Toy, "tools": ToolUse, "chat": ChatFacts}
+TASKS = {"arithmetic": Arithmetic, "compare": Compare, "code": Code, "toy": Toy, "tools": ToolUse,
+         "tool_answer": ToolAnswer, "chat": ChatFacts}  # fmt: skip
 
 
 def make_task(name: str, tokenizer=None, style: str = "glm-4.5", thinking: bool = False) -> Task:

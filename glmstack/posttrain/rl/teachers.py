@@ -6,7 +6,8 @@ A teacher is an earlier stage's model with the prompts of its own stage:
   {"model": "runs/x/rl/model" or "x/rl" (run/stage), "task": "compare", "weight": 1.0, "level": 0}
   {"server": "http://127.0.0.1:8000", "model": "<served model name>", "task": "chat"}   (distill stage only)
 
-`TeacherMix` adds `n` rows per step to another stage's batch: prompts drawn from the teachers' tasks (split by
+`TeacherMix` adds `n` rows per step to another stage's batch (reasoning RL's `rl.teachers`, agentic RL's
+`agentic.teachers`): prompts drawn from the teachers' tasks (split by
 `weight`), one sample each from the student's current weights (an in-process copy pushed with the stage's own
 pushes), each row's sampled tokens scored by its teacher under the same sampling transform. The batch then carries
 `teacher_logp` (B, L) and `teacher_rows` (B,) bool; rl.stage.rl_loss adds Eq. 2's per-token advantage
@@ -106,11 +107,11 @@ class TeacherMix:
     """Cross-stage distillation rows for another RL stage's batches (see the module docstring)."""
 
     def __init__(self, teachers: list[tuple[Teacher, object, object]], tokenizer, *, n: int, max_new_tokens: int,
-                 temperature: float, seed: int):  # fmt: skip
+                 temperature: float, seed: int, top_p: float = 1.0, top_k: int = 0):  # fmt: skip
         self.teachers = teachers  # (Teacher, its task, its in-process model)
         self.tokenizer, self.n, self.max_new_tokens = tokenizer, n, max_new_tokens
-        self.temperature, self.seed = temperature, seed
-        self.policy = None  # an EnginePolicy over a copy of the student, made at the first push
+        self.temperature, self.seed, self.top_p, self.top_k = temperature, seed, top_p, top_k
+        self.policy = None  # an EnginePolicy over a copy of the student, made at the first push (or the stage's own)
 
     def push(self, model, state: dict, version: int) -> None:
         """The student's weights (the stage pushes them to its own sampler at the same time)."""
@@ -120,8 +121,9 @@ class TeacherMix:
             self.policy = EnginePolicy(plain_copy(model, state, cpu=True), self.tokenizer)
         self.policy.push(state, version)
 
-    def samples(self, step: int):
-        """(Samples, the teacher index of each, stats): `n` prompts from the teachers' tasks, one sample each."""
+    def samples(self, step: int, policy=None):
+        """(Samples, the teacher index of each, stats): `n` prompts from the teachers' tasks, one sample each, from
+        `policy` (a stage's own rollout policy holding the student's current weights) or the mix's pushed copy."""
         from glmstack.posttrain.rl.rollouts import stable_seed
         from glmstack.posttrain.sample import Sample
 
@@ -132,8 +134,9 @@ class TeacherMix:
                 continue
             problems = task.problems(split="train", n=n, seed=stable_seed(self.seed, step, "mix", k), level=teacher.level)
             prompts = [p.prompt_ids for p in problems]
-            res = self.policy.generate(prompts, self.max_new_tokens, temperature=self.temperature,
-                                       seeds=[stable_seed(self.seed, step, "mix", k, i) for i in range(n)])
+            res = (policy or self.policy).generate(prompts, self.max_new_tokens, temperature=self.temperature,
+                                                   top_p=self.top_p, top_k=self.top_k,
+                                                   seeds=[stable_seed(self.seed, step, "mix", k, i) for i in range(n)])
             scored = [reward_lib.Sample(meta=p.meta, tokens=t, text=x, finish=f, max_new_tokens=self.max_new_tokens)
                       for p, t, x, f in zip(problems, res.tokens, res.text, res.finish_reason)]  # fmt: skip
             values, _ = reward_lib.total(scored, [(r, 1.0) for r in task.rewards])  # watched, not trained on
@@ -150,9 +153,33 @@ class TeacherMix:
         for k, (_, _, model) in enumerate(self.teachers):
             idx = [first_row + i for i, o in enumerate(owners) if o == k]
             if idx:
-                tlp[idx] = teacher_logprobs(model, batch, idx, self.temperature)
+                tlp[idx] = teacher_logprobs(model, batch, idx, self.temperature, self.top_p, self.top_k)
                 rows[idx] = True
         batch["teacher_logp"], batch["teacher_rows"] = tlp, rows
         m = batch["mask"][rows]
         gap = float(((batch["rollout_logp"][rows] - tlp[rows]) * m).sum())
         return {"teacher_reverse_kl": gap / max(float(m.sum()), 1.0)}
+
+
+def build_mix(entries: list, where: str, *, n: int, out_dir: str, device, tokenizer, style: str, seed: int,
+              max_new_tokens: int, temperature: float, top_p: float = 1.0, top_k: int = 0) -> TeacherMix | None:
+    """The TeacherMix of a stage's `teachers` option (in-process teachers), or None when it names none."""
+    from glmstack.posttrain.rl.tasks import make_task
+
+    if not entries:
+        return None
+    teachers = [(t, make_task(t.task, tokenizer, style), load_teacher(t, out_dir, device, tokenizer, where))
+                for t in parse_teachers(entries, where)]  # fmt: skip
+    return TeacherMix(teachers, tokenizer, n=n, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                      top_p=top_p, top_k=top_k)  # fmt: skip
+
+
+def check_teachers(entries: list, where: str, n: int, parts: int) -> None:
+    """ConfigError unless `entries` are valid in-process teachers and `n` rows split into `parts` (ranks × ...)."""
+    if not entries:
+        return
+    parse_teachers(entries, where)
+    if any(t.get("server") for t in entries):
+        raise ConfigError(f"{where}: in-process teachers only (a model folder or run/stage)")
+    if n < 1 or n % parts:
+        raise ConfigError(f"{where}: teacher_samples={n} must be >= 1 and split into {parts} parts")
