@@ -60,6 +60,7 @@ def rollout(engine, items: list[dict], style: str, *, max_new_tokens: int = 128,
     trajs = [Conversation(item) for item in items]
     live = list(range(len(trajs)))
     for round_ in range(max_rounds):
+        live = [i for i in live if _fits(engine, _prompt(trajs[i], style))]  # a full context ends the conversation
         if not live:
             break
         prompts = [_prompt(trajs[i], style) for i in live]
@@ -88,6 +89,12 @@ def rollout(engine, items: list[dict], style: str, *, max_new_tokens: int = 128,
                 nxt.append(i)
         live = nxt
     return trajs
+
+
+def _fits(engine, prompt: str) -> bool:
+    """Room to generate after `prompt` (a long tool result can fill a small model's context: that conversation
+    ends there and is scored as it stands, instead of failing the whole batch)."""
+    return len(engine.tokenizer.encode(prompt)) < engine.cfg.max_position_embeddings
 
 
 def _prompt(t: Conversation, style: str) -> str:
