@@ -211,6 +211,18 @@ def general(minutes: float = 20, out: str = "runs/speedrun", seed: int = 0):
     return cfg
 
 
+# mid-training corpus: mostly code, a quarter of it whole standard-library packages as repo-level documents
+MIDTRAIN_SHARES = {"stdlib-repos": 0.45, "stdlib-code": 0.3, "docstrings": 0.1, "pydoc": 0.05, "math": 0.1}
+
+
+def corpus_config(minutes: float, seed: int, shares: dict | None = None):
+    """The embedded corpus at the row's size (`shares`: the mid-training mix, or None for the default one)."""
+    from glmstack.data.corpus import CorpusConfig
+
+    cfg = CorpusConfig(size_mb=size_for(minutes).corpus_mb, seed=seed)
+    return dataclasses.replace(cfg, shares=shares) if shares else cfg
+
+
 def data():
     """The data build the speedrun starts from (`glmstack data speedrun`): ~2 MB, SemDeDup with the cheap embedder."""
     from glmstack.data.corpus import CorpusConfig

@@ -42,8 +42,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from glmstack.recipes.speedrun import MIDTRAIN_SHARES, corpus_config, midtrain, pretrain, size_for
 from glmstack.recipes.speedrun import data as data_recipe
-from glmstack.recipes.speedrun import midtrain, pretrain, size_for
 from glmstack.speedrun.card import stage_card
 from glmstack.speedrun.evaluate import stage_evaluate
 from glmstack.speedrun.posttrain import stage_agentic, stage_general, stage_rl, stage_sft
@@ -59,7 +59,7 @@ def stage_tokenizer(run: Run) -> dict:
     from glmstack.data.corpus import corpus_docs
     from glmstack.tokenizer import Tokenizer
 
-    texts = (d.text for d in tqdm(corpus_docs(_corpus_cfg(run), split="train"), desc="corpus", unit="doc"))
+    texts = (d.text for d in tqdm(corpus_docs(corpus_config(run.minutes, run.seed), split="train"), desc="corpus", unit="doc"))
     tok = Tokenizer.train(texts, vocab_size=run.size.vocab_size)
     tok.save(run.stage_dir("tokenizer"))
     return {"vocab_size": tok.vocab_size}
@@ -72,7 +72,7 @@ def stage_data(run: Run) -> dict:
 
     out, tok = {}, run.tokenizer()
     for stage, shares in (("pretrain", None), ("midtrain", MIDTRAIN_SHARES)):
-        cfg = with_seed(dataclasses.replace(data_recipe(), corpus=_corpus_cfg(run, shares)), run.seed)
+        cfg = with_seed(dataclasses.replace(data_recipe(), corpus=corpus_config(run.minutes, run.seed, shares)), run.seed)
         print(f"-- {stage} data", flush=True)
         summary = build_dataset(cfg, tok, run.stage_dir("data") / stage)
         out[stage] = {"train_tokens": _split_tokens(summary, "train"), "eval_tokens": _split_tokens(summary, "eval"),
@@ -95,17 +95,6 @@ def stage_train(stage: str):
         return {k: result[k] for k in ("step", "tokens", "val_loss", "loss", "checkpoint")}
 
     return fn
-
-
-# mid-training corpus: mostly code, a quarter of it whole standard-library packages as repo-level documents
-MIDTRAIN_SHARES = {"stdlib-repos": 0.45, "stdlib-code": 0.3, "docstrings": 0.1, "pydoc": 0.05, "math": 0.1}
-
-
-def _corpus_cfg(run: Run, shares: dict | None = None):
-    from glmstack.data.corpus import CorpusConfig
-
-    cfg = CorpusConfig(size_mb=run.size.corpus_mb, seed=run.seed)
-    return dataclasses.replace(cfg, shares=shares) if shares else cfg
 
 
 def _split_tokens(summary: dict, split: str) -> int:

@@ -52,10 +52,9 @@ def write_replay(run: Run, n: int, chars: int = 900) -> Path:
     split, which the card's perplexity reads, stays unseen), at most `chars` characters each, cut at line ends."""
     from glmstack.data.corpus import corpus_docs
     from glmstack.posttrain.sft_data import write_jsonl
-    from glmstack.speedrun import MIDTRAIN_SHARES, _corpus_cfg
 
     records = []
-    for doc in corpus_docs(_corpus_cfg(run, MIDTRAIN_SHARES), split="train"):
+    for doc in corpus_docs(recipe.corpus_config(run.minutes, run.seed, recipe.MIDTRAIN_SHARES), split="train"):
         piece = ""
         for line in doc.text.splitlines(keepends=True):
             if piece and len(piece) + len(line) > chars:
