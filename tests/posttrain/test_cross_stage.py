@@ -41,15 +41,20 @@ def _cfg(tmp_path, base_dir, teacher: str):
     return cfg
 
 
-def test_teacher_rows_carry_the_teachers_logprobs_and_episodes_keep_theirs(tmp_path, base_dir):
-    teacher = _teacher(base_dir, tmp_path / "earlier" / "rl")
-    cfg = _cfg(tmp_path, base_dir, "earlier/rl")
+def _agentic_step(cfg, base_dir):
+    """(model, data stream, the micro-batches of one agentic step) for `cfg`."""
     model, optimizer = model_and_optimizer(cfg)
     data = build(cfg, model, optimizer, str(base_dir))
     try:
-        micro = data.make_step()
+        return model, data, data.make_step()
     finally:
         data.runner.close()
+
+
+def test_teacher_rows_carry_the_teachers_logprobs_and_episodes_keep_theirs(tmp_path, base_dir):
+    teacher = _teacher(base_dir, tmp_path / "earlier" / "rl")
+    cfg = _cfg(tmp_path, base_dir, "earlier/rl")
+    _model, data, micro = _agentic_step(cfg, base_dir)
     batch = {k: torch.cat([m[k] for m in micro]) for k in ("input_ids", "targets", "mask", "advantages",
                                                             "teacher_logp", "teacher_rows")}  # fmt: skip
     flat = [t for g in data.last_groups for t in g]
@@ -70,12 +75,7 @@ def test_a_teacher_equal_to_the_student_adds_no_gradient(tmp_path, base_dir):
     student (Eq. 2's advantage is exactly 0 there, and the rows only add to the sample-mean's count)."""
     save_hf(load_hf(str(base_dir)), tmp_path / "same" / "rl")
     cfg = _cfg(tmp_path, base_dir, "same/rl")
-    model, optimizer = model_and_optimizer(cfg)
-    data = build(cfg, model, optimizer, str(base_dir))
-    try:
-        micro = data.make_step()
-    finally:
-        data.runner.close()
+    model, _data, micro = _agentic_step(cfg, base_dir)
     batch = {k: torch.cat([m[k] for m in micro]) for k in micro[0] if k not in ("temperature", "stats")}
     batch |= {"temperature": micro[0]["temperature"], "stats": {}}
     rows = batch["teacher_rows"]

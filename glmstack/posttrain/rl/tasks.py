@@ -209,19 +209,14 @@ class ToolUse(ChatTask):
         return q, {"question": q, "tool": tool, "arguments": args}
 
 
-class ToolAnswer(ChatTask):
+class ToolAnswer(ToolUse):
     """The SFT tools set's last turn: the conversation up to the calculator's result (question, the call, the tool's
-    reply) is the prompt; right = the result in the answer (reward `tool_answer`). The turn that copies a tool's
-    result into the answer, which reasoning RL on other tasks is the first to lose (docs/speedrun.md)."""
+    reply) is the prompt, with the same tools offered; right = the result in the answer (reward `tool_answer`). The
+    turn that copies a tool's result into the answer, which reasoning RL on other tasks is the first to lose
+    (docs/speedrun.md)."""
 
     name = "tool_answer"
     rewards = ("tool_answer",)
-
-    @property
-    def tools(self):
-        from glmstack.posttrain.tools import TOOLS
-
-        return TOOLS
 
     def item(self, rng: random.Random, level: int) -> tuple[str, dict]:
         from glmstack.posttrain.synthetic import tool_item
