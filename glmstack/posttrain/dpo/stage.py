@@ -193,13 +193,18 @@ def run_dpo(cfg: DPOConfig, stop_at: int | None = None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`glmstack dpo <recipe> ...` trains; `glmstack dpo eval MODEL ...` scores the preferred behaviour's rate."""
+    """`glmstack dpo <recipe> ...` trains; `glmstack dpo eval MODEL ...` scores the preferred behaviour's rate;
+    `glmstack dpo pairs MODEL ...` makes on-policy pairs from the model's own samples (pairs.py)."""
     from glmstack.stage_cli import main_for
 
     if argv and argv[0] == "eval":
         from glmstack.posttrain.dpo.behaviour import main as eval_main
 
         return eval_main(argv[1:])
+    if argv and argv[0] == "pairs":
+        from glmstack.posttrain.dpo.pairs import main as pairs_main
+
+        return pairs_main(argv[1:])
     return main_for("dpo", __doc__.splitlines()[0], argv)
 
 
