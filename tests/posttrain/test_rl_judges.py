@@ -79,6 +79,26 @@ def test_rl_step_uses_the_rm_reward(rm_folder, base_dir, tok):
     assert batch["advantages"].abs().sum() > 0  # real-valued scores differ within a group
 
 
+def test_heldout_reports_the_rm_score_beside_the_task_accuracy(rm_folder, base_dir, tok):
+    """With rl.rewards = an RM, held-out evaluation scores the same greedy replies twice: the task's verifier
+    (heldout_acc) and the training reward (heldout_reward, what PPO / GRPO with an RM raise)."""
+    from glmstack.model import load_hf
+
+    model = load_hf(str(base_dir))
+    rm_opts = RLOptions(task="arithmetic", samples_per_step=4, curriculum=[[0, 0, 2]], max_new_tokens=4,
+                        heldout_n=3, eval_every=1, rewards=[[f"rm:{rm_folder}", 1.0]])  # fmt: skip
+    data = Rollouts(model=model, task=make_task("arithmetic", tok), opts=rm_opts, seed=0, micro_batches=1,
+                    tokenizer=tok)  # fmt: skip
+    stats = data.make_step()[0]["stats"]
+    data.prepare_eval()
+    _, replies = data.generate(data.heldout, 1, 0.0, ("heldout", 0), engine=data.eval_engine)
+    want = sum(rewards.get(f"rm:{rm_folder}")(replies)) / 3
+    assert stats["heldout_reward"] == pytest.approx(want, abs=1e-6) and "heldout_acc" in stats
+    own = dataclasses.replace(rm_opts, rewards=[])  # the task's own reward: one score, no heldout_reward
+    plain = Rollouts(model=model, task=make_task("arithmetic", tok), opts=own, seed=0, micro_batches=1, tokenizer=tok)
+    assert "heldout_reward" not in plain.make_step()[0]["stats"]
+
+
 def test_parse_score():
     assert parse_score("7") == 0.7 and parse_score("Score: 10/10") == 1.0 and parse_score(" 3.5 points") == 0.35
     assert parse_score("no idea") is None and parse_score("42") is None and parse_score("") is None

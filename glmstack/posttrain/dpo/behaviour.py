@@ -68,7 +68,8 @@ def task_accuracy(folder: str, task_name: str, level: int, n: int = 200, seed: i
     task = make_task(task_name, tok)
     problems = task.problems(split="test", n=n, seed=seed, level=level)
     res = Engine(load_hf(folder, missing_mtp="drop"), tok).generate(
-        [p.prompt_ids for p in problems], max_new_tokens=max_new_tokens, temperature=0.0)
+        [p.prompt_ids for p in problems], max_new_tokens=max_new_tokens, temperature=0.0
+    )
     samples = [reward_lib.Sample(meta=p.meta, tokens=t, text=x, finish=f, max_new_tokens=max_new_tokens,
                                  style=task.style)
                for p, t, x, f in zip(problems, res.tokens, res.text, res.finish_reason)]  # fmt: skip

@@ -6,9 +6,9 @@ does not (docs/dpo.md). Pairs made from the model's own samples — a right and 
 and on-policy DPO build them (and as a reward model's data can be) — prefer a behaviour the model already produces
 sometimes, so DPO can make it the greedy one. The preferred behaviour is then the task's own metric: held-out accuracy.
 
-Per prompt: `samples` replies at `temperature`, scored by the task's reward (glmstack.posttrain.rl.rewards); a prompt
-whose replies include a right one (reward 1) and a wrong one (reward 0) gives one pair: a random right reply over a
-random wrong one (seeded). Prompts come from the task's own train / held-out split (a hash of the problem), so the
+Per prompt: `samples` replies at `temperature`, scored by the task's reward (glmstack.posttrain.rl.rewards; `--reward`
+for another, e.g. `rm:FOLDER`); a prompt whose non-empty replies score differently gives one pair: a random
+best-scoring reply over a random worst-scoring one (seeded; for a 0/1 verifier, right over wrong). Prompts come from the task's own train / held-out split (a hash of the problem), so the
 held-out file shares no prompt with the training file.
 
     glmstack dpo pairs runs/speedrun/sft/model --task compare --level 3 --n 1500 --out runs/prefs
@@ -24,43 +24,56 @@ import sys
 from pathlib import Path
 
 
-def build_pairs(engine, task, problems, *, samples: int, temperature: float, seed: int, max_new_tokens: int,
-                batch: int = 64) -> tuple[list[dict], dict]:  # fmt: skip
-    """(pair records, stats) from `samples` sampled replies per problem, judged by the task's own reward."""
+def pick_pair(replies: list[str], scores: list[float], rng: random.Random) -> tuple[str, str] | None:
+    """(chosen, rejected) of one prompt's sampled replies: a random best-scoring reply over a random worst-scoring
+    one (for a 0/1 verifier: right over wrong); None when every non-empty reply scores the same."""
+    scored = {}
+    for reply, score in zip(replies, scores):
+        if reply:  # an empty reply teaches nothing about the answer
+            scored.setdefault(reply, score)
+    if len(set(scored.values())) < 2:
+        return None
+    best, worst = max(scored.values()), min(scored.values())
+    chosen = rng.choice(sorted(r for r, v in scored.items() if v == best))
+    return chosen, rng.choice(sorted(r for r, v in scored.items() if v == worst))
+
+
+def build_pairs(engine, task, problems, *, rewards: list[tuple[str, float]], samples: int, temperature: float,
+                seed: int, max_new_tokens: int, batch: int = 64) -> tuple[list[dict], dict]:  # fmt: skip
+    """(pair records, stats) from `samples` sampled replies per problem, scored by `rewards` ([(name, weight)])."""
     from glmstack.chat import parse
     from glmstack.posttrain.rl import rewards as reward_lib
 
     rng, per_batch = random.Random(seed), max(1, batch // samples)
-    records, n_right, n_all = [], 0, 0
+    records, total = [], 0.0
     for start in range(0, len(problems), per_batch):
         chunk = problems[start : start + per_batch]
         prompts = [p.prompt_ids for p in chunk for _ in range(samples)]
-        seeds = [seed * 1_000_003 + (start * samples + i) for i in range(len(prompts))]
+        seeds = [seed * 1_000_003 + start * samples + i for i in range(len(prompts))]
         res = engine.generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature, seeds=seeds)
         done = [reward_lib.Sample(meta=chunk[i // samples].meta, tokens=t, text=x, finish=f,
                                   max_new_tokens=max_new_tokens, style=task.style)
                 for i, (t, x, f) in enumerate(zip(res.tokens, res.text, res.finish_reason))]  # fmt: skip
-        scores, _ = reward_lib.total(done, [(r, 1.0) for r in task.rewards])
+        scores, _ = reward_lib.total(done, rewards)
+        replies = [(parse(s.text, None, style=task.style).get("content") or "").strip() for s in done]
+        total += sum(scores)
         for j, prob in enumerate(chunk):
-            group = list(zip(done[j * samples : (j + 1) * samples], scores[j * samples : (j + 1) * samples]))
-            replies = [(parse(s.text, None, style=task.style).get("content") or "").strip() for s, _ in group]
-            right = sorted({r for r, (s, v) in zip(replies, group) if v >= 1.0 and s.finish == "stop" and r})
-            wrong = sorted({r for r, (s, v) in zip(replies, group) if v <= 0.0 and r} - set(right))
-            n_right, n_all = n_right + sum(v >= 1.0 for _, v in group), n_all + len(group)
-            if right and wrong:
-                records.append({"prompt": prob.meta["question"], "chosen": rng.choice(right),
-                                "rejected": rng.choice(wrong)})  # fmt: skip
-    stats = {"prompts": len(problems), "pairs": len(records), "sampled_accuracy": n_right / max(n_all, 1)}
+            pair = pick_pair(replies[j * samples : (j + 1) * samples], scores[j * samples : (j + 1) * samples], rng)
+            if pair is not None:
+                records.append({"prompt": prob.meta["question"], "chosen": pair[0], "rejected": pair[1]})
+    stats = {"prompts": len(problems), "pairs": len(records),
+             "sampled_reward": total / max(len(problems) * samples, 1)}  # fmt: skip
     return records, stats
 
 
 def write_pairs(folder: str, out: str, *, task_name: str, level: int, n: int, test_n: int, samples: int,
-                temperature: float, seed: int, max_new_tokens: int) -> dict:  # fmt: skip
+                temperature: float, seed: int, max_new_tokens: int, rewards: list[str] | None = None) -> dict:  # fmt: skip
     """Pairs for `n` train-split and `test_n` held-out prompts of the task -> OUT/train.jsonl, OUT/test.jsonl."""
     import json
 
     from glmstack.inference import Engine
     from glmstack.model import load_hf
+    from glmstack.posttrain.rl import rewards as reward_lib
     from glmstack.posttrain.rl.tasks import make_task
     from glmstack.posttrain.sft_data import write_jsonl
     from glmstack.tokenizer import Tokenizer
@@ -69,17 +82,23 @@ def write_pairs(folder: str, out: str, *, task_name: str, level: int, n: int, te
     task = make_task(task_name, tok)
     if not hasattr(task, "style") or not task.rewards:
         raise SystemExit(f"glmstack dpo pairs: task {task_name!r} is not a chat task with a verifier")
+    weights = [(r, 1.0) for r in rewards or task.rewards]
+    try:
+        for name, _ in weights:
+            reward_lib.get(name)  # an unknown reward stops here, before any sampling
+    except ValueError as e:
+        raise SystemExit(f"glmstack dpo pairs: {e}") from None
     engine = Engine(load_hf(folder, missing_mtp="drop"), tok)
     report = {"model": folder, "task": task_name, "level": level, "samples": samples, "temperature": temperature,
-              "seed": seed}  # fmt: skip
+              "seed": seed, "rewards": weights}  # fmt: skip
     for split, count in (("train", n), ("test", test_n)):
         problems = task.problems(split=split, n=count, seed=seed, level=level)
-        records, stats = build_pairs(engine, task, problems, samples=samples, temperature=temperature,
+        records, stats = build_pairs(engine, task, problems, rewards=weights, samples=samples, temperature=temperature,
                                      seed=seed + (split == "test"), max_new_tokens=max_new_tokens)  # fmt: skip
         write_jsonl(records, Path(out) / f"{split}.jsonl")
         report[split] = stats
-        print(f"{split}: {stats['pairs']} pairs from {stats['prompts']} prompts (sampled accuracy "
-              f"{stats['sampled_accuracy']:.3f}) -> {Path(out) / f'{split}.jsonl'}", flush=True)  # fmt: skip
+        print(f"{split}: {stats['pairs']} pairs from {stats['prompts']} prompts (mean sampled reward "
+              f"{stats['sampled_reward']:.3f}) -> {Path(out) / f'{split}.jsonl'}", flush=True)  # fmt: skip
     (Path(out) / "pairs.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
 
@@ -97,12 +116,14 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--reward", action="append", help="score replies by this reward instead of the task's own "
+                    "(repeatable, summed; e.g. rm:FOLDER, format)")  # fmt: skip
     ap.add_argument("--out", required=True, help="folder for train.jsonl, test.jsonl and pairs.json")
     a = ap.parse_args(argv)
     if a.samples < 2 or a.n < 1 or a.test_n < 0 or a.temperature <= 0:
         ap.error("--samples must be ≥ 2, --n ≥ 1, --test-n ≥ 0 and --temperature > 0")
     write_pairs(a.model, a.out, task_name=a.task, level=a.level, n=a.n, test_n=a.test_n, samples=a.samples,
-                temperature=a.temperature, seed=a.seed, max_new_tokens=a.max_new_tokens)  # fmt: skip
+                temperature=a.temperature, seed=a.seed, max_new_tokens=a.max_new_tokens, rewards=a.reward)  # fmt: skip
     return 0
 
 

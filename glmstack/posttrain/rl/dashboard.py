@@ -23,7 +23,7 @@ from pathlib import Path
 from glmstack.train.metrics import read_metrics
 
 PANELS = {
-    "rl_reward": ("reward", "heldout_acc", "heldout_acc_sampled"),
+    "rl_reward": ("reward", "heldout_acc", "heldout_acc_sampled", "heldout_reward"),
     "rl_response_len": ("response_len",),
     "rl_entropy": ("entropy",),
     "rl_clip_and_mask": ("clip_frac", "mismatch_masked_frac", "masked_frac"),
@@ -105,6 +105,8 @@ def summary(folder: str | Path, result: dict) -> dict:
             "heldout_start": heldout[0] if heldout else None, "heldout_end": result.get("heldout_acc"),
             "heldout_sampled_start": sampled[0] if sampled else None,
             "heldout_sampled_end": result.get("heldout_acc_sampled"),
+            "heldout_reward_start": next((r["heldout_reward"] for r in rows if "heldout_reward" in r), None),
+            "heldout_reward_end": result.get("heldout_reward"),  # rl.rewards on held-out replies (e.g. an RM's)
             "mtp_accept_len_start": next((r["mtp_accept_len"] for r in rows if "mtp_accept_len" in r), None),
             "mtp_accept_len_end": result.get("mtp_accept_len"),
             "steps": result.get("step"), "means": {k: mean(k) for k in keys}, "time_split": split}  # fmt: skip

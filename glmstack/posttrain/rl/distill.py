@@ -156,9 +156,12 @@ class Distillation(Rollouts):
             out[f"heldout/{teacher.task}"] = sum(values) / max(len(values), 1)
         return out
 
-    def evaluate(self, temperature: float = 0.0, n: int | None = None) -> float:
+    def evaluate(self, temperature: float = 0.0) -> float:
         scores = self.evaluate_all(temperature)
         return sum(scores.values()) / len(scores)
+
+    def heldout_scores(self, temperature: float = 0.0) -> dict[str, float]:
+        return {"heldout_acc": self.evaluate(temperature)}
 
 
 # ---------------------------------------------------------------------------------------------------- stage

@@ -262,7 +262,7 @@ class Rollouts:
         t0 = time.perf_counter()
         if evaluate:
             self.prepare_eval()
-            stats["heldout_acc"] = self.evaluate()
+            stats |= self.heldout_scores()
             stats["heldout_acc_sampled"] = self.evaluate(self.temperature)  # at the rollout temperature
             stats |= self.mtp_acceptance()  # does the MTP layer still draft for this trunk (rl.mtp_weight)
         if o.dynamic_temperature and plateaued(self.history, o.plateau_window, o.plateau_tol):
@@ -433,14 +433,22 @@ class Rollouts:
         return micro | Media.concat([self.media[r] for r in micro.pop("row").tolist()]).model_inputs()
 
     # ------------------------------------------------------------------ held-out evaluation
-    def evaluate(self, temperature: float = 0.0, n: int | None = None) -> float:
-        """Held-out accuracy of the trainer's current weights (greedy by default; prepare_eval loads them): the
-        task reward averaged."""
-        problems = self.heldout[: n or len(self.heldout)]
-        _, samples = self.generate(problems, 1, temperature, ("heldout", self.step), engine=self.eval_engine)
+    def heldout_scores(self, temperature: float = 0.0) -> dict[str, float]:
+        """Held-out scores of the trainer's current weights (greedy by default; prepare_eval loads them) on one set
+        of replies: `heldout_acc`, the task's own reward averaged, and — when the stage trains on other rewards
+        (rl.rewards, e.g. a reward model) — `heldout_reward`, their weighted total averaged."""
+        _, samples = self.generate(self.heldout, 1, temperature, ("heldout", self.step), engine=self.eval_engine)
         task_rewards = [(r, 1.0) for r in self.task.rewards]
-        rew, _ = reward_lib.total(samples, task_rewards)
-        return sum(rew) / max(len(rew), 1)
+
+        def mean(weights):
+            return sum(reward_lib.total(samples, weights)[0]) / max(len(samples), 1)
+
+        return {"heldout_acc": mean(task_rewards)} | ({} if self.weights == task_rewards else
+                                                      {"heldout_reward": mean(self.weights)})  # fmt: skip
+
+    def evaluate(self, temperature: float = 0.0) -> float:
+        """Held-out accuracy (the task's reward) of the trainer's current weights."""
+        return self.heldout_scores(temperature)["heldout_acc"]
 
     def mtp_acceptance(self, n: int = 32, k: int = 2) -> dict:
         """Greedy MTP speculative decoding (k drafts per verify step) of `n` held-out prompts with the evaluated

@@ -371,7 +371,7 @@ def run_rl(cfg: RLConfig, stop_at: int | None = None, build_data=build, check_fn
         from glmstack.posttrain.rl.dashboard import plot_dashboard, summary
 
         if cfg.rl.heldout_n:  # 0: no held-out evaluation (the speedrun's card scores the model instead)
-            result["heldout_acc"] = data.evaluate()
+            result |= data.heldout_scores()  # heldout_acc (+ heldout_reward when rl.rewards is not the task's)
             if hasattr(data, "evaluate_all"):  # one held-out score per task (distillation: per teacher)
                 result["heldout"] = data.evaluate_all()
             result["heldout_acc_sampled"] = data.evaluate(data.temperature)
