@@ -125,7 +125,10 @@ def _emit(line: str, bar) -> None:
 
 
 def loss_tokens(batch: dict) -> int:
-    """Tokens a micro-batch's loss averages over: its labels != -100 (all its tokens when it has no labels)."""
+    """Tokens a micro-batch's loss averages over: its labels != -100 (all its tokens when it has no labels), or the
+    items it says it averages over (`loss_count`: DPO's pairs, whose packed rows vary in number)."""
+    if "loss_count" in batch:
+        return int(batch["loss_count"])
     labels = batch.get("labels")
     return int((labels != -100).sum()) if labels is not None else int(batch["input_ids"].numel())
 

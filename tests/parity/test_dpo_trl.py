@@ -73,11 +73,12 @@ def trl_side(b: dict, beta: float, loss_types: list[str], weights: list[float], 
     return loss.detach(), token_logps.grad, {k: self._metrics["train"][k][-1] for k in METRICS}
 
 
-def our_side(b: dict, beta: float, loss_type: str, eps: float):
+def our_side(b: dict, beta: float, loss_type: str, eps: float, sft: float = 0.0):
     token_logps = b["token_logps"].clone().requires_grad_()
     logps, counts = completion_sums(token_logps, b["mask"])
     (lc, lr), (rc, rr), (nc, nr) = logps.chunk(2), b["ref"].chunk(2), counts.chunk(2)
-    loss, metrics = dpo_loss(lc, lr, rc, rr, nc, nr, beta=beta, label_smoothing=eps, loss_type=loss_type)
+    loss, metrics = dpo_loss(lc, lr, rc, rr, nc, nr, beta=beta, label_smoothing=eps, loss_type=loss_type,
+                             sft_weight=sft)  # fmt: skip
     loss.backward()
     return loss.detach(), token_logps.grad, {k: float(metrics[k]) for k in METRICS}
 
@@ -89,6 +90,8 @@ CASES = [  # (ours: loss_type, ε), (TRL: loss types, weights), β
     (("ipo", 0.0), (["ipo"], [1.0]), 0.5),
     (("sigmoid", 0.1), (["sigmoid", "robust"], [2 * 0.9, -0.8]), 0.1),
     (("sigmoid", 0.3), (["sigmoid", "robust"], [2 * 0.7, -0.4]), 0.5),
+    (("sigmoid", 0.0, 1.0), (["sigmoid", "sft"], [1.0, 1.0]), 0.1),  # RPO: DPO + α · NLL of the chosen replies
+    (("sigmoid", 0.0, 0.2), (["sigmoid", "sft"], [1.0, 0.2]), 0.5),
 ]
 
 

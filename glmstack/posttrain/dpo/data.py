@@ -10,8 +10,14 @@ A micro-batch (B = micro_batch_size pairs, chosen rows then rejected rows, right
   input_ids (2B, T), segment_ids (2B, T) 1 on tokens, last (2B,)   as rm's batches
   loss_mask (2B, T)   1 on completion tokens
   ref_logps (2B,)     the reference's completion log-probs (only when cached, reference.py)
-No `labels` key: the loop then weighs micro-batches by their (equal, padded) size, so the step's loss is the mean
-over its pairs, as TRL's.
+  loss_count ()       the pairs B: the loop weighs micro-batches by it, so the step's loss is the mean over its
+                      pairs, as TRL's
+
+Packed (`dpo.packing`): the same 2B sequences placed first-fit-decreasing into as few rows of seq_len as hold them,
+so short pairs do not pay for padding: `input_ids`, `loss_mask (R, T)`, `segment_ids (R, T)` numbering the sequences
+of a row 1..k (0 = padding: attention never crosses a sequence), `position_ids (R, T)` restarting at 0 for each, and
+`seq_of (R, T)` which of the 2B sequences a token belongs to (−1 = padding; loss.batch_logps sums by it). A
+sequence's first token is never scored (it follows another sequence), as in the padded layout.
 
     pairs = encoded_pairs(["synthetic:checkable"], folder, 200, seed, "train", tokenizer, "glm-4.5")
     batches = DPOBatches(pairs, batch_size=8, seq_len=64, pad_id=pad, seed=0)
@@ -45,10 +51,38 @@ def encoded_pairs(entries: list[str], folder: Path, n: int, seed: int, split: st
     return [encode_pair(tokenizer, p, style) for path in paths for p in read_pairs(path, option)]
 
 
+def pack_rows(rows: list[list[int]], masks: list[list[int]], length: int, pad_id: int) -> dict:
+    """Sequences (each ≤ length) first-fit-decreasing into rows of `length` -> the packed micro-batch (docstring)."""
+    bins: list[list[int]] = []  # sequence indices per row
+    room: list[int] = []
+    for i in sorted(range(len(rows)), key=lambda i: (-len(rows[i]), i)):
+        r = next((b for b, free in enumerate(room) if free >= len(rows[i])), None)
+        if r is None:
+            bins.append([]), room.append(length)
+            r = len(bins) - 1
+        bins[r].append(i)
+        room[r] -= len(rows[i])
+    shape = (len(bins), length)
+    out = {"input_ids": torch.full(shape, pad_id, dtype=torch.long), "loss_mask": torch.zeros(shape, dtype=torch.long),
+           "segment_ids": torch.zeros(shape, dtype=torch.long), "position_ids": torch.zeros(shape, dtype=torch.long),
+           "seq_of": torch.full(shape, -1, dtype=torch.long)}  # fmt: skip
+    for r, members in enumerate(bins):
+        at = 0
+        for k, i in enumerate(sorted(members)):
+            n, span = len(rows[i]), slice(at, at + len(rows[i]))
+            out["input_ids"][r, span], out["loss_mask"][r, span] = torch.tensor(rows[i]), torch.tensor(masks[i])
+            out["loss_mask"][r, at] = 0  # a sequence's first token follows another sequence: never scored
+            out["segment_ids"][r, span], out["position_ids"][r, span], out["seq_of"][r, span] = k + 1, torch.arange(n), i
+            at += n
+    return out
+
+
 class DPOBatches(PreferenceBatches):
-    """rm's resumable, rank-aware pair batches + `loss_mask` (+ `ref_logps` once `ref` (N, 2) is set)."""
+    """rm's resumable, rank-aware pair batches + `loss_mask` (+ `ref_logps` once `ref` (N, 2) is set); packed rows
+    when `packing` is set."""
 
     ref: torch.Tensor | None = None  # (pairs, 2) reference log-probs (chosen, rejected) in self.pairs' order
+    packing: bool = False
 
     def __next__(self) -> dict:
         return self.batch_of(self.next_indices())
@@ -56,8 +90,12 @@ class DPOBatches(PreferenceBatches):
     def batch_of(self, take: list[int]) -> dict:
         rows = [self.pairs[i][0] for i in take] + [self.pairs[i][1] for i in take]
         masks = [self.pairs[i][2] for i in take] + [self.pairs[i][3] for i in take]
-        batch = pad_rows(rows, self.seq_len, self.pad_id)
-        batch["loss_mask"] = pad_rows(masks, self.seq_len, 0)["input_ids"]  # (2B, T)
+        if self.packing:
+            batch = pack_rows(rows, masks, self.seq_len, self.pad_id)
+        else:
+            batch = pad_rows(rows, self.seq_len, self.pad_id)
+            batch["loss_mask"] = pad_rows(masks, self.seq_len, 0)["input_ids"]  # (2B, T)
+        batch["loss_count"] = torch.tensor(len(take))  # the loop weighs micro-batches by their pairs
         if self.ref is not None:
             batch["ref_logps"] = torch.cat([self.ref[take, 0], self.ref[take, 1]])  # (2B,)
         return batch

@@ -17,7 +17,7 @@ import contextlib
 
 import torch
 
-from glmstack.posttrain.dpo.loss import completion_logps
+from glmstack.posttrain.dpo.loss import batch_logps
 
 
 def build_reference(cfg, device: torch.device):
@@ -32,8 +32,8 @@ def build_reference(cfg, device: torch.device):
 @torch.no_grad()
 def reference_logps(reference, batch: dict) -> torch.Tensor:
     """The reference's completion log-probs of a batch's rows -> (2B,) float32."""
-    out = reference(batch["input_ids"], segment_ids=batch["segment_ids"])
-    return completion_logps(out.logits, batch["input_ids"], batch["loss_mask"])[0]
+    out = reference(batch["input_ids"], segment_ids=batch["segment_ids"], position_ids=batch.get("position_ids"))
+    return batch_logps(out.logits, batch)[0]
 
 
 def cache_reference(batches, reference, device: torch.device, amp: torch.dtype | None) -> None:

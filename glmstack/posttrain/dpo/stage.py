@@ -30,7 +30,7 @@ import torch
 
 from glmstack.config import ConfigError
 from glmstack.posttrain.dpo.data import DPOBatches, encoded_pairs
-from glmstack.posttrain.dpo.loss import LOSS_TYPES, completion_logps, dpo_loss
+from glmstack.posttrain.dpo.loss import LOSS_TYPES, batch_logps, dpo_loss
 from glmstack.posttrain.dpo.reference import build_reference, cache_reference, reference_logps
 from glmstack.train import dist
 from glmstack.train.config import TrainConfig
@@ -47,6 +47,8 @@ class DPOOptions:
     label_smoothing: float = 0.0  # cDPO ε in [0, 0.5): the probability a preference label is flipped (sigmoid)
     loss_type: str = "sigmoid"  # sigmoid (DPO) | ipo
     reference: str = "cache"  # cache: reference log-probs once before training | live: per micro-batch
+    sft_weight: float = 0.0  # α: + α · the chosen replies' mean token NLL (RPO; TRL loss_type ["sigmoid", "sft"])
+    packing: bool = False  # pack a micro-batch's sequences into as few seq_len rows as hold them (data.pack_rows)
     chat_style: str = "glm-4.5"  # how prompt + reply are rendered
     tokenizer: str = ""  # folder with tokenizer.json; "" = init_from's
 
@@ -59,8 +61,8 @@ class DPOConfig(TrainConfig):
 # ---------------------------------------------------------------------------------------------------- loss
 def pair_terms(model, batch: dict, reference=None):
     """-> (policy log-probs (2B,), reference log-probs (2B,), completion token counts (2B,), the model's output)."""
-    out = model(batch["input_ids"], segment_ids=batch["segment_ids"])
-    logps, counts = completion_logps(out.logits, batch["input_ids"], batch["loss_mask"])
+    out = model(batch["input_ids"], segment_ids=batch["segment_ids"], position_ids=batch.get("position_ids"))
+    logps, counts = batch_logps(out.logits, batch)
     ref = batch["ref_logps"] if "ref_logps" in batch else reference_logps(reference, batch)
     return logps, ref, counts, out
 
@@ -72,7 +74,7 @@ def dpo_loss_fn(opts: DPOOptions, reference=None):
         logps, ref, counts, out = pair_terms(model, batch, reference)
         (lc, lr), (rc, rr), (nc, nr) = logps.chunk(2), ref.chunk(2), counts.chunk(2)
         loss, metrics = dpo_loss(lc, lr, rc, rr, nc, nr, beta=opts.beta, label_smoothing=opts.label_smoothing,
-                                 loss_type=opts.loss_type)  # fmt: skip
+                                 loss_type=opts.loss_type, sft_weight=opts.sft_weight)  # fmt: skip
         metrics["expert_load"] = out.expert_load
         return loss + out.aux_loss * values.get("aux_loss_weight", 0.0), metrics
 
@@ -117,6 +119,7 @@ def batches(cfg: DPOConfig, tokenizer, split: str) -> DPOBatches:
                          seed=cfg.seed, rank=dist.rank(), world_size=dist.world(), shuffle=train)  # fmt: skip
     except ValueError as e:
         raise ConfigError(f"{option}: {e}") from None
+    out.packing = cfg.dpo.packing
     if out.dropped_long and dist.rank() == 0:
         print(f"dpo {split} data: {out.dropped_long} of {len(pairs)} pairs longer than seq_len={cfg.seq_len} dropped")
     return out
@@ -145,6 +148,8 @@ def check(cfg: DPOConfig) -> None:
         raise ConfigError(f"dpo.beta={d.beta}: must be > 0")
     if not 0 <= d.label_smoothing < 0.5:
         raise ConfigError(f"dpo.label_smoothing={d.label_smoothing}: must lie in [0, 0.5)")
+    if d.sft_weight < 0:
+        raise ConfigError(f"dpo.sft_weight={d.sft_weight}: must be ≥ 0")
     if d.label_smoothing and d.loss_type != "sigmoid":
         raise ConfigError("dpo.label_smoothing is cDPO's, for loss_type=sigmoid only")
     try:
