@@ -33,6 +33,10 @@ PLOTS = {
     "router_load": ("moe/max_over_mean/",),
     "router_entropy": ("moe/entropy/",),
     "grad_norm": ("grad_norm",),
+    # DPO (posttrain/dpo): TRL's names; panels without series are not drawn
+    "dpo_rewards": ("rewards/chosen", "rewards/rejected", "rewards/margins"),
+    "dpo_accuracy": ("rewards/accuracies",),
+    "dpo_logps": ("logps/chosen", "logps/rejected", "sft_nll"),
 }
 
 

@@ -29,7 +29,7 @@ def test_dpo_learns_the_training_pairs(base_dir, tmp_path):
     pairs = write_jsonl(synthetic_pairs("checkable", 8, seed=0, split="train"), tmp_path / "pairs.jsonl")
     data = f'["{pairs}"]'  # trained on and scored on (the 7 of 8 pairs that fit seq_len=64)
     argv = args(base_dir, tmp_path, "--set", f"dpo.data={data}", "--set", f"dpo.val_data={data}", "--set",
-                "steps=8", "--set", "log.val_every=8", "--set", "dpo.reference=live")  # fmt: skip
+                "steps=8", "--set", "log.val_every=8", "--set", "dpo.reference=live", "--set", "log.plots=true")  # fmt: skip
     assert cli(argv) == 0
     stage = tmp_path / "tiny" / "dpo"
     first, last = rows(stage)[0], rows(stage)[-1]
@@ -38,6 +38,7 @@ def test_dpo_learns_the_training_pairs(base_dir, tmp_path):
     summary = json.loads((stage / "dpo_summary.json").read_text())
     assert last["val_loss"] < 0.6 and summary["heldout_reward_acc"] >= 0.75 and summary["heldout_pairs"] == 7
     assert (stage / "model" / "model.safetensors").exists() and (stage / "model" / "tokenizer.json").exists()
+    assert all((stage / "plots" / f"{name}.png").exists() for name in ("dpo_rewards", "dpo_accuracy", "dpo_logps"))
 
 
 def test_dpo_resumes_bit_for_bit(base_dir, tmp_path, capsys):

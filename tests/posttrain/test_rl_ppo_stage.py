@@ -50,6 +50,7 @@ def test_ppo_run_reports_the_critic_and_the_value_loss_falls(tmp_path):
         assert all(b < a for a, b in itertools.pairwise(vl)), vl
     assert [r["kl"] for r in got[:4]] == [0.0] * 4 and got[4]["kl"] != 0.0
     assert (tmp_path / "tiny/rl/rl_summary.json").exists()
+    assert all((tmp_path / "tiny/rl/plots" / f"{name}.png").exists() for name in ("rl_ppo_value", "rl_ppo_kl"))
 
 
 def small_cfg(tmp_path, **rl):

@@ -35,6 +35,9 @@ PANELS = {
     "rl_loss": ("loss",),
     "rl_mtp": ("mtp_accept_len", "spec_equals_greedy", "mtp_loss"),  # the MTP layer through RL (rl.mtp_weight)
     "rl_staleness": ("staleness_mean", "staleness_max", "weight_version"),
+    # PPO's critic and KL (rl.loss=ppo, ppo.py)
+    "rl_ppo_value": ("value_loss", "explained_variance", "vf_clip_frac"),
+    "rl_ppo_kl": ("kl", "ppo_kl", "values_mean", "returns_mean"),
     # agentic RL (posttrain/agentic): episodes, failures, the asynchronous runner
     "agentic_success": ("success", "reward", "heldout_success", "heldout_faults_success"),
     "agentic_episode": ("turns", "tool_calls", "malformed_frac", "loop_frac", "truncated_frac"),
