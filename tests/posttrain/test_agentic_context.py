@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from glmstack.chat import render
-from glmstack.posttrain.agentic.context import STUB, Context, ContextOptions
+from glmstack.posttrain.agentic.context import STUB, SUMMARY_PREFIX, SUMMARY_REQUEST, Context, ContextOptions
 from glmstack.posttrain.agentic.env import EnvOptions
 from glmstack.posttrain.agentic.envs import make_env
 from glmstack.posttrain.agentic.envs.search import SearchEnv
@@ -97,6 +97,35 @@ def test_budget_discard_drops_every_tool_turn_but_the_latest(tok):
     assert view.ids == rendered(tok, [messages[0], last_call, last_note])
     assert view.folds and all(f["dropped"] and f["tokens_after"] < f["tokens_before"] for f in view.folds)
     assert longest < play(tok, spec, ContextOptions())[2] / 2  # bounded, where the unmanaged episode keeps growing
+
+
+def test_budget_summarize_folds_into_the_models_summary(tok):
+    """budget_action=summarize: below the budget no request; above it the request asks over the contents of every
+    result but the latest, and the summary given back replaces them (the older stubbed, the latest folded one carrying
+    the summary); the fold records the summary."""
+    spec = spec_at(2)
+    opts = ContextOptions(token_budget=300, budget_action="summarize")
+    messages = [{"role": "user", "content": spec["question"]}]
+    view = Context(tok, rendered(tok, messages), opts)
+    asked = 0
+    for turn, who in enumerate(spec["chain"]):
+        request = view.summary_request()
+        assert (request is not None) == (len(view) > 300 and sum(m["role"] == "tool" for m in messages) > 1)
+        if request is not None:
+            asked += 1
+            text = tok.decode(request)
+            assert SUMMARY_REQUEST in text and messages[-1]["content"] not in text  # the latest note stays whole
+            assert view.manage(turn, summary=f"summary {turn}")["summary"] == f"summary {turn}"
+            shown = tok.decode(view.ids)
+            assert SUMMARY_PREFIX + f"summary {turn}" in shown and messages[-1]["content"] in shown
+            assert view.summary_request() is None or len(view) > 300  # folded: asked again only if still over
+        ids = model_ids(tok, who)
+        view.add_model(ids)
+        note = {"role": "tool", "content": spec["notes"][who]}
+        view.add_env([note], after=ids[-1])
+        messages += [call_msg(who), note]
+    assert asked >= 1 and len(view.folds) == asked
+    assert ContextOptions(budget_action="summarize").check()  # summarise needs a budget: one line
 
 
 @pytest.mark.parametrize("level", [1, 2])
@@ -182,6 +211,47 @@ def test_trajectory_segments_are_what_the_sampler_saw(base_dir, tok):
     assert torch.isfinite(loss) and any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
 
 
+def test_summaries_are_sampled_turns_trained_on_their_request(base_dir, tok):
+    """An in-process policy plays 5 turns on `search` with budget_action=summarize (tool replies scripted, every turn
+    and every summary sampled, through episode.py's batch of summaries): each summary is a segment (its request, then
+    the sampled tokens, mask 1), the folded view after it carries the summary's text, and the trainer's log-probs of
+    every sampled token — summaries included — equal the rollout's within 1e-5."""
+    from glmstack.model.hf import load_hf
+    from glmstack.posttrain.agentic.episode import EpisodeOptions, _summaries
+    from glmstack.posttrain.policy import EnginePolicy
+    from glmstack.posttrain.rl.losses import token_logprobs
+    from glmstack.posttrain.sample import collate
+
+    model = load_hf(base_dir, dtype=torch.float32)
+    policy = EnginePolicy(model, tok)
+    opts = EpisodeOptions(temperature=1.0, context=ContextOptions(token_budget=260, budget_action="summarize",
+                                                                  summary_tokens=6))  # fmt: skip
+    spec = spec_at(2)
+    t = Trajectory(task_id=0, index=0, spec=spec, messages=[], tools=SearchEnv.tools, ids=[])
+    t.view = Context(tok, rendered(tok, [{"role": "user", "content": spec["question"]}]), opts.context)
+    t.add_context(t.view.ids)
+    for turn in range(5):
+        summary = _summaries(policy, tok, [t], [7], turn, opts, lambda: 0).get(id(t))
+        t.manage(summary)
+        res = policy.generate([t.context], 6, temperature=1.0, seeds=[turn], logprobs=True)
+        t.add_model(res.tokens[0], res.logprobs[0], version=0)
+        t.add_env([{"role": "tool", "content": spec["notes"][spec["chain"][turn % len(spec["chain"])]]}],
+                  after=res.tokens[0][-1])  # fmt: skip
+    folds = [f for f in t.view.folds if "summary" in f]
+    assert folds and len(t.versions) == 5 + len(folds)  # each summary is a sampled turn with its weight version
+    requests = [a for a in t.segments if SUMMARY_REQUEST in tok.decode(t.ids[a : a + 60])]
+    assert len(requests) == len(folds)
+    for a in requests:  # the request's segment ends in sampled tokens; the next segment is a view with the summary
+        b = t.segments[t.segments.index(a) + 1]
+        assert t.mask[b - 1] == 1 and SUMMARY_PREFIX in tok.decode(t.ids[b : b + 400])
+    batch = collate([t.sample()], torch.zeros(1))
+    with torch.no_grad():
+        out = model(batch["input_ids"], segment_ids=batch["segment_ids"], position_ids=batch["position_ids"])
+    logp = token_logprobs(out.logits.float(), batch["targets"], 1.0)[0]
+    m = batch["mask"][0] > 0
+    torch.testing.assert_close(logp[m], batch["rollout_logp"][0][m], atol=1e-5, rtol=0)
+
+
 def test_error_turns_stay_in_context_but_leave_the_loss(tok):
     t = Trajectory(task_id=0, index=0, spec={}, messages=[], tools=[], ids=[1, 2], view=Context(tok, [1, 2]))
     t.add_model([5, 6], [-0.1, -0.2], 0)
@@ -195,17 +265,19 @@ def test_error_turns_stay_in_context_but_leave_the_loss(tok):
 
 
 @pytest.mark.slow
-def test_agentic_long_two_steps_with_management_through_the_cli(tmp_path, base_dir):
+@pytest.mark.parametrize("action", ["stub", "summarize"])
+def test_agentic_long_two_steps_with_management_through_the_cli(tmp_path, base_dir, action):
     from glmstack.cli import main as glmstack
 
     args = ["rl", "agentic_long", "--set", f"init_from={base_dir}", "--set", f"out_dir={tmp_path}", "--set", "steps=2",
             "--set", "agentic.group_size=2", "--set", "agentic.groups_per_step=2", "--set", "grad_accum=1",
             "--set", "micro_batch_size=4", "--set", "agentic.heldout_n=0", "--set", "agentic.episode.max_turns=2",
             "--set", "agentic.episode.max_new_tokens=8", "--set", "agentic.episode.context.token_budget=200",
-            "--set", "log.progress=false", "--set", "log.plots=false"]  # fmt: skip
+            "--set", "log.progress=false", "--set", "log.plots=false",
+            "--set", f"agentic.episode.context.budget_action={action}"]  # fmt: skip
     assert glmstack(args) == 0
     rows = [json.loads(x) for x in (tmp_path / "long" / "agentic" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all("context_folds" in r for r in rows)
     resolved = (tmp_path / "long" / "agentic").glob("*.json")
     text = " ".join(p.read_text() for p in resolved)
-    assert '"keep_last_tool_results": 1' in text and '"token_budget": 200' in text
+    assert '"keep_last_tool_results": 1' in text and '"token_budget": 200' in text and f'"{action}"' in text

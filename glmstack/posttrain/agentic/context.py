@@ -6,14 +6,18 @@ hierarchical mode discards all tool history once the context passes 32K. Here, a
   token_budget = B             a view longer than B tokens folds its oldest tool turns, by `budget_action`:
       stub                     the oldest results are stubbed one by one until the view fits (the latest is kept)
       discard                  every tool turn but the latest is dropped, call and result (the hierarchical mode)
-Folding is checked before every assistant turn (`manage`); what was folded is recorded (`folds`).
+      summarize                the model itself summarises every tool result but the latest (`summary_request`:
+                               a user turn asking for it over their contents, sampled by the policy like any turn);
+                               they are stubbed and the latest stubbed one carries the summary
+Folding is checked before every assistant turn (`manage`); what was folded is recorded (`folds`, with the summary).
 
 Tokens in, tokens out: the view is kept as token pieces — the prompt as encoded once, each assistant turn exactly as
 sampled, each environment reply as its rendered continuation (trajectory.continuation_ids). A fold re-renders only
 the folded replies (their messages with the stub as content) and drops pieces; the model's own tokens are never
 re-encoded. After a fold the next prompt no longer extends the previous one, so the trajectory starts a new segment
 with the new view (trajectory.py): each assistant turn is trained on exactly the context it was sampled from.
-The model writing its own summary of folded turns (the issue's `summarize`) is not implemented.
+A summary is a turn of its own: the trajectory records its request and sampled tokens as a segment (trained with the
+episode's reward, like every sampled token), then the folded view.
 
     view = Context(tokenizer, prompt_ids, ContextOptions(keep_last_tool_results=2), style="glm-4.5", thinking=False)
     view.add_model(sampled_ids)                                   # an assistant turn, as sampled
@@ -28,6 +32,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 STUB = "[tool output elided]"
+SUMMARY_REQUEST = "Summarize what these tool results tell you, in one short line:"
+SUMMARY_PREFIX = "Summary of earlier tool output: "
 
 
 @dataclass(kw_only=True)
@@ -36,8 +42,9 @@ class ContextOptions:
     token_budget: int = 0  # a view longer than this many tokens folds its oldest tool turns (0 = no budget)
     # at the budget: "stub" the oldest results one by one until the view fits, or "discard" every tool turn but the
     # latest, the calls with their results (GLM-5's hierarchical mode)
-    budget_action: Literal["stub", "discard"] = "stub"
+    budget_action: Literal["stub", "discard", "summarize"] = "stub"
     stub: str = STUB  # the content a folded tool result is replaced with
+    summary_tokens: int = 48  # budget_action=summarize: the most tokens a summary may take
 
     @property
     def active(self) -> bool:
@@ -48,8 +55,10 @@ class ContextOptions:
         bad = []
         if self.keep_last_tool_results < 0 or self.token_budget < 0:
             bad.append("keep_last_tool_results and token_budget must be >= 0 (0 = off)")
-        if self.budget_action not in ("stub", "discard"):
-            bad.append(f"budget_action must be stub or discard (got {self.budget_action!r})")
+        if self.budget_action not in ("stub", "discard", "summarize"):
+            bad.append(f"budget_action must be stub, discard or summarize (got {self.budget_action!r})")
+        if self.budget_action == "summarize" and (not self.token_budget or self.summary_tokens < 1):
+            bad.append("budget_action=summarize needs token_budget > 0 (when to summarise) and summary_tokens >= 1")
         return bad
 
 
@@ -115,14 +124,51 @@ class Context:
         piece.ids = self._render(piece)
         return True
 
-    def manage(self, turn: int) -> dict | None:
-        """Fold what the options say before assistant turn `turn`; None when nothing changed, else the record."""
+    def _to_summarize(self) -> list[tuple[int, int]]:
+        """budget_action=summarize: the tool results a summary would fold now (every unfolded one but those of the
+        latest reply), or [] while the view fits."""
+        o, results = self.opts, self._results()
+        if o.budget_action != "summarize" or not o.token_budget or len(self) <= o.token_budget or len(results) < 2:
+            return []
+        latest = results[-1][0]
+        return [(p, m) for p, m in results if p != latest and not self.pieces[p].stubbed[m]]
+
+    def summary_request(self) -> list[int] | None:
+        """The prompt ids of a summary request when the view is over budget (budget_action=summarize), else None: a
+        user turn asking the model to summarise the results to fold, given their contents."""
+        from glmstack.chat import render
+
+        fold = self._to_summarize()
+        if not fold:
+            return None
+        contents = "\n".join(str(self.pieces[p].messages[m].get("content") or "") for p, m in fold)
+        messages = [{"role": "user", "content": f"{SUMMARY_REQUEST}\n{contents}"}]
+        text = render(messages, None, style=self.style, enable_thinking=False, add_generation_prompt=True)
+        return self.tokenizer.encode(text)
+
+    def _summarize(self, summary: str) -> list[int]:
+        """Stub the results to fold; the latest of them carries the summary. -> their numbers."""
+        fold = self._to_summarize()
+        for p, m in fold:
+            self._stub(p, m)
+        p, m = fold[-1]
+        piece = self.pieces[p]
+        piece.messages[m] = piece.messages[m] | {"content": SUMMARY_PREFIX + summary.strip()}
+        piece.stubbed[m] = False  # rendered with its (new) content, not the stub
+        piece.ids = self._render(piece)
+        return [self.number[r] for r in fold]
+
+    def manage(self, turn: int, summary: str | None = None) -> dict | None:
+        """Fold what the options say before assistant turn `turn`; None when nothing changed, else the record.
+        `summary`: the model's answer to `summary_request()` (budget_action=summarize)."""
         o, before = self.opts, len(self)
         stubbed, dropped = [], []
         results = self._results()
         if o.keep_last_tool_results:
             stubbed += [self.number[r] for r in results[: -o.keep_last_tool_results] if self._stub(*r)]
-        if o.token_budget and len(self) > o.token_budget and len(results) > 1:
+        if summary is not None and self._to_summarize():
+            stubbed += self._summarize(summary)
+        elif o.token_budget and len(self) > o.token_budget and len(results) > 1 and o.budget_action != "summarize":
             latest = results[-1][0]  # the reply the model has not answered yet stays whole
             if o.budget_action == "discard":
                 for p in sorted({p for p, _ in results if p != latest}):
@@ -137,6 +183,6 @@ class Context:
         if not (stubbed or dropped):
             return None
         record = {"turn": turn, "stubbed": sorted(set(stubbed)), "dropped": dropped, "tokens_before": before,
-                  "tokens_after": len(self)}  # fmt: skip
+                  "tokens_after": len(self)} | ({"summary": summary} if summary is not None else {})  # fmt: skip
         self.folds.append(record)
         return record

@@ -9,7 +9,8 @@ of the episode's seed and the turn), and each completion is appended as sampled 
     malformed call: the episode ends with reward 0 (GLM-4.5 §3.3);
   - otherwise the environment steps; its reply is appended as context, or the episode is done.
 Before each turn the trajectory's view applies `opts.context` (context.py: keep-last-k tool results, a token
-budget); a fold starts a new segment, and the sampler gets the folded view. With `mask_error_turns` a turn whose
+budget that stubs, discards or has the policy summarise the oldest results — the summaries of every view over budget
+sampled in one batch first); a fold starts a new segment, and the sampler gets the folded view. With `mask_error_turns` a turn whose
 tool call came back as an error ("Error: ...") stays in the context but leaves the loss (GLM-5: error segments are
 masked).
 `version()` is asked before each turn: a worker that received new weights between turns reports them, so a
@@ -27,7 +28,7 @@ from glmstack.chat import parse
 from glmstack.posttrain.agentic.context import Context, ContextOptions
 from glmstack.posttrain.agentic.env import EnvCrash, EnvOptions
 from glmstack.posttrain.agentic.envs import make_env
-from glmstack.posttrain.agentic.trajectory import Trajectory
+from glmstack.posttrain.agentic.trajectory import Summary, Trajectory
 from glmstack.posttrain.rl.rollouts import stable_seed
 
 
@@ -69,8 +70,10 @@ def run_group(engine, tokenizer, specs: list[dict], opts: EpisodeOptions, env_op
     observation = tokenizer.token_id("<|observation|>")
     live = list(range(len(trajs)))
     for turn in range(opts.max_turns):
+        summaries = _summaries(engine, tokenizer, [trajs[i] for i in live], [seeds[i] for i in live], turn, opts,
+                               version)  # fmt: skip
         for i in live:
-            trajs[i].manage()
+            trajs[i].manage(summaries.get(id(trajs[i])))
         for i in [i for i in live if ctx - len(trajs[i].context) < opts.min_room]:
             envs[i].abort("truncated")
         live = [i for i in live if envs[i].status == "running"]
@@ -94,6 +97,26 @@ def run_group(engine, tokenizer, specs: list[dict], opts: EpisodeOptions, env_op
         r = env.reward()
         t.status, t.reward, t.success, t.parts = env.status, r.value, r.success, r.parts
     return trajs
+
+
+def _summaries(engine, tokenizer, trajs: list[Trajectory], seeds: list[int], turn: int, opts: EpisodeOptions,
+               version) -> dict[int, Summary]:  # fmt: skip
+    """budget_action=summarize: the policy's summary for every view over its budget, sampled in one batch at the
+    rollout temperature -> {id(trajectory): Summary}."""
+    asks = [(t, s, t.view.summary_request()) for t, s in zip(trajs, seeds) if t.view is not None]
+    asks = [(t, s, p) for t, s, p in asks if p is not None]
+    if not asks:
+        return {}
+    v = version()
+    res = engine.generate([p for _, _, p in asks], max_new_tokens=opts.context.summary_tokens,
+                          temperature=opts.temperature, top_p=opts.top_p, top_k=opts.top_k, logprobs=True,
+                          seeds=[stable_seed(s, "summary", turn) for _, s, _ in asks])  # fmt: skip
+    versions = [w if isinstance(w, int) else v for w in (res.weight_versions or [v] * len(asks))]
+    out = {}
+    for (t, _, prompt), toks, lps, w in zip(asks, res.tokens, res.logprobs, versions):
+        text = parse(tokenizer.decode(toks), None, style=opts.chat_style).get("content") or ""
+        out[id(t)] = Summary(prompt, list(toks), list(lps), w, text)
+    return out
 
 
 def _advance(t: Trajectory, env, toks, lps, finish, v, tokenizer, opts: EpisodeOptions, observation: int) -> None:

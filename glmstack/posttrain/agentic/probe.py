@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-calls", type=int, default=4, help="tool calls before an episode counts as a loop")
     ap.add_argument("--keep-last", type=int, default=0, help="keep the k latest tool results (0 = all)")
     ap.add_argument("--token-budget", type=int, default=0, help="fold the oldest tool turns past this (0 = off)")
-    ap.add_argument("--budget-action", default="stub", choices=("stub", "discard"))
+    ap.add_argument("--budget-action", default="stub", choices=("stub", "discard", "summarize"))
     a = ap.parse_args(argv)
     from glmstack.posttrain.agentic.context import ContextOptions
 

@@ -39,6 +39,17 @@ _DUMMY = [{"role": "user", "content": "."}, {"role": "assistant", "content": "."
 
 
 @dataclass
+class Summary:
+    """The model's summary of tool results a view folds (context.py, budget_action=summarize), as sampled."""
+
+    prompt: list[int]  # the request's ids (Context.summary_request)
+    ids: list[int]  # sampled tokens
+    logprobs: list[float]
+    version: int
+    text: str  # the reply's content
+
+
+@dataclass
 class Trajectory:
     task_id: int  # the group's id in the runner's ledger (one group per task id)
     index: int  # position in the group
@@ -99,15 +110,24 @@ class Trajectory:
         self.mask[a:b] = [0] * (b - a)
         self.masked_turns.append(self.turns - 1)
 
-    def manage(self) -> dict | None:
-        """Apply the view's context management before a turn; a changed view starts a new segment."""
-        fold = self.view.manage(self.turns) if self.view is not None else None
+    def manage(self, summary: Summary | None = None) -> dict | None:
+        """Apply the view's context management before a turn; a changed view starts a new segment. With a `summary`
+        (the model's answer to the view's summary request) the request and its sampled tokens are a segment of their
+        own, trained like any turn, before the folded view's."""
+        fold = self.view.manage(self.turns, summary.text if summary else None) if self.view is not None else None
         if fold is not None:
             start = self.segments[-1]
             end = max((i + 1 for i in range(start, len(self.ids)) if self.mask[i]), default=start)
             del self.ids[end:], self.mask[end:], self.logprobs[end:]  # replies after the last sampled token
             if end == start:  # nothing trained in it: the new view replaces it
                 self.segments.pop()
+            if summary is not None:
+                self.segments.append(len(self.ids))
+                self.add_context(summary.prompt)
+                self.ids += summary.ids
+                self.mask += [1] * len(summary.ids)
+                self.logprobs += list(summary.logprobs)
+                self.versions.append(summary.version)
             self.segments.append(len(self.ids))
             self.add_context(self.view.ids)
         return fold
