@@ -38,6 +38,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "chat": ("glmstack.inference.cli:chat_main", "chat with a checkpoint in the terminal (GLM chat format)"),
     "serve": ("glmstack.serve.cli:main", "an OpenAI-compatible server with tools, reasoning, streaming and a chat page"),
     "convert": ("glmstack.model.convert:main", "re-shard a checkpoint and change its dtype"),
+    "plan": ("glmstack.train.plan:main", "trainable parameters and per-GPU memory of LoRA / full fine-tuning, computed"),
     "merge": ("glmstack.model.merge:main", "fold a LoRA adapter (PEFT folder) into its base: a plain HF checkpoint"),
     "eval": ("glmstack.eval.cli:main", "score a checkpoint or an endpoint: ppl, HumanEval, FIM, BFCL, math"),
     "sandbox": ("glmstack.sandbox.cli:main", "run a code snippet in the sandbox"),
