@@ -2,7 +2,8 @@
 
 What: loads BASE (an HF GLM folder) in fp32, puts ADAPTER (a PEFT folder: written by a glmstack LoRA stage or by
 PEFT itself, model/lora_peft.py) on it, folds every pair in as W + s·BA (model/lora.py: merged_state_dict) and
-saves DIR in BASE's dtype (or --dtype), loadable by anything that reads the base: transformers, vLLM, glmstack.
+saves DIR in BASE's dtype (or --dtype), loadable by anything that reads the base: transformers, vLLM, glmstack;
+the tokenizer files come along (the adapter folder's, else the base's).
 Why fp32 in between: the sum is formed once, rounded once to the output dtype. tests/integration/test_lora_merge.py
 checks the merged folder equals the unmerged model within 1e-5 (fp32).
 
@@ -32,7 +33,24 @@ def merge(base: str | Path, adapter: str | Path, out: str | Path, dtype: torch.d
     merged = GLM(model.cfg)
     merged.load_state_dict(merged_state_dict(model), assign=True)
     save_hf(merged, out, dtype=dtype)
+    copy_tokenizer([adapter, base], out)
     return merged
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+
+
+def copy_tokenizer(sources: list, out: str | Path) -> None:
+    """The first source folder with a tokenizer.json gives its tokenizer files to `out`, so the merged folder serves
+    and evaluates as it is (the adapter's first: a stage writes its tokenizer next to its adapter)."""
+    import shutil
+
+    for src in map(Path, sources):
+        if (src / "tokenizer.json").exists():
+            for name in TOKENIZER_FILES:
+                if (src / name).exists():
+                    shutil.copy2(src / name, Path(out) / name)
+            return
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -41,6 +41,21 @@ def test_merged_checkpoint_equals_unmerged(preset, tmp_path, capsys):
     torch.testing.assert_close(b.mtp_loss[0], a.mtp_loss[0], atol=1e-5, rtol=0)  # the MTP layer merged too
 
 
+def test_merged_folder_carries_the_tokenizer(tmp_path):
+    """A stage writes its tokenizer next to its adapter; the merged folder gets it, so it serves and evaluates as is."""
+    from glmstack.tokenizer import Tokenizer
+
+    cfg = ModelConfig.preset("tiny")
+    model = GLM(cfg).init_weights(seed=0)
+    save_hf(model, tmp_path / "base")
+    apply_lora(model, LoraConfig(r=2, alpha=2, targets=["attention"]))
+    save_adapter(model, tmp_path / "adapter")
+    tok = Tokenizer.train(["What is 2 + 3? The answer is 5."] * 4, vocab_size=300)
+    tok.save(tmp_path / "adapter")
+    assert main(["merge", str(tmp_path / "base"), str(tmp_path / "adapter"), "--out", str(tmp_path / "m")]) == 0
+    assert Tokenizer.load(tmp_path / "m").encode("The answer is 5.") == tok.encode("The answer is 5.")
+
+
 def test_merged_folder_loads_in_transformers(tmp_path):
     transformers = pytest.importorskip("transformers")
     cfg = ModelConfig.preset("tiny", num_nextn_predict_layers=0)
