@@ -15,7 +15,7 @@ the trainer keeps for backward). Every term below is computed, and labelled so:
   activations    what autograd saves for backward, per sequence of T tokens: measured by counting the storages saved
                  (torch.autograd.graph.saved_tensors_hooks) in a forward of this model's real layers — a dense layer
                  and a MoE layer at the model's hidden sizes, 8 routed experts (the saved activations depend on the
-                 top-k, not on the expert count), a 256-token vocabulary — at T = 64, 128, 256, fitted as c + a·T + b·T² per
+                 top-k, not on the expert count), a 256-token vocabulary — at T = 32, 64, 128, fitted as c + a·T + b·T² per
                  layer kind (dense, MoE, MTP with its loss) and scaled to the model's depth. glmstack has no activation
                  checkpointing, so every layer's activations are alive at the backward's start. Measured on the
                  CPU path in bf16: the reference attention keeps its T×T scores (b), which a GPU's fused attention
@@ -57,14 +57,19 @@ def parameter_counts(cfg, lora_r: int, targets: list[str]) -> dict:
     return {"total": total, "trainable": trainable, "largest_layer_non_expert": layer_dense}
 
 
-def saved_bytes(cfg, tokens: int) -> int:
-    """Bytes autograd saves for backward in one forward of `tokens` tokens (each storage once, parameters excluded)."""
+def random_model(cfg):
+    """`cfg`'s model in bf16 on the CPU with small random weights (the saved activations do not depend on them)."""
     from glmstack.model import GLM
 
     model = GLM(cfg, dtype=torch.bfloat16).materialize("cpu")
     with torch.no_grad():
         for p in model.parameters():
             p.uniform_(-0.02, 0.02)
+    return model
+
+
+def saved_bytes(model, tokens: int) -> int:
+    """Bytes autograd saves for backward in one forward of `tokens` tokens (each storage once, parameters excluded)."""
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, int] = {}
 
@@ -74,7 +79,7 @@ def saved_bytes(cfg, tokens: int) -> int:
             seen[st.data_ptr()] = st.nbytes()
         return t
 
-    ids = torch.randint(0, cfg.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, model.cfg.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(0))
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         model(ids, labels=ids)
     return sum(seen.values())
@@ -83,19 +88,20 @@ def saved_bytes(cfg, tokens: int) -> int:
 def activation_fit(cfg) -> dict[str, tuple[float, float, float]]:
     """(c, a, b) with saved bytes = c + a·T + b·T² for "dense" (a dense layer, with the embedding and loss), "moe" (a MoE
     layer) and "mtp" (an MTP layer with its loss), from forwards of cuts of `cfg` (1 layer, 2 layers, 2 layers + MTP)
-    at T = 64, 128 and 256 (module docstring)."""
+    at T = 32, 64 and 128 (module docstring)."""
     import dataclasses
 
     cut = {"first_k_dense_replace": 1, "num_nextn_predict_layers": 0, "vocab_size": 256,
            "n_routed_experts": min(cfg.n_routed_experts, max(8, cfg.num_experts_per_tok))}  # fmt: skip
     if cfg.n_group > 1:
         cut |= {"n_group": 1, "topk_group": 1}
-    lengths = (64, 128, 256)
+    lengths = (32, 64, 128)
     meas = {}
     for layers, mtp in ((1, 0), (2, 0), (2, 1)):
         depths = {"num_nextn_predict_layers": mtp, "num_mtp_depths": cfg.num_mtp_depths if mtp else 0}
-        c = dataclasses.replace(cfg, num_hidden_layers=layers, **cut | depths)
-        meas[layers, mtp] = [saved_bytes(c, t) for t in lengths]
+        model = random_model(dataclasses.replace(cfg, num_hidden_layers=layers, **cut | depths))
+        meas[layers, mtp] = [saved_bytes(model, t) for t in lengths]
+        del model  # one cut alive at a time: a GLM-5 layer is ~0.5 B parameters
 
     def fit(ys: list[float]) -> tuple[float, float, float]:
         """(c, a, b) with y = c + aT + bT² through the three lengths' points."""
