@@ -105,3 +105,10 @@ def test_unsupported_ppo_options_are_one_line(tmp_path, capsys):
     assert cli(tmp_path, "rl.gae_lambda=1.5") == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "rl.rollout_server" in err[0] and "rl.gae_lambda" in err[1]
+
+
+def test_ppo_options_on_another_loss_are_refused(tmp_path, capsys):
+    """rl.kl_coef and the critic's options do nothing without the critic: refused on grpo, never ignored."""
+    assert cli(tmp_path, "rl.loss=grpo", "rl.kl_coef=0.1", "rl.vf_coef=0.5") == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "rl.kl_coef, rl.vf_coef: PPO's options" in err and "rl.loss=grpo" in err

@@ -264,6 +264,8 @@ def check(cfg: RLConfig) -> None:
         raise ConfigError("rl.curriculum: give rows [from_step, level, group_size] or [..., hard_k]")
     if o.loss == "ppo":
         check_ppo(cfg)
+    else:
+        check_ppo_only(o)
     check_true_on_policy(o)
     check_partial(o)
     check_teachers(o.teachers, "rl.teachers", o.teacher_samples, dist.world() * cfg.grad_accum * o.minibatches)
@@ -276,6 +278,17 @@ def check(cfg: RLConfig) -> None:
         problem = check_divisible(o.samples_per_step, int(group), cfg.grad_accum * o.minibatches)
         if problem:
             raise ConfigError(problem)
+
+
+PPO_ONLY = ("kl_coef", "gamma", "gae_lambda", "value_clip", "vf_coef", "whiten_advantages")
+
+
+def check_ppo_only(o: RLOptions) -> None:
+    """The critic's and the KL-in-reward's options are PPO's: set on another loss they would do nothing."""
+    changed = [f"rl.{k}" for k in PPO_ONLY if getattr(o, k) != getattr(RLOptions(), k)]
+    if changed:
+        raise ConfigError(f"{', '.join(changed)}: PPO's options (rl.loss=ppo); rl.loss={o.loss} has no critic and "
+                          "no KL term to the start model")  # fmt: skip
 
 
 def check_ppo(cfg: RLConfig) -> None:
