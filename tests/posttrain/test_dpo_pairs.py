@@ -44,9 +44,13 @@ def test_pairs_command_splits_prompts_and_writes_readable_files(base_dir, tmp_pa
     with pytest.raises(SystemExit, match="^glmstack dpo pairs: unknown reward 'nope'"):
         glmstack(["dpo", "pairs", str(base_dir), "--reward", "nope", "--out", str(tmp_path / "c")])
     assert not (tmp_path / "c").exists()
+    with pytest.raises(SystemExit, match="^glmstack dpo pairs: unknown RL task 'nope'"):
+        glmstack(["dpo", "pairs", str(base_dir), "--task", "nope", "--out", str(tmp_path / "d")])
 
 
 def test_eval_task_prints_held_out_accuracy(base_dir, capsys):
     assert glmstack(["dpo", "eval", str(base_dir), "--task", "compare", "--level", "0", "--n", "6"]) == 0
     out = capsys.readouterr().out
     assert "| model | compare held-out (accuracy) |" in out and f"| {base_dir} | 0." in out
+    with pytest.raises(SystemExit, match="^glmstack dpo eval: unknown RL task 'nope'"):
+        glmstack(["dpo", "eval", str(base_dir), "--task", "nope"])

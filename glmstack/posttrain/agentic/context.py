@@ -153,6 +153,8 @@ class Context:
             self._stub(p, m)
         p, m = fold[-1]
         piece = self.pieces[p]
+        for special in self.tokenizer.special_tokens:  # model-written text must not forge a role or a tool call
+            summary = summary.replace(special, "")
         piece.messages[m] = piece.messages[m] | {"content": SUMMARY_PREFIX + summary.strip()}
         piece.stubbed[m] = False  # rendered with its (new) content, not the stub
         piece.ids = self._render(piece)

@@ -65,7 +65,10 @@ def task_accuracy(folder: str, task_name: str, level: int, n: int = 200, seed: i
     from glmstack.tokenizer import Tokenizer
 
     tok = Tokenizer.load(folder)
-    task = make_task(task_name, tok)
+    try:
+        task = make_task(task_name, tok)
+    except ValueError as e:
+        raise SystemExit(f"glmstack dpo eval: {e}") from None
     problems = task.problems(split="test", n=n, seed=seed, level=level)
     res = Engine(load_hf(folder, missing_mtp="drop"), tok).generate(
         [p.prompt_ids for p in problems], max_new_tokens=max_new_tokens, temperature=0.0

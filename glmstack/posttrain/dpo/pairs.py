@@ -79,7 +79,10 @@ def write_pairs(folder: str, out: str, *, task_name: str, level: int, n: int, te
     from glmstack.tokenizer import Tokenizer
 
     tok = Tokenizer.load(folder)
-    task = make_task(task_name, tok)
+    try:
+        task = make_task(task_name, tok)
+    except ValueError as e:
+        raise SystemExit(f"glmstack dpo pairs: {e}") from None
     if not hasattr(task, "style") or not task.rewards:
         raise SystemExit(f"glmstack dpo pairs: task {task_name!r} is not a chat task with a verifier")
     weights = [(r, 1.0) for r in rewards or task.rewards]
