@@ -54,7 +54,7 @@ def _common(ap: argparse.ArgumentParser, temperature: float, top_p: float, max_n
     ap.add_argument("--style", choices=["auto", "glm-4.5", "glm-4.7"], default="auto", help="chat format")
 
 
-def _load(args):
+def _load(args, fast: bool = True):
     """Tokenizer first (a missing tokenizer.json fails in a second, not after loading a large model), then the model;
     a checkpoint without its MTP layer (written by transformers) loads without MTP, with a warning. Bad files raise
     a GlmstackError that `glmstack` prints as one line."""
@@ -67,7 +67,7 @@ def _load(args):
     model = load_hf(args.checkpoint, dtype=DTYPES.get(args.dtype), device=args.device, missing_mtp="drop")
     if args.quantize:  # a model it cannot quantize raises QuantError, a GlmstackError: one line from `glmstack`
         quantize_(model, args.quantize)
-    return Engine(model, tokenizer)
+    return Engine(model, tokenizer, fast=fast)
 
 
 def _gen_kwargs(args) -> dict:

@@ -36,10 +36,11 @@ import torch
 
 
 class Block:
-    __slots__ = ("children", "hidden", "key", "kv", "nbytes", "parent", "ref", "tokens")
+    __slots__ = ("children", "hidden", "key", "kv", "nbytes", "ns", "parent", "ref", "tokens")
 
-    def __init__(self, key: int, tokens: tuple[int, ...], parent: Block | None, kv: dict, hidden):
+    def __init__(self, key: int, tokens: tuple[int, ...], parent: Block | None, kv: dict, hidden, ns: int = 0):
         self.key, self.tokens, self.parent, self.kv, self.hidden = key, tokens, parent, kv, hidden
+        self.ns = ns  # the LoRA slot whose KV this is (0: the base); chains of different slots never share blocks
         self.ref, self.children = 0, 0
         self.nbytes = sum(k.nbytes + v.nbytes for k, v in kv.values()) + (hidden.nbytes if hidden is not None else 0)
 
@@ -69,19 +70,20 @@ class PrefixCache:
 
     # ---- lookup ----------------------------------------------------------------------------------------
     @staticmethod
-    def _key(parent: Block | None, tokens: tuple[int, ...]) -> int:
-        return hash((parent.key if parent is not None else 0, tokens))
+    def _key(parent: Block | None, tokens: tuple[int, ...], ns: int = 0) -> int:
+        root = hash(("lora", ns)) if ns else 0
+        return hash((parent.key if parent is not None else root, tokens))
 
-    def _child(self, parent: Block | None, tokens: tuple[int, ...]) -> Block | None:
-        b = self.blocks.get(self._key(parent, tokens))
-        return b if b is not None and b.parent is parent and b.tokens == tokens else None
+    def _child(self, parent: Block | None, tokens: tuple[int, ...], ns: int = 0) -> Block | None:
+        b = self.blocks.get(self._key(parent, tokens, ns))
+        return b if b is not None and b.parent is parent and b.tokens == tokens and b.ns == ns else None
 
-    def match(self, ids: list[int]) -> list[Block]:
+    def match(self, ids: list[int], ns: int = 0) -> list[Block]:
         """The longest chain of cached blocks covering a prefix of ids[:-1] (the last prompt token is always
-        computed: its logits give the first new token). Touches the chain (LRU)."""
+        computed: its logits give the first new token), for LoRA slot `ns` (0: the base). Touches the chain (LRU)."""
         bs, chain, parent = self.block_size, [], None
         for j in range((len(ids) - 1) // bs):
-            b = self._child(parent, tuple(ids[j * bs : (j + 1) * bs]))
+            b = self._child(parent, tuple(ids[j * bs : (j + 1) * bs]), ns)
             if b is None:
                 break
             chain.append(b)
@@ -108,21 +110,23 @@ class PrefixCache:
             b.ref -= 1
 
     # ---- insertion and eviction -------------------------------------------------------------------------
-    def insert(self, ids: list[int], chain: list[Block], kv_of: Callable[[int], tuple[dict, torch.Tensor | None]]):
+    def insert(self, ids: list[int], chain: list[Block], kv_of: Callable[[int], tuple[dict, torch.Tensor | None]],
+               ns: int = 0):  # fmt: skip
         """Add the full blocks of ids after `chain` (its cached prefix); kv_of(j) -> ({layer: (k, v)}, hidden) of
-        block j (copied here). Stops at the first block that does not fit the budget. Returns the new chain."""
+        block j (copied here); ns: the LoRA slot that computed them. Stops at the first block that does not fit the
+        budget. Returns the new chain."""
         bs, chain = self.block_size, list(chain)
         parent = chain[-1] if chain else None
         self.acquire(chain)  # the chain being extended must not be evicted to make room for its own child
         try:
             for j in range(len(chain), len(ids) // bs):
                 tokens = tuple(ids[j * bs : (j + 1) * bs])
-                b = self._child(parent, tokens)
+                b = self._child(parent, tokens, ns)
                 if b is None:
                     kv, hidden = kv_of(j)
-                    b = Block(self._key(parent, tokens), tokens, parent,
+                    b = Block(self._key(parent, tokens, ns), tokens, parent,
                               {i: (k.clone(), v.clone()) for i, (k, v) in kv.items()},
-                              None if hidden is None else hidden.clone())  # fmt: skip
+                              None if hidden is None else hidden.clone(), ns)  # fmt: skip
                     if not self._make_room(b.nbytes):
                         self.stats["skipped"] += 1
                         break
@@ -212,9 +216,11 @@ def _depth(b: Block) -> int:
 
 
 # ---- the prefill of a batch of prompts over their cached prefixes (serve.scheduler; speculative admission) ----
-def prefill_layout(pc: PrefixCache | None, prompts: list[list[int]], device, reuse: list[bool] | None = None):
+def prefill_layout(pc: PrefixCache | None, prompts: list[list[int]], device, reuse: list[bool] | None = None,
+                   ns: list[int] | None = None):  # fmt: skip
     """Lay out a batch prefill that reuses each prompt's cached prefix. -> (cache, ids_NS, pos_NS, pre_N, chains).
-    reuse[b] False: prompt b is computed whole (a request that wants its routed experts: the cache keeps no routes).
+    reuse[b] False: prompt b is computed whole (a request that wants its routed experts: the cache keeps no routes);
+    ns[b]: the LoRA slot row b runs with (its own cached chains; None: all the base's).
 
     The layout is the engine's left-padded one (row b's tokens are the last len_b of L positions, KVCache.start
     marks the padding), except that the first Q = L - S positions come from the cache instead of being computed:
@@ -223,7 +229,9 @@ def prefill_layout(pc: PrefixCache | None, prompts: list[list[int]], device, reu
     (PrefixCache.acquire): the caller releases them when the request ends."""
     from glmstack.inference.kv_cache import KVCache
 
-    chains = [pc.match(p) if pc is not None and (reuse is None or reuse[b]) else [] for b, p in enumerate(prompts)]
+    ns = ns or [0] * len(prompts)
+    chains = [pc.match(p, ns[b]) if pc is not None and (reuse is None or reuse[b]) else []
+              for b, p in enumerate(prompts)]  # fmt: skip
     bs = pc.block_size if pc is not None else 0
     for chain in chains:
         if pc is not None:
@@ -263,8 +271,10 @@ def prefix_hidden(chain: list[Block], n: int):
     return torch.cat([blk.hidden for blk in chain], dim=0)[:n]
 
 
-def store_prefixes(pc: PrefixCache, prompts: list[list[int]], chains: list[list[Block]], cache, hidden_NSD) -> None:
-    """After a prefill laid out by prefill_layout: add each prompt's new full blocks to the cache."""
+def store_prefixes(pc: PrefixCache, prompts: list[list[int]], chains: list[list[Block]], cache, hidden_NSD,
+                   ns: list[int] | None = None) -> None:  # fmt: skip
+    """After a prefill laid out by prefill_layout: add each prompt's new full blocks to the cache (ns[b]: row b's
+    LoRA slot)."""
     S = hidden_NSD.shape[1]
     Q = cache.seq_len - S
     for b, p in enumerate(prompts):
@@ -276,4 +286,4 @@ def store_prefixes(pc: PrefixCache, prompts: list[list[int]], chains: list[list[
             kv = {i: (k[b, :, lo:hi], v[b, :, lo:hi]) for i, (k, v) in cache.buffers().items()}
             return kv, hidden_NSD[b, lo - Q : hi - Q]
 
-        pc.insert(p, chains[b], kv_of)
+        pc.insert(p, chains[b], kv_of, ns[b] if ns else 0)

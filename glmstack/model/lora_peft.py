@@ -189,13 +189,7 @@ def load_adapter(model, folder: str | os.PathLike, trainable: bool = False) -> l
     """Put the adapter in `folder` on `model` (base frozen); -> our names of the adapter parameters. A key that names
     no module of this model or has the wrong shape -> one CheckpointError listing all of them."""
     config, tensors = read_adapter(folder)
-    plan, errors = _plan(model, config, tensors)
-    if errors:
-        raise CheckpointError(
-            f"{folder}: this adapter does not fit the model (an adapter for another base?):\n  "
-            + "\n  ".join(errors[:20])
-            + (f"\n  ... {len(errors) - 20} more" if len(errors) > 20 else "")
-        )
+    plan = plan_adapter(model, config, tensors, folder)
     model.requires_grad_(False)
     for ours, kind, A, B, s in plan:
         _install(model, ours, kind, A, B, s, float(config.get("glmstack_dropout", config.get("lora_dropout") or 0.0)))
@@ -206,6 +200,19 @@ def load_adapter(model, folder: str | os.PathLike, trainable: bool = False) -> l
     for n in names:
         model.get_parameter(n).requires_grad_(trainable)
     return names
+
+
+def plan_adapter(model, config: dict, tensors: dict, folder) -> list[tuple]:
+    """[(our module name, 'linear' | bank, A, B, scaling)] for an adapter read by read_adapter; a key that names no
+    module of this model or has the wrong shape -> one CheckpointError listing all of them."""
+    plan, errors = _plan(model, config, tensors)
+    if errors:
+        raise CheckpointError(
+            f"{folder}: this adapter does not fit the model (an adapter for another base?):\n  "
+            + "\n  ".join(errors[:20])
+            + (f"\n  ... {len(errors) - 20} more" if len(errors) > 20 else "")
+        )
+    return plan
 
 
 def _plan(model, config: dict, tensors: dict):

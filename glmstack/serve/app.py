@@ -5,6 +5,8 @@ What: `create_app(engine, model_name, style, scheduler) -> FastAPI` with
                               (glmstack.chat.parse, or StreamParser deltas when streamed)
   POST /v1/completions        raw text or token-id prompts (the RL trainer's "tokens in, tokens out")
   GET  /v1/models, /health, /metrics (Prometheus text), and / (the web chat page, chat_page.html)
+  POST /v1/load_lora_adapter, /v1/unload_lora_adapter   LoRA adapters served beside the base, unmerged (vLLM's
+                              routes; `glmstack serve BASE --lora NAME=DIR`): a request's `model` picks one
 Shapes follow research/serving-protocol.md: SSE frames `data: {...}` ending `data: [DONE]`, errors
 `{"error": {"message", "type", "param", "code"}}`, vLLM's names for token ids (`prompt_token_ids`, `token_ids`
 with `return_token_ids: true`).
@@ -41,7 +43,15 @@ from glmstack.serve.limits import Limits, check_prompt_chars, message_chars, pro
 from glmstack.serve.metrics import prometheus_text
 from glmstack.serve.outputs import ChoiceOutput
 from glmstack.serve.prompt import chat_prompt
-from glmstack.serve.protocol import ApiError, ChatRequest, CompletionRequest, WeightsRequest, validation_message
+from glmstack.serve.protocol import (
+    ApiError,
+    ChatRequest,
+    CompletionRequest,
+    LoadLoraRequest,
+    UnloadLoraRequest,
+    WeightsRequest,
+    validation_message,
+)
 from glmstack.serve.scheduler import Finished, Job, QueueFull, Scheduler, Token, routed_experts
 from glmstack.serve.scoring import PromptScores
 from glmstack.serve.security import Guard
@@ -58,7 +68,7 @@ class Server:
     and where weight pushes may be read from (None: weight updates are off)."""
 
     def __init__(self, engine, model_name: str, style: str, scheduler: Scheduler, time_limit_s: float = 600.0,
-                 limits: Limits | None = None, weight_root: str | None = None):  # fmt: skip
+                 limits: Limits | None = None, weight_root: str | None = None, adapters: dict | None = None):  # fmt: skip
         self.tok, self.ctx = engine.tokenizer, engine.cfg.max_position_embeddings
         self.processor = getattr(engine, "processor", None)  # a vision-language checkpoint's (multimodal/serving.py)
         self.model_name, self.style, self.sched, self.time_limit_s = model_name, style, scheduler, time_limit_s
@@ -67,6 +77,9 @@ class Server:
         self.sched.score_chunk_elems = self.limits.score_chunk_elems
         self.created = int(time.time())
         self.counts = {"requests": 0, "rejected_429": 0, "errors_4xx": 0}
+        # LoRA adapters served beside the base (None: LoRA is off): name -> (slot, folder); a request picks one by
+        # its `model` field, as in vLLM (model/lora_multi.py)
+        self.adapters: dict[str, tuple[int, str]] | None = adapters
 
     # ---- request -> jobs -----------------------------------------------------------------------------------
     async def body(self, request: Request, model_cls, named: bool = True):
@@ -74,10 +87,18 @@ class Server:
         req = _parse(raw, model_cls) if len(raw) <= INLINE_JSON_BYTES else await asyncio.to_thread(_parse, raw, model_cls)
         if not named:  # not an OpenAI request (no model field)
             return req
-        if req.model != self.model_name:
-            raise ApiError(404, f"model {req.model!r} does not exist; this server serves {self.model_name!r}", "model")
+        self.slot_of(req.model)
         req.unsupported()
         return req
+
+    def slot_of(self, name: str) -> int:
+        """The LoRA slot a request's `model` names (0: the base); 404 for a name this server does not serve."""
+        if name == self.model_name:
+            return 0
+        if self.adapters and name in self.adapters:
+            return self.adapters[name][0]
+        served = ", ".join(repr(n) for n in [self.model_name, *(self.adapters or {})])
+        raise ApiError(404, f"model {name!r} does not exist; this server serves {served}", "model")
 
     def has_media(self, req) -> bool:
         from glmstack.multimodal.serving import has_media
@@ -139,7 +160,7 @@ class Server:
             jobs.append(Job(prompt_ids=prompt_ids, max_new_tokens=max_new, params=params, seed=seed + j, emit=emit,
                             stop_ids=frozenset(stop_ids), top_logprobs=top_logprobs, deadline=deadline,
                             media=media, score_prompt=score_prompt and j == 0,
-                            return_routes=req.return_routed_experts))  # fmt: skip
+                            return_routes=req.return_routed_experts, adapter=self.slot_of(req.model)))  # fmt: skip
         return jobs, queue
 
     def check_routes(self) -> None:
@@ -158,17 +179,49 @@ class Server:
             self.counts["rejected_429"] += 1
             raise ApiError(429, str(e)) from None
 
-    def weights_path(self, model_path: str) -> Path:
+    def weights_path(self, model_path: str, param: str = "model_path") -> Path:
         """`model_path` resolved (links followed) inside the allowed root; the same refusal whether or not the
         path exists outside it, so the route does not tell a client which server files exist."""
         if self.weight_root is None:
             raise ApiError(403, "weight updates are off: start the server with --enable-weight-updates "
-                           "--weight-root DIR", "model_path")  # fmt: skip
+                           "--weight-root DIR", param)  # fmt: skip
         path = (self.weight_root / model_path).resolve()
         if not path.is_relative_to(self.weight_root):
-            raise ApiError(403, "model_path: weights are read only from inside the server's --weight-root",
-                           "model_path")  # fmt: skip
+            raise ApiError(403, f"{param}: weights are read only from inside the server's --weight-root",
+                           param)  # fmt: skip
         return path
+
+    def next_version(self, asked):
+        v = self.sched.weight_version
+        return asked if asked is not None else (v + 1 if isinstance(v, int) else 1)
+
+    async def load_adapter(self, req: LoadLoraRequest) -> dict:
+        if self.adapters is None:
+            raise ApiError(400, "LoRA is off: start the server with --enable-lora (or --lora NAME=DIR)", "lora_name")
+        if req.lora_name == self.model_name:
+            raise ApiError(400, f"lora_name {req.lora_name!r} is the base model's name", "lora_name")
+        if req.lora_name in self.adapters and not req.load_inplace:
+            raise ApiError(400, f"the adapter {req.lora_name!r} is already loaded (load_inplace: true replaces it)",
+                           "lora_name")  # fmt: skip
+        path = self.weights_path(req.lora_path, "lora_path")
+        slot = self.adapters[req.lora_name][0] if req.lora_name in self.adapters else self.free_slot()
+        version = self.next_version(req.weight_version)
+        try:
+            await asyncio.to_thread(self.sched.update_adapter, slot, str(path), version)
+        except (OSError, ValueError) as e:  # CheckpointError / ConfigError are ValueErrors: the adapter did not fit
+            raise ApiError(400, f"lora_path: {e}", "lora_path") from None
+        self.adapters[req.lora_name] = (slot, req.lora_path)
+        return {"success": True, "message": f"loaded LoRA adapter {req.lora_name!r}", "weight_version": version}
+
+    async def unload_adapter(self, req: UnloadLoraRequest) -> dict:
+        if not self.adapters or req.lora_name not in self.adapters:
+            raise ApiError(404, f"no LoRA adapter named {req.lora_name!r} is loaded", "lora_name")
+        slot, _ = self.adapters.pop(req.lora_name)  # new requests for it are refused from here on
+        await asyncio.to_thread(self.sched.update_adapter, slot, None, self.sched.weight_version)
+        return {"success": True, "message": f"unloaded LoRA adapter {req.lora_name!r}"}
+
+    def free_slot(self) -> int:
+        return max([0, *(slot for slot, _ in self.adapters.values())]) + 1
 
     def chat_prompt_ids(self, req, media):
         """(ChatPrompt, token ids): rendering and tokenising, run in a thread by the route."""
@@ -200,10 +253,12 @@ async def events(queue: asyncio.Queue, outs: list[ChoiceOutput], jobs: list[Job]
 
 def create_app(engine, model_name: str, style: str, scheduler: Scheduler, time_limit_s: float = 600.0, *,
                limits: Limits | None = None, api_key: str | None = None, bind_host: str = "127.0.0.1",
-               allowed_hosts: list[str] | None = None, weight_root: str | None = None) -> FastAPI:  # fmt: skip
+               allowed_hosts: list[str] | None = None, weight_root: str | None = None,
+               adapters: dict | None = None) -> FastAPI:  # fmt: skip
     """The app behind the Guard middleware (security.py). `weight_root`: the folder weight pushes may be read from;
-    None turns POST /update_weights_from_disk off."""
-    srv = Server(engine, model_name, style, scheduler, time_limit_s, limits, weight_root)
+    None turns POST /update_weights_from_disk and /v1/load_lora_adapter off. `adapters`: {name: (slot, folder)} of
+    the LoRA adapters loaded on the model (None: LoRA off)."""
+    srv = Server(engine, model_name, style, scheduler, time_limit_s, limits, weight_root, adapters)
     app = FastAPI(title="glmstack serve", docs_url=None, redoc_url=None)
     app.state.server = srv
     app.add_middleware(Guard, api_key=api_key, bind_host=bind_host, allowed_hosts=allowed_hosts,
@@ -227,7 +282,9 @@ def create_app(engine, model_name: str, style: str, scheduler: Scheduler, time_l
     async def models():
         card = {"id": model_name, "object": "model", "created": srv.created, "owned_by": "glmstack",
                 "max_model_len": srv.ctx}  # fmt: skip
-        return {"object": "list", "data": [card]}
+        loras = [{**card, "id": name, "parent": model_name, "root": path}
+                 for name, (_, path) in (srv.adapters or {}).items()]  # fmt: skip
+        return {"object": "list", "data": [card, *loras]}
 
     @app.get("/metrics")
     async def metrics():
@@ -241,15 +298,21 @@ def create_app(engine, model_name: str, style: str, scheduler: Scheduler, time_l
     async def update_weights(request: Request):
         req = await srv.body(request, WeightsRequest, named=False)
         path = srv.weights_path(req.model_path)
-        version = req.weight_version
-        if version is None:
-            version = srv.sched.weight_version + 1 if isinstance(srv.sched.weight_version, int) else 1
+        version = srv.next_version(req.weight_version)
         try:
             state = await asyncio.to_thread(read_weights, path)
             await asyncio.to_thread(srv.sched.update_weights, state, version)
         except (OSError, ValueError) as e:
             raise ApiError(400, f"model_path: {e}", "model_path") from None
         return {"success": True, "message": f"loaded {req.model_path}", "weight_version": version}
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(request: Request):
+        return await srv.load_adapter(await srv.body(request, LoadLoraRequest, named=False))
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(request: Request):
+        return await srv.unload_adapter(await srv.body(request, UnloadLoraRequest, named=False))
 
     @app.get("/get_weight_version")
     async def weight_version():
@@ -394,7 +457,7 @@ async def _whole_chat(srv, req, cp, prompt_ids, jobs, queue, outs, rid) -> dict:
         if req.return_token_ids:
             choice["token_ids"] = out.ids
         choices.append(choice | _spec(jobs[j]))
-    body = {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": srv.model_name,
+    body = {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": req.model,
             "choices": choices, "usage": _usage(len(prompt_ids), outs, jobs)}  # fmt: skip
     if req.return_token_ids:
         body["prompt_token_ids"] = prompt_ids
@@ -420,7 +483,7 @@ async def _whole_completion(srv, req, runs, rid) -> dict:
                 choice |= {"prompt_token_ids": ids, "token_ids": out.ids}
             choices.append(choice | _spec(jobs[j]))
     usage = _usage(n_prompt, all_outs, [j for _, jobs, _, _ in runs for j in jobs])
-    return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": srv.model_name,
+    return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": req.model,
             "choices": choices, "usage": usage}  # fmt: skip
 
 
@@ -459,7 +522,7 @@ async def _cancelling(gen, jobs: list[Job]):
 
 
 async def stream_chat(srv, req, cp, prompt_ids, jobs, queue, outs, rid):
-    head = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": srv.model_name}
+    head = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": req.model}
 
     def chunk(j, delta, finish=None, logprobs=None, token_ids=None, **top):
         choice = {"index": j, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
@@ -509,7 +572,7 @@ async def stream_chat(srv, req, cp, prompt_ids, jobs, queue, outs, rid):
 
 
 async def stream_completion(srv, req, prompt_ids, jobs, queue, outs, rid):
-    head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": srv.model_name}
+    head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": req.model}
     first = [True] * len(jobs)
     async for j, ev, text in events(queue, outs, jobs):
         finished = isinstance(ev, Finished)

@@ -5,6 +5,8 @@
     glmstack serve CKPT --quantize int4                            # weights quantised in place (glmstack.inference.quant)
     glmstack serve CKPT --max-running 16 --max-waiting 256 --time-limit 600
     glmstack serve CKPT --prefix-cache-mb 1024 --prefix-block 16     # reuse the KV of re-sent prefixes (0: off)
+    glmstack serve BASE --lora sql=runs/a/sft/model --lora chat=DIR  # LoRA adapters beside the base, unmerged:
+                                                                   # a request's "model" picks "sql", "chat" or BASE's
 
 Thinking modes (docs/serve.md): a request's `chat_template_kwargs` {"enable_thinking", "clear_thinking"} are the
 official templates' switches; with `clear_thinking: false` (GLM-4.7/5) each turn's prompt extends the last prompt +
@@ -37,21 +39,52 @@ def build(args):
         from glmstack.errors import ConfigError
         from glmstack.model.hf import DTYPES
 
-        if args.quantize or args.speculative != "none":
-            raise ConfigError(f"{args.checkpoint} is a vision-language checkpoint: --quantize and --speculative "
-                              "are for text models")  # fmt: skip
+        if args.quantize or args.speculative != "none" or lora_on(args):
+            raise ConfigError(f"{args.checkpoint} is a vision-language checkpoint: --quantize, --speculative and "
+                              "--lora are for text models")  # fmt: skip
 
         engine = VisionEngine.load(args.checkpoint, DTYPES.get(args.dtype), args.device)
         sched = VisionScheduler(engine, args.max_running, args.max_waiting)
+        adapters = None
     else:
-        engine = _load(args)  # loads, and quantizes with --quantize (glmstack.inference.quant.quantize_)
+        # loads, and quantizes with --quantize (glmstack.inference.quant.quantize_); LoRA runs the model's own forward
+        engine = _load(args, fast=not lora_on(args))
+        adapters = load_adapters(args, engine.model)
         speculative = None if args.speculative == "none" else args.speculative
         completions = not getattr(args, "prefix_prompts_only", False)
         sched = Scheduler(engine, args.max_running, args.max_waiting, speculative, args.draft, _prefix_cache(args),
                           _monitor(args), cache_completions=completions)  # fmt: skip
     name = args.served_model_name or Path(args.checkpoint).name
-    app = create_app(engine, name, _style(args, engine), sched, args.time_limit, **security_options(args))
+    app = create_app(engine, name, _style(args, engine), sched, args.time_limit, adapters=adapters,
+                     **security_options(args))  # fmt: skip
     return app, sched
+
+
+def lora_on(args) -> bool:
+    return bool(getattr(args, "lora", None) or getattr(args, "enable_lora", False))
+
+
+def load_adapters(args, model) -> dict | None:
+    """{name: (slot, folder)} for --lora NAME=DIR ... put on `model` (model/lora_multi.py); None when LoRA is off.
+    What LoRA serving does not cover is refused here, before the server starts."""
+    from glmstack.errors import ConfigError
+    from glmstack.model.lora_multi import add_adapter
+
+    if not lora_on(args):
+        return None
+    if args.speculative != "none" or args.quantize:
+        raise ConfigError("--lora / --enable-lora: not with --speculative or --quantize (adapters are served over an "
+                          "unquantized base with plain decoding)")  # fmt: skip
+    adapters = {}
+    for item in getattr(args, "lora", None) or []:
+        name, sep, folder = item.partition("=")
+        if not sep or not name or not folder:
+            raise ConfigError(f"--lora {item!r}: write NAME=DIR (the name requests send as their model)")
+        if name in adapters or name == (args.served_model_name or Path(args.checkpoint).name):
+            raise ConfigError(f"--lora {item!r}: the name {name!r} is already taken")
+        add_adapter(model, len(adapters) + 1, folder)
+        adapters[name] = (len(adapters) + 1, folder)
+    return adapters
 
 
 def security_options(args) -> dict:
@@ -182,6 +215,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--monitor-max-rate", type=float, default=0.96, help="acceptance rate above: degenerate repetition")
     ap.add_argument("--monitor-min-tokens", type=int, default=128, help="the rules apply after this many tokens")
     ap.add_argument("--style", choices=["auto", "glm-4.5", "glm-4.7"], default="auto", help="chat format")
+    ap.add_argument("--lora", "--lora-modules", nargs="+", action="extend", default=None, metavar="NAME=DIR",
+                    help="serve PEFT adapter folders beside the base, unmerged; a request's model field picks one")
+    ap.add_argument("--enable-lora", action="store_true",
+                    help="LoRA serving without adapters at start (POST /v1/load_lora_adapter adds them)")
     sec = ap.add_argument_group("security and limits (docs/serve.md, Security)")
     sec.add_argument("--api-key", default=None,
                      help=f"require 'Authorization: Bearer KEY' on every route but /health (default: ${API_KEY_ENV})")

@@ -151,3 +151,18 @@ class WeightsRequest(_Strict):
 
     model_path: str  # an HF folder (`glmstack` checkpoints' export) or a .safetensors file of the model's state dict
     weight_version: str | int | None = None  # reported by GET /get_weight_version; None: the previous one + 1
+
+
+class LoadLoraRequest(_Strict):
+    """POST /v1/load_lora_adapter (vLLM's route and field names): serve a PEFT adapter folder under `lora_name`."""
+
+    lora_name: str = Field(min_length=1, max_length=256)  # what requests then send as their `model`
+    lora_path: str  # a PEFT adapter folder inside the server's --weight-root
+    load_inplace: bool = False  # replace an adapter of the same name (an RL trainer's adapter push)
+    weight_version: str | int | None = None  # as /update_weights_from_disk's; None: the previous one + 1
+
+
+class UnloadLoraRequest(_Strict):
+    """POST /v1/unload_lora_adapter (vLLM's): stop serving the adapter `lora_name`."""
+
+    lora_name: str

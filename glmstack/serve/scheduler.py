@@ -43,6 +43,7 @@ from glmstack.inference.prefix_cache import PrefixCache, prefill_layout, store_p
 from glmstack.inference.prefix_spec import speculative_stream
 from glmstack.inference.routes import RouteRecorder
 from glmstack.inference.sampling import RowStreams, SamplingParams, sample
+from glmstack.model.lora_multi import add_adapter, remove_adapter, use_slots
 from glmstack.serve.monitor import AcceptanceMonitor, MonitorConfig
 from glmstack.serve.scoring import score_prompt
 
@@ -95,6 +96,7 @@ class Job:
     # prompt is then prefilled whole (the prefix cache keeps no routes)
     return_routes: bool = False
     routes: list = field(default_factory=list)  # (T, L, K) int16 pieces, prompt first: routed_experts(job)
+    adapter: int = 0  # the LoRA slot it runs with (model/lora_multi.py; 0: the base), chosen by the request's model
 
 
 class Scheduler:
@@ -118,11 +120,11 @@ class Scheduler:
         self._stop = False
         self.stats = {"generated_tokens": 0, "prompt_tokens": 0, "finished": 0, "steps": 0, "aborted": 0,
                       "ttft_sum": 0.0, "ttft_count": 0, "busy_s": 0.0, "reclaimed": 0,
-                      "prefill_computed": 0, "spec_steps": 0, "spec_emitted": 0,
+                      "prefill_computed": 0, "spec_steps": 0, "spec_emitted": 0, "lora_mixed_forwards": 0,
                       "anomalies": {"corrupted-context": 0, "degenerate-repetition": 0}}  # fmt: skip
         self.recent: deque[tuple[float, int]] = deque(maxlen=256)  # (time, tokens) per step: tokens/s gauge
         self.weight_version: str | int = "default"  # SGLang's name; set by update_weights (an RL trainer's push)
-        self._updates: deque[tuple[dict, str | int, threading.Event, list]] = deque()
+        self._updates: deque[tuple[Callable[[], None], str | int, threading.Event, list]] = deque()
         self.score_chunk_elems = 2**22  # echo + logprobs: logits formed at once (positions x vocabulary)
 
     # ---------------------------------------------------------------- public
@@ -155,18 +157,32 @@ class Scheduler:
                 raise ValueError(f"weights: {name} {tuple(t.shape)} does not match the served model")
         if missing := sorted(set(have) - set(state)):
             raise ValueError(f"weights: {len(missing)} tensors missing, e.g. {missing[0]}")
+        self._between_steps(lambda: self.model.load_state_dict(state), version)  # in place (fast.py remakes copies)
+
+    def update_adapter(self, slot: int, folder: str | None, version: str | int) -> None:
+        """Put the PEFT adapter in `folder` under LoRA slot `slot` (None: remove the slot's adapter), between engine
+        steps as update_weights does; the other slots and the base are untouched (an RL trainer's adapter push)."""
+        if self.engine.fast:
+            raise ValueError("LoRA adapters need a server started with --enable-lora (or --lora)")
+        if folder is None:
+            self._between_steps(lambda: remove_adapter(self.model, slot), version)
+        else:
+            self._between_steps(lambda: add_adapter(self.model, slot, folder), version)
+
+    def _between_steps(self, change: Callable[[], None], version: str | int) -> None:
+        """Run `change` on the engine thread once no row is running; blocks until done, raises what it raised."""
         done, error = threading.Event(), []
         with self._wake:
-            self._updates.append((state, version, done, error))
+            self._updates.append((change, version, done, error))
             self._wake.notify()
         done.wait()
         if error:
             raise error[0]
 
-    def _apply_update(self, state: dict, version: str | int, done: threading.Event, error: list) -> None:
+    def _apply_update(self, change: Callable[[], None], version: str | int, done: threading.Event, error: list) -> None:
         try:
             with torch.no_grad():
-                self.model.load_state_dict(state)  # in place: the fast path remakes its weight copies (fast.py)
+                change()
             getattr(self.engine, "_expert_cache", {}).clear()  # the fast path's weight copies, remade on next use
             if self.prefix_cache is not None:
                 self.prefix_cache.clear()  # nothing is pinned: no row is running
@@ -229,7 +245,8 @@ class Scheduler:
         if not job.score_prompt or job.cancelled:
             return True
         try:
-            job.emit(score_prompt(self.model, job.prompt_ids, job.top_logprobs, self.score_chunk_elems))
+            with use_slots(self.model, [job.adapter]):
+                job.emit(score_prompt(self.model, job.prompt_ids, job.top_logprobs, self.score_chunk_elems))
             return True
         except Exception as e:  # noqa: BLE001 — e.g. out of memory on a long prompt: this request fails, not the batch
             self._finish(job, Finished("error", f"scoring the prompt: {type(e).__name__}: {e}"))
@@ -352,7 +369,13 @@ class _Batch:
 
     def _forward(self, jobs: list[Job], ids_NT, pos_NT, cache, fed: list[int] | None = None):
         """run.forward (last position's logits); the jobs that asked for their routes get this forward's, the last
-        fed[j] (default 1) positions of row j (inference/routes.py)."""
+        fed[j] (default 1) positions of row j (inference/routes.py). Row j runs with its job's LoRA slot."""
+        slots = [job.adapter for job in jobs]
+        self.sched.stats["lora_mixed_forwards"] += len(set(slots)) > 1
+        with use_slots(self.engine.model, slots if any(slots) else None):
+            return self._routed_forward(jobs, ids_NT, pos_NT, cache, fed)
+
+    def _routed_forward(self, jobs: list[Job], ids_NT, pos_NT, cache, fed: list[int] | None):
         if not any(job.return_routes for job in jobs):
             return self.run.forward(ids_NT, pos_NT, cache, last_only=True)
         self.recorder = self.recorder or RouteRecorder(self.engine.model)
@@ -370,14 +393,15 @@ class _Batch:
         """(the new rows' left-padded KV cache, their last logits (N, V), the position of their next token (N, 1))."""
         pc = self.sched.prefix_cache
         prompts = [job.prompt_ids for job in new]
+        ns = [job.adapter for job in new]
         cache, ids_NS, pos_NS, pre_N, chains = prefill_layout(pc, prompts, self.device,
-                                                              [not job.return_routes for job in new])  # fmt: skip
+                                                              [not job.return_routes for job in new], ns)  # fmt: skip
         for job, chain in zip(new, chains):
             job.prefix = chain
         fed = [len(p) - pre for p, pre in zip(prompts, pre_N)]  # the positions each row computes
         logits_NV, hidden_NSD = self._forward(new, ids_NS, pos_NS, cache, fed)
         if pc is not None:
-            store_prefixes(pc, prompts, chains, cache, hidden_NSD)
+            store_prefixes(pc, prompts, chains, cache, hidden_NSD, ns)
         for job, pre in zip(new, pre_N):
             job.cached_tokens = pre
             self.sched.stats["prefill_computed"] += len(job.prompt_ids) - pre
@@ -449,7 +473,7 @@ class _Batch:
             lo, hi = start + j * bs, start + (j + 1) * bs
             return {i: (k[b, :, lo:hi], v[b, :, lo:hi]) for i, (k, v) in self.cache.buffers().items()}, None
 
-        pc.insert(ids, job.prefix, kv_of)
+        pc.insert(ids, job.prefix, kv_of, job.adapter)
 
     def _drop_finished(self) -> torch.Tensor | None:
         """Rows that ended (stop id, budget, cancel, deadline) leave the batch, freeing their slot at once.

@@ -1,0 +1,175 @@
+"""Several LoRA adapters over one base at once, chosen per batch row: `glmstack serve BASE --lora a=DIR --lora b=DIR`.
+
+What: `add_adapter(model, slot, folder)` puts a PEFT adapter folder (model/lora_peft.py: written by a glmstack LoRA
+stage or by PEFT) on the served model under a slot number; slot 0 is the base itself. Before a forward,
+`use_slots(model, slots_N)` says which slot each of the batch's N rows uses; rows of different adapters and of the
+base then run in one forward, unmerged, as vLLM serves LoRA adapters (Punica / S-LoRA's multi-adapter batching).
+`remove_adapter` / a second `add_adapter` on a slot replace one adapter without touching the others (RL's
+adapter-only weight pushes).
+
+Why unmerged: merging (W + s·BA) makes one copy of the base per adapter; here the base is stored once and each
+adapter costs its low-rank pairs. The result equals the merged model's up to rounding (tests/integration/
+test_serve_lora.py: greedy outputs equal token for token).
+
+How: every module some adapter targets gets a mixin (the class swap model/lora.py uses, so the base keeps its
+state-dict names and a full-weight push still loads) that holds, per slot, its (A, s·B) pairs as plain tensors (not
+parameters: nothing trains here). A Linear adds, for each slot present in the batch, that slot's low-rank term on
+its rows' tokens. An expert bank runs, for each slot present, the experts on that slot's tokens with that slot's
+adapters (the low-rank terms inside moe's fast path where it runs, else W + s·BA into the reference loop). The
+loops are over the slots present in a batch (a few), never over rows or experts.
+
+    add_adapter(model, 1, "runs/lora/sft/model")
+    with use_slots(model, torch.tensor([0, 1, 1])):   # row 0: the base; rows 1, 2: the adapter
+        logits = model(ids_3T).logits
+
+Shape legend: N rows, T tokens (X: all tokens of the batch, rows outermost), E experts, O out, I in, r rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from glmstack.errors import ConfigError
+from glmstack.model import lora, moe
+from glmstack.model.lora_peft import plan_adapter, read_adapter
+
+
+class Slots:
+    """The batch's per-row slot numbers (N,), shared by every adapted module of a model; None: every row is base."""
+
+    rows: torch.Tensor | None = None
+
+
+def _token_slots(slots: Slots, x: torch.Tensor) -> torch.Tensor | None:
+    """(X,) the slot of every token of x (..., I) whose leading dims flatten rows-outermost, as the model's modules
+    see them ((N, T, I) or (N·T, I)); None when the batch is all base."""
+    rows_N = slots.rows
+    if rows_N is None:
+        return None
+    X = x.numel() // x.shape[-1]
+    if X % rows_N.numel():
+        raise ValueError(f"LoRA slots: {rows_N.numel()} rows do not divide this input's {X} tokens")
+    return rows_N.to(x.device).repeat_interleave(X // rows_N.numel())
+
+
+def _groups(slots_X: torch.Tensor):
+    """(slot, token indices) per slot present, the base's included."""
+    for s in slots_X.unique().tolist():
+        yield int(s), (slots_X == s).nonzero()[:, 0]
+
+
+class MultiLoraLinear(nn.Module):
+    """Mixin before a Linear-like class: y = base(x) + for each row, its slot's s · B A x."""
+
+    lora_slots: Slots
+    lora_stack: dict  # slot -> (A (r, I), sB (O, r))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = super().forward(x)
+        slots_X = _token_slots(self.lora_slots, x)
+        if slots_X is None or not self.lora_stack:
+            return y
+        x_XI, y_XO = x.reshape(-1, x.shape[-1]), y.reshape(-1, y.shape[-1]).clone()
+        for s, idx in _groups(slots_X):
+            if s in self.lora_stack:
+                A, sB = self.lora_stack[s]
+                h = F.linear(F.linear(x_XI[idx].to(A.dtype), A), sB)  # (n, O) through (n, r)
+                y_XO[idx] += h.to(y_XO.dtype)
+        return y_XO.view(y.shape)
+
+
+class MultiLoraExperts(nn.Module):
+    """Mixin before an expert bank module (moe.Experts): each slot's tokens through the experts with its adapters."""
+
+    lora_slots: Slots
+    lora_stack: dict  # slot -> {bank: (A (E, r, I), sB (E, O, r))}
+
+    def forward(self, x_TD, topk_idx_TK, topk_w_TK):
+        slots_T = _token_slots(self.lora_slots, x_TD)
+        if slots_T is None or not self.lora_stack:
+            return super().forward(x_TD, topk_idx_TK, topk_w_TK)
+        y_TD = None
+        for s, idx in _groups(slots_T):
+            part = self._slot_forward(s, x_TD[idx], topk_idx_TK[idx], topk_w_TK[idx])
+            y_TD = y_TD if y_TD is not None else part.new_empty(x_TD.shape[0], part.shape[-1])
+            y_TD[idx] = part
+        return y_TD
+
+    def _slot_forward(self, s: int, x_TD, idx_TK, w_TK):
+        pairs = self.lora_stack.get(s)
+        if not pairs:
+            return super().forward(x_TD, idx_TK, w_TK)
+        fn = moe.fast_path(self, x_TD)
+        if fn is not None:
+            ops = []
+            for bank in lora.BANKS:
+                A, sB = pairs.get(bank, (None, None))
+                ops += [None, None] if A is None else [A.to(x_TD.dtype), sB.to(x_TD.dtype)]
+            return fn(x_TD, idx_TK, w_TK, self.gate_up_proj, self.down_proj, lora=tuple(ops))
+        banks = []
+        for bank, w in zip(lora.BANKS, self.banks()):
+            A, sB = pairs.get(bank, (None, None))
+            banks.append(w if A is None else w + torch.bmm(sB, A).to(w.dtype))  # (E, O, I)
+        return moe.experts_loop(x_TD, idx_TK, w_TK, *banks)
+
+
+# ---------------------------------------------------------------- adding, removing, choosing
+def slots_of(model: nn.Module) -> Slots:
+    if not hasattr(model, "lora_slots"):
+        model.lora_slots = Slots()
+    return model.lora_slots
+
+
+def add_adapter(model: nn.Module, slot: int, folder: str | os.PathLike) -> None:
+    """Put the PEFT adapter in `folder` on `model` under `slot` (>= 1), replacing what the slot held. A folder that
+    does not fit this base: one CheckpointError naming every mismatch, and the model is left as it was."""
+    if slot < 1:
+        raise ConfigError(f"LoRA slot {slot}: slot 0 is the base model")
+    if lora.has_lora(model):
+        raise ConfigError("this model already carries trainable LoRA adapters (model/lora.py); serve its base")
+    config, tensors = read_adapter(folder)
+    plan = plan_adapter(model, config, tensors, folder)
+    remove_adapter(model, slot)
+    slots = slots_of(model)
+    for ours, kind, A, B, scaling in plan:
+        module = model.get_submodule(ours)
+        mixin = MultiLoraLinear if kind == "linear" else MultiLoraExperts
+        if not isinstance(module, mixin):
+            lora._swap_class(module, mixin)
+            module.lora_slots, module.lora_stack = slots, {}
+        dev = next(module.parameters()).device
+        A, sB = A.to(dev, torch.float32), (B * scaling).to(dev, torch.float32)
+        if kind == "linear":
+            module.lora_stack[slot] = (A, sB)
+            lora._plain_mla_if_kv_b(model, ours)
+        else:
+            module.lora_stack.setdefault(slot, {})[kind] = (A, sB)
+
+
+def remove_adapter(model: nn.Module, slot: int) -> None:
+    for m in model.modules():
+        if isinstance(m, (MultiLoraLinear, MultiLoraExperts)):
+            m.lora_stack.pop(slot, None)
+
+
+def adapter_slots(model: nn.Module) -> set[int]:
+    """The slots some module holds an adapter for."""
+    return {s for m in model.modules() if isinstance(m, (MultiLoraLinear, MultiLoraExperts)) for s in m.lora_stack}
+
+
+@contextlib.contextmanager
+def use_slots(model: nn.Module, rows_N: torch.Tensor | list[int] | None):
+    """Within the block, row b of a forward runs with slot rows_N[b]'s adapters (0: the base)."""
+    slots = slots_of(model)
+    if rows_N is not None and not torch.is_tensor(rows_N):
+        rows_N = torch.tensor(rows_N, dtype=torch.long)
+    before, slots.rows = slots.rows, rows_N if rows_N is not None and bool(rows_N.any()) else None
+    try:
+        yield
+    finally:
+        slots.rows = before
