@@ -115,10 +115,12 @@ class RunningServer:
         self.sched.stop()
 
 
-def rl_here_and_on_server(recipe: str, stage: str, base_dir, tmp_path, common: list[str], while_up=None):
+def rl_here_and_on_server(recipe: str, stage: str, base_dir, tmp_path, common: list[str], while_up=None,
+                          served_as: str = "tiny", **server_options):  # fmt: skip
     """`glmstack rl <recipe>` twice: rollouts in process (out_dir tmp_path/local), then on a RunningServer of
-    `base_dir` that takes the trainer's weight pushes (tmp_path/remote). -> (metrics rows {"local", "remote"}, the
-    server's weight version at the end, `while_up(server)`'s result, taken before the server stops)."""
+    `base_dir` that takes the trainer's weight pushes (tmp_path/remote), the rollouts asking for model `served_as`.
+    -> (metrics rows {"local", "remote"}, the server's weight version at the end, `while_up(server)`'s result, taken
+    before the server stops)."""
     import json
 
     import httpx
@@ -127,11 +129,11 @@ def rl_here_and_on_server(recipe: str, stage: str, base_dir, tmp_path, common: l
 
     pushes = tmp_path / "pushes"
     pushes.mkdir()
-    server = RunningServer(str(base_dir), enable_weight_updates=True, weight_root=str(pushes))
+    server = RunningServer(str(base_dir), enable_weight_updates=True, weight_root=str(pushes), **server_options)
     try:
         assert glmstack(["rl", recipe, *common, "--set", f"out_dir={tmp_path / 'local'}"]) == 0
         assert glmstack(["rl", recipe, *common, "--set", f"out_dir={tmp_path / 'remote'}", "--set",
-                         f"rl.rollout_server={server.url}", "--set", "rl.server_model=tiny", "--set",
+                         f"rl.rollout_server={server.url}", "--set", f"rl.server_model={served_as}", "--set",
                          f"rl.rollout_weights_dir={pushes}"]) == 0  # fmt: skip
         version = httpx.get(server.url + "/get_weight_version").json()["weight_version"]
         seen = while_up(server) if while_up else None

@@ -134,6 +134,20 @@ def _write_banks(hf: str, banks: dict, tensors: dict, ranks: dict, params: list)
 def save_adapter(model, folder: str | os.PathLike, base: str = "", state: dict | None = None) -> Path:
     """Write `model`'s adapters as a PEFT folder (tensors as they are held, contiguous); -> the folder. `state`: as
     in adapter_tensors."""
+    return write_adapter(folder, *adapter_files(model, base, state))
+
+
+def write_adapter(folder: str | os.PathLike, tensors: dict, config: dict) -> Path:
+    """A PEFT folder from adapter_files' (tensors, config)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous().cpu() for k, v in tensors.items()}, str(folder / WEIGHTS_NAME))
+    (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+    return folder
+
+
+def adapter_files(model, base: str = "", state: dict | None = None) -> tuple[dict, dict]:
+    """(PEFT key -> tensor, adapter_config.json's dict) of `model`'s adapters: a PEFT folder's contents."""
     cfg = getattr(model, "lora_config", None) or lora.LoraConfig()
     tensors, ranks, modules, params = adapter_tensors(model, state)
     if not tensors:
@@ -148,11 +162,7 @@ def save_adapter(model, folder: str | os.PathLike, base: str = "", state: dict |
         "inference_mode": True, "task_type": "CAUSAL_LM", "use_dora": False, "modules_to_save": None,
         "glmstack_dropout": cfg.dropout,
     }  # fmt: skip
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous().cpu() for k, v in tensors.items()}, str(folder / WEIGHTS_NAME))
-    (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
-    return folder
+    return tensors, config
 
 
 def _patterns(ranks: dict[str, tuple[int, float]], rslora: bool):

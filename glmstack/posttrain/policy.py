@@ -16,13 +16,15 @@ knows where the sampler runs:
 inference.vision.generate_batch with each row's pixels (`media`); `dtype` (rl.rollout_dtype) and `perturb`
 (rl.rollout_noise) make a controlled train/inference mismatch. `ServerPolicy` talks to an OpenAI-compatible server
 (rl/remote.py's client): a push writes the weights to a disk the server reads (inside its --weight-root) and POSTs
-/update_weights_from_disk, from rank 0 only, then every rank waits (no rank samples before the server runs them).
+/update_weights_from_disk, from rank 0 only, then every rank waits (no rank samples before the server runs them);
+a LoRA policy pushes its adapters alone (`AdapterPush`, /v1/load_lora_adapter under the rollout model's name).
 """
 
 from __future__ import annotations
 
 import contextlib
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -40,14 +42,27 @@ def full_state(model) -> dict:
     return {k: v.detach().cpu().clone() for k, v in dist.unwrap(model).state_dict().items()}
 
 
-def served_state(model, state: dict) -> dict:
-    """What a push to a rollout SERVER sends: `state` with the policy's LoRA adapters folded into their base weights
-    (a served model has no adapter modules: W + s·BA, model/lora.py), else `state` itself. An in-process copy takes
-    `state` as it is (it carries the adapters)."""
+@dataclass
+class AdapterPush:
+    """A LoRA policy's adapters as a PEFT folder's contents (model/lora_peft.py): what a push to a server that
+    serves LoRA sends instead of the whole model."""
+
+    tensors: dict
+    config: dict
+
+
+def served_state(model, state: dict, lora: str = "adapter") -> dict | AdapterPush:
+    """What a push to a rollout SERVER sends for a LoRA policy: its adapters alone (`lora` "adapter": the server
+    loads them beside its base, /v1/load_lora_adapter, a few MB instead of the model) or `state` with the adapters
+    folded into their base weights ("merged": W + s·BA, for servers without LoRA); `state` itself for a policy
+    without LoRA. An in-process copy takes `state` as it is (it carries the adapters)."""
     from glmstack.model.lora import has_lora, merged_state_dict
+    from glmstack.model.lora_peft import adapter_files
 
     inner = dist.unwrap(model)
-    return merged_state_dict(inner, state) if has_lora(inner) else state
+    if not has_lora(inner):
+        return state
+    return AdapterPush(*adapter_files(inner, state=state)) if lora == "adapter" else merged_state_dict(inner, state)
 
 
 def plain_copy(model, state: dict, cpu: bool = False):
@@ -169,19 +184,28 @@ class ServerPolicy(ServerEngine):
             dist.barrier()
         self.version = version
 
-    def _post(self, state: dict, version: int) -> None:
+    def _post(self, state: dict | AdapterPush, version: int) -> None:
         import httpx
         from safetensors.torch import save_file
 
+        from glmstack.model.lora_peft import write_adapter
+
         if self.folder is None:
             self.folder = tempfile.TemporaryDirectory(prefix="glmstack-weights-", dir=self.weights_dir or None)
-        path = str(Path(self.folder.name) / "weights.safetensors")
-        save_file({k: v.detach().cpu().contiguous().clone() for k, v in state.items()}, path)
+        if isinstance(state, AdapterPush):  # the adapters, served under this policy's model name
+            path = str(write_adapter(Path(self.folder.name) / "adapter", state.tensors, state.config))
+            route, body = "/v1/load_lora_adapter", {"lora_name": self.model, "lora_path": path, "load_inplace": True}
+        else:
+            path = str(Path(self.folder.name) / "weights.safetensors")
+            save_file({k: v.detach().cpu().contiguous().clone() for k, v in state.items()}, path)
+            route, body = "/update_weights_from_disk", {"model_path": path}
         auth = {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        r = httpx.post(self.url + "/update_weights_from_disk", json={"model_path": path, "weight_version": version},
-                       headers=auth, timeout=600)  # fmt: skip
+        r = httpx.post(self.url + route, json=body | {"weight_version": version}, headers=auth, timeout=600)
         if r.status_code != 200:
-            raise RuntimeError(f"the rollout server refused the weights: {r.status_code} {r.text}")
+            hint = (" (LoRA pushes load the adapters under the rollout model's name: start the server with "
+                    "--enable-lora and give the adapters a name of their own, not the base's)"
+                    if isinstance(state, AdapterPush) else "")  # fmt: skip
+            raise RuntimeError(f"the rollout server refused the weights: {r.status_code} {r.text}{hint}")
 
     def generate(self, prompts, max_new_tokens: int, *, media=None, **kw) -> GenerationResult:
         if media is not None and any(m is not None for m in media):

@@ -22,13 +22,17 @@ from tests.serve_fixture import RunningServer
 COIN = "tests.posttrain.agentic_coin:CoinEnv"  # mixed rewards: the first update changes the weights
 
 
-def two_steps(folder, base_dir, server: str = "", runner: str = "local", pushes: str = "") -> list[dict]:
+def two_steps(folder, base_dir, server: str = "", runner: str = "local", pushes: str = "", lora: bool = False,
+              served_as: str = "tiny") -> list[dict]:  # fmt: skip
     """The micro-batches the loss saw in two steps of the real loop (synchronous: a push before each step);
-    `pushes`: the folder the trainer writes its weight pushes to (the server's --weight-root)."""
+    `pushes`: the folder the trainer writes its weight pushes to (the server's --weight-root); `lora`: a LoRA
+    policy (AdamW at a large rate, so its first update moves the rollouts)."""
     cfg = tiny()
     cfg.out_dir, cfg.init_from, cfg.steps, cfg.runner = str(folder), str(base_dir), 2, runner
+    if lora:
+        cfg.lora.enabled, cfg.optim.muon, cfg.optim.lr = True, False, 5e-2
     o = cfg.agentic
-    o.envs, o.asynchronous, o.rollout_server, o.server_model = [[COIN, 1.0]], False, server, "tiny"
+    o.envs, o.asynchronous, o.rollout_server, o.server_model = [[COIN, 1.0]], False, server, served_as
     o.rollout_weights_dir = pushes
     model, optimizer = model_and_optimizer(cfg)
     return train_recording(cfg, model, optimizer, build(cfg, model, optimizer, str(base_dir)), folder / "agentic")
@@ -78,6 +82,28 @@ def test_server_rollouts_with_weight_pushes_equal_in_process(tmp_path, base_dir)
     assert wrong.status_code == 400 and "does not match the served model" in wrong.json()["error"]["message"]
     # the check has teeth: the initial weights give the second step's tokens other log-probs
     initial = load_hf(base_dir, dtype=torch.float32)
+    b = remote[2]
+    with torch.no_grad():
+        logp = token_logprobs(initial(b["input_ids"]).logits, b["targets"], 1.0)
+    m = b["mask"] > 0
+    assert (logp[m] - b["rollout_logp"][m]).abs().max() > 1e-4
+
+
+def test_lora_policy_pushes_its_adapters_and_the_server_samples_with_them(tmp_path, base_dir):
+    """agentic.server_lora=adapter (the default): the trainer pushes only its adapters, the server (--enable-lora)
+    serves them beside its base under the rollout model's name; the two steps equal the in-process run's."""
+    pushes = tmp_path / "pushes"
+    pushes.mkdir()
+    server = RunningServer(str(base_dir), enable_lora=True, enable_weight_updates=True, weight_root=str(pushes))
+    try:
+        local = two_steps(tmp_path / "local", base_dir, lora=True)
+        remote = two_steps(tmp_path / "remote", base_dir, server.url, pushes=str(pushes), lora=True, served_as="policy")
+        models = httpx.get(server.url + "/v1/models").json()["data"]
+    finally:
+        server.stop()
+    assert_same_rollouts(local, remote)
+    assert [(m["id"], m.get("parent")) for m in models] == [("tiny", None), ("policy", "tiny")]
+    initial = load_hf(base_dir, dtype=torch.float32)  # the second step sampled from the updated adapters
     b = remote[2]
     with torch.no_grad():
         logp = token_logprobs(initial(b["input_ids"]).logits, b["targets"], 1.0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 
 from glmstack.model import load_hf
@@ -68,37 +69,53 @@ def test_rl_through_a_server_trains_the_served_policy(tmp_path, base_dir, tok):
     assert summary["remote"]["heldout_end"] == summary["local"]["heldout_end"]
 
 
-def server_logprobs(url: str, ids: list[int]) -> list[float]:
+def server_logprobs(url: str, ids: list[int], model: str = "tiny") -> list[float]:
     """The server's log-prob of each token after the first (echo + logprobs, the scoring request)."""
     from openai import OpenAI
 
     r = OpenAI(base_url=url + "/v1", api_key="none").completions.create(
-        model="tiny", prompt=ids, max_tokens=1, echo=True, logprobs=0, temperature=0.0
+        model=model, prompt=ids, max_tokens=1, echo=True, logprobs=0, temperature=0.0
     )
     return list(r.choices[0].logprobs.token_logprobs[1 : len(ids)])
 
 
-def test_lora_rl_through_a_server_serves_the_merged_policy(tmp_path, base_dir, tok):
-    """A LoRA policy's pushes fold its adapters into the base weights (the server has no adapter modules): after 2
-    steps the server's log-probs are the in-process policy's (base + adapters), and its updates equal the
-    in-process run's."""
+@pytest.mark.parametrize("push", ["adapter", "merged"])
+def test_lora_rl_through_a_server_serves_the_trained_policy(push, tmp_path, base_dir, tok):
+    """A LoRA policy's pushes: its adapters alone, served beside the untouched base under the rollout model's name
+    (`rl.server_lora=adapter`, the default; `glmstack serve --enable-lora`), or folded into the base weights
+    ("merged", for servers without LoRA). After 2 steps the server's log-probs are the in-process policy's (base +
+    adapters) and its updates equal the in-process run's."""
+    import httpx
+
     from glmstack.model.merge import merge
     from tests.serve_fixture import rl_here_and_on_server
 
     common = ["--set", f"init_from={base_dir}", "--set", "steps=2", "--set", "rl.eval_every=0", "--set",
               "rl.heldout_n=4", "--set", "log.plots=false", "--set", "schedule.warmup_steps=0", "--set",
-              "lora.enabled=true", "--set", "optim.muon=false", "--set", "optim.lr=1e-2"]  # fmt: skip
+              "lora.enabled=true", "--set", "optim.muon=false", "--set", "optim.lr=1e-2",
+              "--set", f"rl.server_lora={push}"]  # fmt: skip
     probe = [5, 9, 17, 3, 4, 30, 21]
-    rows, version, served = rl_here_and_on_server("rl_tiny", "rl", base_dir, tmp_path, common,
-                                                  lambda server: server_logprobs(server.url, probe))  # fmt: skip
+    name = "policy" if push == "adapter" else "tiny"
+    options = {"enable_lora": True} if push == "adapter" else {}
+
+    def while_up(server):
+        served = {m: server_logprobs(server.url, probe, m) for m in {name, "tiny"}}
+        return served, httpx.get(server.url + "/v1/models").json()["data"]
+
+    rows, version, (served, models) = rl_here_and_on_server("rl_tiny", "rl", base_dir, tmp_path, common, while_up,
+                                                            served_as=name, **options)  # fmt: skip
     for a, b in zip(rows["local"], rows["remote"]):
         assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-4 * a["grad_norm"]
     assert version == 2
     step = max((tmp_path / "remote" / "tiny" / "rl").glob("step_*"))  # a PEFT adapter folder
     policy = merge(base_dir, step, tmp_path / "merged", dtype=torch.float32)  # glmstack merge: base + adapters
+    base_model = load_hf(str(base_dir))
     with torch.no_grad():
         ids = torch.tensor([probe])
         want = torch.log_softmax(policy(ids[:, :-1]).logits.float(), -1).gather(-1, ids[:, 1:, None])[0, :, 0]
-        base = torch.log_softmax(load_hf(str(base_dir))(ids[:, :-1]).logits.float(), -1).gather(-1, ids[:, 1:, None])
-    assert (want - base[0, :, 0]).abs().max() > 1e-3  # the adapters moved the policy
-    torch.testing.assert_close(torch.tensor(served), want, atol=1e-4, rtol=0)
+        base = torch.log_softmax(base_model(ids[:, :-1]).logits.float(), -1).gather(-1, ids[:, 1:, None])[0, :, 0]
+    assert (want - base).abs().max() > 1e-3  # the adapters moved the policy
+    torch.testing.assert_close(torch.tensor(served[name]), want, atol=1e-4, rtol=0)
+    if push == "adapter":  # the base it serves beside them is untouched: only the adapters were pushed
+        torch.testing.assert_close(torch.tensor(served["tiny"]), base, atol=1e-5, rtol=0)
+        assert [(m["id"], m.get("parent")) for m in models] == [("tiny", None), ("policy", "tiny")]

@@ -33,10 +33,10 @@ def reset_optimizer(optimizer) -> None:
 class AgenticData:
     def __init__(self, *, policy, optimizer, runner, group_size: int, micro_batches: int, sync_every: int,
                  temperature: float, reset: bool = True, evaluate=None, eval_every: int = 0,
-                 to_server: bool = False, mix=None):  # fmt: skip
+                 to_server: str = "", mix=None):  # fmt: skip
         self.policy, self.optimizer, self.runner = policy, optimizer, runner
         self.mix = mix  # rl/teachers.py's TeacherMix: cross-stage distillation rows in every batch, or None
-        self.to_server = to_server  # pushes go to a rollout server: a LoRA policy's adapters folded in
+        self.to_server = to_server  # pushes go to a rollout server: a LoRA policy's "adapter"s or "merged" weights
         self.group_size, self.micro_batches, self.sync_every = group_size, micro_batches, sync_every
         self.temperature, self.reset, self.evaluate, self.eval_every = temperature, reset, evaluate, eval_every
         self.step = 0
@@ -65,7 +65,7 @@ class AgenticData:
         if self.step % self.sync_every == 0 or self.runner.version < 0:
             t0 = time.perf_counter()
             state = self.weights()
-            self.runner.push(served_state(self.policy, state) if self.to_server else state, self.step)
+            self.runner.push(served_state(self.policy, state, self.to_server) if self.to_server else state, self.step)
             if self.mix is not None:
                 self.mix.push(self.policy, state, self.step)
             if self.reset and self.step > 0:

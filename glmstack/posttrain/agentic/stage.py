@@ -77,6 +77,7 @@ class AgenticOptions:
     # where the trainer writes its weight pushes: inside the server's --weight-root; "" = a private temporary folder
     # (then the server's --weight-root must hold the system's temporary folder)
     rollout_weights_dir: str = ""
+    server_lora: Literal["adapter", "merged"] = "adapter"  # a LoRA policy's pushes (rl.server_lora)
     # the workers sample with the trainer's batch-invariant ops and precision: rollout log-probs equal the
     # trainer's bit for bit (rl.true_on_policy's, docs/rl.md)
     true_on_policy: bool = False
@@ -268,7 +269,7 @@ def build(cfg: AgenticConfig, model, optimizer, tokenizer_dir: str):
                        micro_batches=cfg.grad_accum, sync_every=o.sync_every, temperature=o.episode.temperature,
                        reset=o.reset_optimizer, eval_every=o.eval_every,
                        evaluate=held_out_eval(cfg, model, tokenizer_dir) if o.heldout_n else None,
-                       to_server=bool(o.rollout_server), mix=teacher_mix(cfg, tokenizer_dir))  # fmt: skip
+                       to_server=o.server_lora if o.rollout_server else "", mix=teacher_mix(cfg, tokenizer_dir))  # fmt: skip
     data.runner = Runner(make_pool(cfg, model, tokenizer_dir, data.weights()), sampler(o, cfg.seed),
                          groups_per_step=o.groups_per_step // W, group_size=o.group_size, tau=o.tau,
                          workers=o.workers, inflight=o.inflight, asynchronous=o.asynchronous, rank=dist.rank(),

@@ -168,7 +168,7 @@ class Rollouts:
         if o.rollout_server:
             from glmstack.posttrain.policy import served_state
 
-            state = served_state(self.policy, state)  # a LoRA policy's adapters folded in: the server has none
+            state = served_state(self.policy, state, o.server_lora)  # a LoRA policy: its adapters, or merged
         self.engine.push(state, self.step)
         self.version = self.step
         return time.perf_counter() - t0

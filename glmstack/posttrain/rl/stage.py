@@ -120,6 +120,9 @@ class RLOptions:
     rollout_server_key: str = ""
     # where the trainer writes its weight pushes: inside the server's --weight-root; "" = a private temporary folder
     rollout_weights_dir: str = ""
+    # a LoRA policy's pushes to the server: "adapter" (its adapters alone, served under server_model beside the
+    # base: `glmstack serve BASE --enable-lora`) or "merged" (W + s·BA, the whole model: servers without LoRA)
+    server_lora: Literal["adapter", "merged"] = "adapter"
     # on-policy distillation from earlier stages' models mixed into every rollout batch (GLM-5 §3.5; teachers.py):
     # [{"model": FOLDER_OR_RUN/STAGE, "task": "tools", "weight": 1.0, "level": 0}, ...]; `teacher_samples` prompts of
     # their tasks per batch, one sample each from the rollout policy, Eq. 2's advantage on those rows
