@@ -14,7 +14,9 @@ Why: decoding reads every active weight once per step, so weight bytes are its c
     The FP8 format itself is the model's (glmstack/model/quantized.py: load_hf reads released FP8 folders).
 What is quantized: the decoder blocks' linear layers (q/k/v/o, dense MLP, shared expert) and the routed experts,
 in the trunk and the MTP layers; embeddings, LM head, router, norms and the MTP layer's eh_proj stay as they are
-(as in the released FP8 checkpoints). GQA models only (MLA's absorbed attention reads its weights directly).
+(as in the released FP8 checkpoints). MLA models (GLM-4.7-Flash, GLM-5) quantize their q / kv latent projections,
+kv_b_proj and o_proj, and DSA's indexer its wq_b and wk (weights_proj stays fp32); the absorbed decode dequantizes
+kv_b_proj at each call (model/mla.py: w_uk_uv).
 A quantized model decodes through the model's own forward (Engine picks ReferenceForward: the fast path keeps fp
 copies of the weights, which is what quantizing removes). `save_hf` of an fp8-quantized model writes a released-
 style FP8 folder and `load_hf` of such a folder builds this model with the FP8 weights as stored.
@@ -82,6 +84,8 @@ class Int4Linear(nn.Module):
     def __init__(self, w_NK: torch.Tensor, bias: torch.Tensor | None, group: int):
         super().__init__()
         N, K = w_NK.shape
+        if N % 16:
+            raise QuantError(f"int4: output width {N} is not a multiple of 16 (the kernels' packing)")
         self.in_features, self.out_features, self.group = K, N, int4_group_size(K, group)
         q, scale, zero = int4_quantize(w_NK, self.group)
         dev = w_NK.device

@@ -118,9 +118,12 @@ class MLAttention(nn.Module):
         k_rope_B1TR = apply_rope(k_rope_BTR, cos_BTr, sin_BTr, self.interleave)[:, None]
         return q_nope_BHTN, q_rope_BHTR, ckv_B1TC, k_rope_B1TR, q_resid_BTQ, (cos_BTr, sin_BTr)
 
-    def w_uk_uv(self):
-        """kv_b_proj split per head: W_UK (H, N, C) and W_UV (H, V, C)."""
-        w_HXC = self.kv_b_proj.weight.view(self.n_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
+    def w_uk_uv(self, dtype: torch.dtype | None = None):
+        """kv_b_proj split per head: W_UK (H, N, C) and W_UV (H, V, C); a quantized kv_b_proj (INT4 / FP8,
+        inference/quant.py) dequantized to `dtype` (the activations')."""
+        kv_b = self.kv_b_proj
+        w = kv_b.dequantize(dtype or torch.float32) if hasattr(kv_b, "dequantize") else kv_b.weight
+        w_HXC = w.view(self.n_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
         return w_HXC.split([self.nope_dim, self.v_dim], dim=1)
 
     # ------------------------------------------------------------------ attention: plain (reference), absorbed, sparse
@@ -144,7 +147,7 @@ class MLAttention(nn.Module):
 
     def attend_absorbed(self, q_nope_BHTN, q_rope_BHTR, ckv_B1SC, k_rope_B1SR, mask_B1TS):
         """MQA mode: qᵀk = (W_UKᵀ q_nope)ᵀ c_kv + q_ropeᵀ k_rope; o = W_UV (Σ p c_kv). Equal to attend_plain."""
-        w_uk_HNC, w_uv_HVC = self.w_uk_uv()
+        w_uk_HNC, w_uv_HVC = self.w_uk_uv(q_nope_BHTN.dtype)
         q_lat_BHTC = torch.einsum("bhtn,hnc->bhtc", q_nope_BHTN, w_uk_HNC)
         q_BHTd = torch.cat([q_lat_BHTC, q_rope_BHTR], dim=-1)
         k_B1Sd = torch.cat([ckv_B1SC, k_rope_B1SR], dim=-1)
@@ -156,7 +159,7 @@ class MLAttention(nn.Module):
 
         Equal to attend_absorbed under sparse_mask(topk, mask) for every row with an allowed key.
         """
-        w_uk_HNC, w_uv_HVC = self.w_uk_uv()
+        w_uk_HNC, w_uv_HVC = self.w_uk_uv(q_nope_BHTN.dtype)
         q_lat_BHTC = torch.einsum("bhtn,hnc->bhtc", q_nope_BHTN, w_uk_HNC)
         acc = torch.promote_types(q_lat_BHTC.dtype, torch.float32)
         q_BTHd = torch.cat([q_lat_BHTC, q_rope_BHTR], dim=-1).transpose(1, 2).to(acc)
@@ -227,7 +230,7 @@ class MLAttention(nn.Module):
         def probs(mask_B1TS):
             q_nope, q_rope, ckv_B1SC, k_rope_B1SR = (t.detach() for t in main_qk)
             with torch.no_grad():
-                w_uk_HNC, _ = self.w_uk_uv()
+                w_uk_HNC, _ = self.w_uk_uv(q_nope.dtype)
                 q_lat_BHTC = torch.einsum("bhtn,hnc->bhtc", q_nope, w_uk_HNC.detach())
                 logits_BHTS = (
                     torch.matmul(q_lat_BHTC.float(), ckv_B1SC.float().transpose(-1, -2))

@@ -105,14 +105,21 @@ class QuantExperts(nn.ModuleList):
         return torch.zeros_like(x_TD).index_add_(0, tok_N, torch.cat(outs))
 
 
+GQA_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj")
+# MLA (GLM-4.7-Flash, GLM-5): q_proj without a query latent, else q_a / q_b; the absorbed decode reads kv_b_proj's
+# weight itself and dequantizes it (mla.py: w_uk_uv)
+MLA_LINEARS = ("q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
+
+
 def quant_targets(model):
     """(module, attribute name, nn.Linear) of every linear layer to quantize, and (MoE, Experts) of every bank."""
     linears, banks = [], []
     for block in list(model.layers) + [m.block for m in model.mtp]:
         attn = block.self_attn
-        if not isinstance(attn, Attention):
-            raise QuantError(f"quantize_: {type(attn).__name__} (MLA) is not supported; GQA models only")
-        linears += [(attn, n, getattr(attn, n)) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
+        names = GQA_LINEARS if isinstance(attn, Attention) else MLA_LINEARS
+        linears += [(attn, n, getattr(attn, n)) for n in names if hasattr(attn, n)]
+        if getattr(attn, "indexer", None) is not None:  # DSA: the indexer's projections (weights_proj stays fp32)
+            linears += [(attn.indexer, n, getattr(attn.indexer, n)) for n in ("wq_b", "wk")]
         mlp = block.mlp
         dense = mlp.shared_experts if isinstance(mlp, MoE) else mlp
         if dense is not None:

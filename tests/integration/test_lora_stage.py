@@ -75,6 +75,22 @@ def test_qlora_on_int4_base(tmp_path):
     assert (folder / "adapter_model.safetensors").is_file()
 
 
+@pytest.mark.parametrize("preset", ["tiny-glm5", "tiny-glm47-flash"])
+def test_qlora_on_an_int4_mla_base(preset, tmp_path):
+    """QLoRA on MLA (GLM-5 with DSA, GLM-4.7-Flash): every latent projection, kv_b_proj and the indexer held in INT4,
+    adapters on attention (kv_b_proj included: that layer decodes on the plain path), MLPs and experts; the loss
+    falls and the checkpoint is an adapter folder."""
+    shape = '{"kv_lora_rank": 32, "qk_rope_head_dim": 16}'  # int4: inputs a multiple of 32, outputs of 16
+    result = run(_cfg(tmp_path, "q", "steps=6", f"model={preset}", f"model_overrides={shape}", "lora.base_quant=int4",
+                      "lora.dropout=0.0", "optim.muon=false", "optim.lr=1e-2"))  # fmt: skip
+    assert result["step"] == 6
+    losses = [loss for _, loss in _losses(tmp_path, "q")]
+    assert all(math.isfinite(loss) for loss in losses) and losses[-1] < losses[0]
+    folder = checkpoint.latest(tmp_path / "q" / "pretrain")
+    keys = load_file(str(folder / "adapter_model.safetensors"))
+    assert any("kv_b_proj.lora_A" in k for k in keys) and any("experts" in k for k in keys)
+
+
 def test_a_later_stage_from_an_adapter_is_told_to_merge(tmp_path):
     from glmstack.config import ConfigError
 

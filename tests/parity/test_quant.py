@@ -78,6 +78,44 @@ def test_quantized_model_is_close_and_decodes_as_its_own_forward(scheme):
     assert engine.generate(prompts, 8, stop_ids=[], speculative="mtp", draft_k=2).tokens == res.tokens
 
 
+MLA_SHAPE = {"kv_lora_rank": 32, "qk_rope_head_dim": 16}  # int4: inputs a multiple of 32, outputs of 16
+
+
+@pytest.mark.parametrize("preset", ["tiny-glm5", "tiny-glm47-flash"])
+@pytest.mark.parametrize("scheme", ["int4", "fp8"])
+def test_quantized_mla_model_is_close_and_its_absorbed_decode_equals_its_forward(preset, scheme):
+    """MLA (GLM-5 with DSA, GLM-4.7-Flash): the latent projections, kv_b_proj and the indexer quantized; decoding with a
+    cache takes the absorbed path, which dequantizes kv_b_proj (mla.py w_uk_uv), and equals the full recompute."""
+    cfg = ModelConfig.preset(preset, **MLA_SHAPE)
+    full, model = GLM(cfg).init_weights(seed=0).eval(), quantize_(GLM(cfg).init_weights(seed=0).eval(), scheme)
+    kv_b = model.layers[0].self_attn.kv_b_proj
+    assert isinstance(kv_b, Int4Linear if scheme == "int4" else FP8Linear)
+    assert weight_bytes(model) < 0.5 * weight_bytes(full)
+    x = torch.randint(1, cfg.vocab_size, (2, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref, out = full(x).logits, model(x).logits
+    # measured 15% / 12% (int4) and 5.6% / 3.6% (fp8) mean deviation of the logits
+    assert (out - ref).abs().mean() < {"int4": 0.25, "fp8": 0.1}[scheme] * ref.abs().mean()
+    prompts = [[5, 17, 300, 2], [11, 3]]
+    tokens = Engine(model).generate(prompts, 8, stop_ids=[]).tokens
+    if scheme == "fp8":  # fp8 dequantizes to fp32 on both paths: the same tokens
+        assert tokens == [naive_greedy(model, p, 8) for p in prompts]
+        return
+    # int4's kernel takes bf16 activations (the plain path) where the absorbed path multiplies by the dequantized
+    # weight: the two round differently, so near-ties may flip; each decoded token must be the full recompute's
+    # argmax up to that rounding (1% of the logits' range)
+    with torch.no_grad():
+        for p, toks in zip(prompts, tokens):
+            logits = model(torch.tensor([p + toks])).logits[0, len(p) - 1 : -1]
+            chosen = logits.gather(-1, torch.tensor(toks)[:, None])[:, 0]
+            assert (logits.max(-1).values - chosen).max() <= 0.01 * (logits.max() - logits.min())
+
+
+def test_int4_refuses_an_output_width_its_kernel_cannot_pack():
+    with pytest.raises(QuantError, match="output width 40 is not a multiple of 16"):
+        Int4Linear(torch.randn(40, 64), None, group=32)
+
+
 def write_released_fp8(model, folder, keep=()):
     """The layout of released GLM FP8 checkpoints, written here without glmstack's quantizer: every linear weight
     of the decoder blocks (but those starting with a `keep` prefix) as float8_e4m3fn with a `weight_scale_inv` per
@@ -85,7 +123,9 @@ def write_released_fp8(model, folder, keep=()):
     save_hf(model, folder)
     tensors = load_file(str(folder / "model.safetensors"))
     linear = (".self_attn.q_proj.weight", ".self_attn.k_proj.weight", ".self_attn.v_proj.weight",
-              ".self_attn.o_proj.weight", "gate_proj.weight", "up_proj.weight", "down_proj.weight")
+              ".self_attn.o_proj.weight", "gate_proj.weight", "up_proj.weight", "down_proj.weight",
+              "q_a_proj.weight", "q_b_proj.weight", "kv_a_proj_with_mqa.weight", "kv_b_proj.weight",
+              "indexer.wq_b.weight", "indexer.wk.weight")  # MLA and DSA (GLM-4.7-Flash, GLM-5)
     for key in [k for k in tensors if k.endswith(linear) and not k.startswith(tuple(keep))]:
         w = tensors[key]
         n, k = -(-w.shape[0] // 128), -(-w.shape[1] // 128)
@@ -121,6 +161,19 @@ def test_released_style_fp8_folder_loads_as_stored(tmp_path):
     assert {k: (v.dtype, v.shape) for k, v in again.items()} == {k: (v.dtype, v.shape) for k, v in stored.items()}
     with pytest.raises(CheckpointError, match="int4"):
         save_hf(quantize_(tiny(), "int4"), tmp_path / "int4")
+
+
+def test_released_style_fp8_mla_folder_loads_as_stored(tmp_path):
+    """A GLM-5-style FP8 folder (MLA latents, kv_b_proj and the DSA indexer in e4m3 blocks) loads with its weights
+    as stored and computes what glmstack's own FP8 quantization of the same model does."""
+    cfg = ModelConfig.preset("tiny-glm5", **MLA_SHAPE)
+    write_released_fp8(GLM(cfg).init_weights(seed=0), tmp_path / "fp8")
+    loaded = load_hf(tmp_path / "fp8")
+    assert isinstance(loaded.layers[0].self_attn.kv_b_proj, FP8Linear)
+    assert isinstance(loaded.layers[0].self_attn.indexer.wk, FP8Linear)
+    x = torch.randint(1, cfg.vocab_size, (1, 10), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x).logits, quantize_(GLM(cfg).init_weights(seed=0), "fp8")(x).logits)
 
 
 def test_fp8_folder_with_bf16_layers_and_other_methods(tmp_path):
