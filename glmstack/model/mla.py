@@ -33,9 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from glmstack.model.gemm import Linear
 from glmstack.model.attention import causal_mask
 from glmstack.model.dsa import Indexer, is_full_indexer_layer, sparse_mask
+from glmstack.model.gemm import Linear
 from glmstack.model.layers import RMSNorm
 from glmstack.model.rope import apply_rope
 
