@@ -171,8 +171,9 @@ def problems(cfg: TrainConfig) -> list[str]:
     p += _blank_problems(cfg.data.options.get("blank_infilling"))
     if cfg.lora.enabled:
         p += lora_problems(cfg.lora)
-        if cfg.lora.base_quant and cfg.dist.dp not in ("auto", "none"):
-            p.append("lora.base_quant (QLoRA) runs on one process here; set dist.dp=none")
+        if cfg.lora.base_quant and (cfg.dist.dp not in ("auto", "none", "ddp") or cfg.dist.expert_parallel):
+            p.append("lora.base_quant (QLoRA): the quantized base replicates (dist.dp=ddp) but does not shard; "
+                     "set dist.dp=ddp or none, without dist.expert_parallel")
     if cfg.device != "auto":
         import torch
 

@@ -27,7 +27,8 @@ def adapt(model, tensors, cfg):
 
 def qlora_model(model, tensors, cfg, device: torch.device):
     """QLoRA: fill the base, quantize it (glmstack.inference.quant: int4 or fp8, frozen), then add the adapters in
-    full precision. One process (TrainConfig's checks refuse dist.dp with lora.base_quant)."""
+    full precision. Every rank holds the whole quantized base (DDP replicates it; TrainConfig's checks refuse FSDP2
+    and expert parallel with lora.base_quant)."""
     from glmstack.inference.quant import quantize_
     from glmstack.train import dist
 

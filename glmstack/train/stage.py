@@ -52,8 +52,9 @@ def build_model(cfg: TrainConfig, device: torch.device):
     parallel, DDP or FSDP2), then materialised on `device` from a stream of full tensors of which each rank keeps
     its part (dist.materialize), so no rank ever holds the whole model: what lets a GLM-4.5-Air recipe start."""
     model, tensors = _meta_model(cfg, device)
-    if cfg.lora.enabled and cfg.lora.base_quant:
-        return lora_stage.qlora_model(model, tensors, cfg, device)
+    if cfg.lora.enabled and cfg.lora.base_quant:  # filled and quantized whole on every rank, replicated by DDP
+        model = lora_stage.qlora_model(model, tensors, cfg, device)
+        return dist.parallelize(model, cfg.dist.dp, find_unused=cfg.dist.find_unused_parameters)
     if cfg.lora.enabled:
         tensors = lora_stage.adapt(model, tensors, cfg)
     fill = lambda m: dist.materialize(m, device, tensors)

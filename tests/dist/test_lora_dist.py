@@ -60,3 +60,23 @@ def test_two_ranks_match_single_process(tmp_path, reference, mode):
     assert adapter.keys() == ref_adapter.keys()
     for k in adapter:  # the saved adapter is whole (gathered from shards / expert slices) and equal
         torch.testing.assert_close(adapter[k], ref_adapter[k], atol=1e-5, rtol=1e-4, msg=k)
+
+
+def test_qlora_two_ranks_match_single_process(tmp_path):
+    """QLoRA on an INT4 base under DDP: every rank quantizes the same base, the adapters replicate and train as one
+    process does."""
+    qlora = LORA + ["lora.base_quant=int4", "lora.dropout=0.0"]
+    single = tmp_path / "single"
+    run(load_config("tiny", "pretrain", qlora + ["grad_accum=2", f"out_dir={single}"]))
+    mp.spawn(_worker, args=(2, free_port(), qlora + ["dist.dp=ddp", f"out_dir={tmp_path / 'ddp'}"]), nprocs=2,
+             join=True)  # fmt: skip
+    (losses, adapter), (ref_losses, ref_adapter) = _result(tmp_path / "ddp"), _result(single)
+    assert len(losses) == 3
+    for a, b in zip(losses, ref_losses):
+        assert abs(a - b) <= 1e-4 * abs(b), (losses, ref_losses)
+    for k in ref_adapter:
+        torch.testing.assert_close(adapter[k], ref_adapter[k], atol=1e-4, rtol=1e-3, msg=k)
+    from glmstack.config import ConfigError
+
+    with pytest.raises(ConfigError, match="does not shard"):
+        load_config("tiny", "pretrain", qlora + ["dist.dp=fsdp"])
