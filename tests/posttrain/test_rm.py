@@ -112,3 +112,42 @@ def test_parquet_preference_files_read_as_their_jsonl(tmp_path):
     (tmp_path / "junk.parquet").write_bytes(b"not parquet")
     with pytest.raises(ConfigError, match=r"junk.parquet: not a readable Parquet file"):
         read_pairs(tmp_path / "junk.parquet")
+
+
+def test_rm_with_lora_trains_adapters_and_the_head_and_exports_both(base_dir, tmp_path):
+    """`glmstack rm --set lora.enabled=true`: the trunk stays the base's, the adapters and the score head train; the
+    stage writes the merged reward model (what `rm:` scorers read) and a PEFT adapter folder (SEQ_CLS, the head in
+    modules_to_save) that transformers + PEFT score exactly as the merged model does."""
+    from peft import PeftModel
+    from safetensors.torch import load_file
+
+    from glmstack.model import load_hf
+    from tests.parity.test_rm_hf import hf_classifier_cls
+
+    args = ["rm", "rm_tiny", "--set", f"init_from={base_dir}", "--set", f"out_dir={tmp_path}", "--set", "steps=4",
+            "--set", "rm.synthetic_n=40", "--set", "micro_batch_size=4", "--set", "lora.enabled=true", "--set",
+            "lora.r=4", "--set", "optim.muon=false", "--set", "optim.lr=1e-2"]  # fmt: skip
+    assert cli(args) == 0
+    stage = tmp_path / "tiny" / "rm"
+    rm = load_rm(stage / "model")
+    config = json.loads((stage / "adapter" / "adapter_config.json").read_text())
+    assert config["task_type"] == "SEQ_CLS" and config["modules_to_save"] == ["score"]
+    assert config["base_model_name_or_path"] == str(base_dir.resolve())
+    adapter = load_file(str(stage / "adapter" / "adapter_model.safetensors"))
+    assert any(".lora_B." in k and v.abs().max() > 0 for k, v in adapter.items())  # the adapters trained
+    base = load_hf(base_dir)
+    merged_emb = rm.model.embed_tokens.weight
+    torch.testing.assert_close(merged_emb, base.embed_tokens.weight, atol=0, rtol=0)  # not adapted: untouched
+    pad = json.loads((stage / "model" / "config.json").read_text())["pad_token_id"]
+    ids = torch.randint(pad + 1, rm.cfg.vocab_size, (3, 10), generator=torch.Generator().manual_seed(0))
+    seq_cls = hf_classifier_cls().from_pretrained(str(base_dir), num_labels=1, pad_token_id=pad)  # the base as an RM
+    hf = PeftModel.from_pretrained(seq_cls, str(stage / "adapter")).eval()
+    with torch.no_grad():
+        ours = rm(ids, torch.full((3,), 9))[0]
+        theirs = hf(ids).logits.squeeze(-1)
+    torch.testing.assert_close(theirs, ours, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ConfigError, match="no QLoRA"):
+        from glmstack.posttrain.rm.stage import check
+        from glmstack.recipes import load_config
+
+        check(load_config("rm_tiny", "rm", ["lora.enabled=true", "lora.base_quant=int4"]))

@@ -142,6 +142,31 @@ def load_rm(folder: str | os.PathLike, device="cpu", dtype: torch.dtype = torch.
 
 
 @torch.no_grad()
+def merged_rm(rm: RewardModel) -> RewardModel:
+    """A plain RewardModel (on CPU) equal to `rm` with its trunk's LoRA adapters folded in (W + s·BA)."""
+    from glmstack.model.lora import merged_state_dict
+
+    plain = RewardModel(rm.cfg).materialize("cpu")
+    plain.load_state_dict({k: v.cpu() for k, v in merged_state_dict(rm).items()})
+    return plain.eval()
+
+
+def save_rm_adapter(rm: RewardModel, folder: str | os.PathLike, tokenizer=None) -> Path:
+    """`rm`'s trunk adapters + its score head as a PEFT folder of a sequence classifier (task_type SEQ_CLS, the head
+    in `modules_to_save`, stored as base_model.model.score.weight): PEFT loads it onto transformers'
+    Glm4MoeForSequenceClassification of the base (tests/parity/test_rm_hf.py)."""
+    from glmstack.model.lora_peft import PREFIX, adapter_files, write_adapter
+
+    tensors, config = adapter_files(rm.model, base=getattr(rm.model, "lora_base", ""))
+    tensors[f"{PREFIX}score.weight"] = rm.score.weight.detach().float()
+    config |= {"task_type": "SEQ_CLS", "modules_to_save": ["score"]}
+    folder = write_adapter(folder, tensors, config)
+    if tokenizer is not None:
+        tokenizer.save(folder)
+    return folder
+
+
+@torch.no_grad()
 def save_rm(rm: RewardModel, folder: str | os.PathLike, tokenizer=None, *, pad_token_id: int,
             chat_style: str = "glm-4.5") -> Path:  # fmt: skip
     """Write the folder described in the module docstring, atomically (a temp folder renamed into place)."""

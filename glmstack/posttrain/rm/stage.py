@@ -102,6 +102,14 @@ def build_reward_model(cfg: RMConfig, device: torch.device):
     else:
         rm = RewardModel(ModelConfig.preset(cfg.model, **cfg.model_overrides))
         tensors = rm.initial_tensors(cfg.seed, device=device)
+    if cfg.lora.enabled:  # adapters on the trunk (frozen); the score head trains in full (PEFT's modules_to_save)
+        from glmstack.model import lora
+        from glmstack.train.lora import base_reference
+
+        lora.apply_lora(rm.model, cfg.lora, seed=cfg.seed)
+        rm.model.lora_base = base_reference(cfg)
+        adapters = ((f"model.{n}", t) for n, t in lora.initial_tensors(rm.model, cfg.seed))
+        tensors = itertools.chain(tensors, adapters)
     fill = lambda m: dist.materialize(m, device, tensors)
     model = dist.parallelize(rm, cfg.dist.dp, cfg.dist.expert_parallel, fill=fill, ep=cfg.dist.ep)
     if cfg.compile == "on" or (cfg.compile == "auto" and device.type == "cuda"):
@@ -173,14 +181,15 @@ def check(cfg: RMConfig) -> None:
         raise ConfigError(f"the rm stage needs an RMConfig (got {type(cfg).__name__})")
     if not cfg.rm.data:
         raise ConfigError("rm.data is empty: give preference JSONL files or synthetic:checkable")
-    if cfg.lora.enabled:  # its fresh score head trains in full and is saved with the model: not an adapter yet
-        raise ConfigError("lora.enabled: the rm stage does not take LoRA yet (issue 37); train the reward model in full")
+    if cfg.lora.enabled and cfg.lora.base_quant:
+        raise ConfigError("lora.base_quant: the rm stage trains LoRA over a full-precision trunk (no QLoRA)")
 
 
 def run_rm(cfg: RMConfig, stop_at: int | None = None) -> dict:
     """Train on the one loop, then score the held-out pairs and export <stage>/model (module docstring)."""
+    from glmstack.model.lora import has_lora
     from glmstack.optim import build_optimizer
-    from glmstack.posttrain.rm.model import save_rm
+    from glmstack.posttrain.rm.model import merged_rm, save_rm, save_rm_adapter
     from glmstack.train.loop import device_of, train
     from glmstack.train.stage import check_inputs, seed_everything, stage_dir
 
@@ -207,8 +216,11 @@ def run_rm(cfg: RMConfig, stop_at: int | None = None) -> dict:
                                              for k in sorted(set(kinds)) if k}  # fmt: skip
         summary = {k: result.get(k) for k in ("heldout_acc", "heldout_pairs", "heldout_acc_by_kind", "loss", "step")}
         (folder / "rm_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        result["model"] = str(save_rm(inner, folder / "model", tokenizer, pad_token_id=pad_id(tokenizer),
-                                      chat_style=cfg.rm.chat_style))  # fmt: skip
+        style = {"pad_token_id": pad_id(tokenizer), "chat_style": cfg.rm.chat_style}
+        if has_lora(inner):  # the adapter (PEFT, SEQ_CLS) beside the merged reward model every scorer reads
+            result["adapter"] = str(save_rm_adapter(inner, folder / "adapter", tokenizer))
+        result["model"] = str(save_rm(merged_rm(inner) if has_lora(inner) else inner, folder / "model", tokenizer,
+                                      **style))  # fmt: skip
     return result
 
 
