@@ -587,8 +587,8 @@ async def stream_completion(srv, req, prompt_ids, jobs, queue, outs, rid):
                 choice["logprobs"] = outs[j].completion_logprobs([ev], outs[j].shown - len(text))
             if req.return_token_ids:
                 choice["token_ids"] = [ev.id]
-        if req.return_token_ids and first[j]:
-            choice["prompt_token_ids"] = prompt_ids
+        if req.return_token_ids and first[j]:  # and the version it runs on: a client that aborts it knows it
+            choice |= {"prompt_token_ids": prompt_ids, "weight_version": jobs[j].weight_version}
         first[j] = False
         yield _sse({**head, "choices": [choice]})
     if req.stream_options and req.stream_options.include_usage:

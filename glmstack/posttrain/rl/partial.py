@@ -5,11 +5,12 @@ Why: a rollout batch waits for its longest samples, and while the last few rows 
 is finished rows (`rollout_idle_frac`). APRIL (slime's `--over-sampling-batch-size` with aborts) over-samples
 groups, aborts the stragglers once enough groups are done and resumes them next step from where they stopped.
 
-How, per step (in process, one rank; `Rollouts.make_step` calls `partial_step`):
+How, per step (one rank, in process or on a rollout server; `Rollouts.make_step` calls `partial_step`):
   1. pending groups whose first tokens are more than `rl.tau` steps old are dropped (staleness bound);
   2. fresh groups are drawn so that ceil(n · (1 + rl.partial_oversample)) are in flight;
   3. one engine call decodes every unfinished row — a resumed row continues from its prompt + its tokens so far
-     with the rest of its budget — and stops (`Request.stop_when`) as soon as n groups are complete;
+     with the rest of its budget — and stops (`Request.stop_when`) as soon as n groups are complete (on a server,
+     rl/remote.py streams the rows and closes the streams still open);
   4. the first n complete groups (pending ones first, so the oldest) are trained; the rest wait, their tokens,
      sampler log-probs and per-token weight versions kept. A resumed sample's rollout log-probs are each segment's
      sampler's, so the loss's per-token correction (IcePop / TIS, against the trainer's π_old) treats each segment
@@ -56,7 +57,8 @@ def partial_step(ro, n_groups: int, group_size: int, level: int, stable_seed) ->
              for _, _, r in todo)), "rollout_idle_frac": 0.0}  # fmt: skip
     if todo:
         res = generate(ro, groups, todo, n_groups, group_size, stable_seed)
-        stats["rollout_idle_frac"] = 1.0 - res.stats["new_tokens"] / max(res.stats.get("row_slots", 0), 1)
+        if "row_slots" in res.stats:  # the in-process engine's (a server's idle time is its own)
+            stats["rollout_idle_frac"] = 1.0 - res.stats["new_tokens"] / max(res.stats["row_slots"], 1)
         stats["partial/aborted_rows"] = float(sum(f == "abort" for f in res.finish_reason))
         stats["new_tokens"] = float(res.stats["new_tokens"])
     done = [g for g in groups if complete(g)][:n_groups]

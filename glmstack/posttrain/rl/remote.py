@@ -22,6 +22,7 @@ A server started with `--api-key` wants `Authorization: Bearer KEY` on every cal
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
@@ -49,14 +50,22 @@ class ServerEngine:
         return self._cfg
 
     def generate(self, prompts, max_new_tokens: int, *, temperature: float, top_p: float = 1.0, top_k: int = 0,
-                 seeds, logprobs: bool = True, stop_ids=None, return_routes: bool = False) -> GenerationResult:  # fmt: skip
+                 seeds, logprobs: bool = True, stop_ids=None, return_routes: bool = False, budgets=None,
+                 stop_when=None) -> GenerationResult:  # fmt: skip
+        """Engine.generate's contract over HTTP: `budgets` per-row max_tokens; `stop_when(finish)` (finish: each
+        row's reason, None while it runs) is asked whenever a row ends, and True aborts the rest, which come back
+        with the tokens they had, finish "abort" (partial rollouts: the rows are streamed, and closing a stream
+        cancels its job on the server)."""
         if temperature not in (0.0, 1.0) or top_p < 1.0 or top_k:
             raise ValueError("server rollouts report raw log-probs: use rl.temperature=1, top_p=1, top_k=0")
+        if stop_when is not None and return_routes:
+            raise ValueError("routing replay records whole responses: not with aborted (partial) rollouts")
+        budgets = [int(b) for b in budgets] if budgets else [max_new_tokens] * len(prompts)
+        extra = {"return_token_ids": True} | ({"stop_token_ids": list(stop_ids)} if stop_ids else {})
+        extra |= {"return_routed_experts": True} if return_routes else {}
 
         def one(i):
-            extra = {"return_token_ids": True} | ({"stop_token_ids": list(stop_ids)} if stop_ids else {})
-            extra |= {"return_routed_experts": True} if return_routes else {}
-            r = self.client.completions.create(model=self.model, prompt=list(prompts[i]), max_tokens=max_new_tokens,
+            r = self.client.completions.create(model=self.model, prompt=list(prompts[i]), max_tokens=budgets[i],
                                                temperature=temperature, seed=int(seeds[i]), logprobs=1,
                                                extra_body=extra)  # fmt: skip
             c = r.choices[0]
@@ -65,8 +74,11 @@ class ServerEngine:
             routes = _routes(more, len(prompts[i]) + len(ids) - 1) if return_routes else None
             return ids, list(c.logprobs.token_logprobs), c.finish_reason, more.get("weight_version"), routes
 
-        with ThreadPoolExecutor(self.concurrency) as pool:
-            rows = list(pool.map(one, range(len(prompts))))
+        if stop_when is not None:
+            rows = self._streamed(prompts, budgets, temperature, seeds, extra, stop_when)
+        else:
+            with ThreadPoolExecutor(self.concurrency) as pool:
+                rows = list(pool.map(one, range(len(prompts))))
         tokens = [r[0] for r in rows]
         text = None
         if self.tokenizer is not None:
@@ -75,7 +87,49 @@ class ServerEngine:
         return GenerationResult(tokens=tokens, text=text, finish_reason=[r[2] for r in rows],
                                 logprobs=[r[1] for r in rows] if logprobs else None, seeds=list(seeds),
                                 weight_versions=[r[3] for r in rows],
-                                routes=[r[4] for r in rows] if return_routes else None)  # fmt: skip
+                                routes=[r[4] for r in rows] if return_routes else None,
+                                stats={"new_tokens": sum(map(len, tokens))})  # fmt: skip
+
+    def _streamed(self, prompts, budgets, temperature, seeds, extra, stop_when) -> list[tuple]:
+        """Every row as a streamed request; once stop_when says so, the running streams are closed and the rows not
+        yet sent are not sent. -> rows as generate's `one` gives them (no routes)."""
+        rows = [{"ids": [], "lps": [], "finish": None, "version": None} for _ in prompts]
+        abort, lock, stop = threading.Event(), threading.Lock(), set(extra.get("stop_token_ids", []))
+
+        def one(i):
+            row = rows[i]
+            if not abort.is_set():
+                stream = self.client.completions.create(model=self.model, prompt=list(prompts[i]), stream=True,
+                                                        max_tokens=budgets[i], temperature=temperature,
+                                                        seed=int(seeds[i]), logprobs=1, extra_body=extra)  # fmt: skip
+                with stream:  # leaving it closes the connection: the server cancels the job at its next step
+                    for chunk in stream:
+                        _take(row, chunk)
+                        if abort.is_set() or row["finish"] is not None:
+                            break
+            with lock:  # a stream closed after its last token but before its finish chunk still ended there
+                ended = row["ids"] and row["ids"][-1] in stop or len(row["ids"]) >= budgets[i]
+                row["finish"] = row["finish"] or (("stop" if row["ids"][-1] in stop else "length") if ended else "abort")
+                if not abort.is_set() and stop_when([r["finish"] for r in rows]):
+                    abort.set()
+
+        with ThreadPoolExecutor(self.concurrency) as pool:
+            list(pool.map(one, range(len(prompts))))
+        return [(r["ids"], r["lps"], r["finish"], r["version"], None) for r in rows]
+
+
+def _take(row: dict, chunk) -> None:
+    """One streamed completion chunk into its row: token ids, their log-probs, the weight version, the finish."""
+    if not chunk.choices:
+        return
+    c = chunk.choices[0]
+    more = c.model_extra or {}
+    ids = more.get("token_ids") or []
+    row["ids"] += ids
+    if ids:
+        row["lps"] += list(c.logprobs.token_logprobs)
+    row["version"] = more.get("weight_version", row["version"])
+    row["finish"] = c.finish_reason or None
 
     def score(self, sequences: list[list[int]]) -> list[list[float]]:
         """Raw log π(tokens[t] | tokens[:t]) for t >= 1 of each sequence: one echo + logprobs request each (the
