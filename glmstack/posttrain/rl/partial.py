@@ -5,7 +5,8 @@ Why: a rollout batch waits for its longest samples, and while the last few rows 
 is finished rows (`rollout_idle_frac`). APRIL (slime's `--over-sampling-batch-size` with aborts) over-samples
 groups, aborts the stragglers once enough groups are done and resumes them next step from where they stopped.
 
-How, per step (one rank, in process or on a rollout server; `Rollouts.make_step` calls `partial_step`):
+How, per step (in process or on a rollout server, each rank for its share; `Rollouts.make_step` calls
+`partial_step`):
   1. pending groups whose first tokens are more than `rl.tau` steps old are dropped (staleness bound);
   2. fresh groups are drawn so that ceil(n · (1 + rl.partial_oversample)) are in flight;
   3. one engine call decodes every unfinished row — a resumed row continues from its prompt + its tokens so far
@@ -26,6 +27,7 @@ import time
 
 from glmstack.posttrain.rl import rewards as reward_lib
 from glmstack.posttrain.rl.tasks import Problem
+from glmstack.train import dist
 
 
 def new_group(problem: Problem, seeds: list[int], uid: int, version: int) -> dict:
@@ -40,21 +42,28 @@ def complete(group: dict) -> bool:
 
 
 def partial_step(ro, n_groups: int, group_size: int, level: int, stable_seed) -> tuple[list, dict]:
-    """One step's groups for `Rollouts.make_step` (module docstring): -> (groups as make_step's `kept`, stats).
+    """One step's groups for `Rollouts.make_step` (module docstring): -> (this rank's groups as make_step's `kept`,
+    stats). n_groups: the global batch's; each rank completes its share from its own pending groups and a slice of
+    one global draw (row seeds by global row, as the plain path's), so ranks train disjoint prompts.
     stable_seed: rollouts.stable_seed (every seed a pure function of its parts)."""
     o, t0 = ro.opts, time.perf_counter()
+    W, rank = dist.world(), dist.rank()
+    n_groups //= W
     fresh_from = [g for g in ro.pending if ro.step - g["first_version"] <= o.tau]
     dropped = len(ro.pending) - len(fresh_from)
-    want = math.ceil(n_groups * (1 + o.partial_oversample)) - len(fresh_from)
-    problems = ro.task.problems(split="train", n=want, seed=stable_seed(ro.seed, ro.step, 0),
-                                level=level) if want > 0 else []  # fmt: skip
-    seeds = [[stable_seed(ro.seed, (ro.step, 0), i * group_size + j) for j in range(group_size)]
+    per_rank = math.ceil(n_groups * (1 + o.partial_oversample))  # groups in flight on each rank
+    want = per_rank - len(fresh_from)
+    first = rank * per_rank  # this rank's slice of the global draw
+    problems = ro.task.problems(split="train", n=per_rank * W, seed=stable_seed(ro.seed, ro.step, 0),
+                                level=level)[first : first + want] if want > 0 else []  # fmt: skip
+    seeds = [[stable_seed(ro.seed, (ro.step, 0), (first + i) * group_size + j) for j in range(group_size)]
              for i in range(len(problems))]  # fmt: skip
-    groups = fresh_from + [new_group(p, s, ro.next_uid + i, ro.version) for i, (p, s) in enumerate(zip(problems, seeds))]
+    groups = fresh_from + [new_group(p, s, (ro.next_uid + i) * W + rank, ro.version)
+                           for i, (p, s) in enumerate(zip(problems, seeds))]  # fmt: skip
     ro.next_uid += len(problems)
     todo = [(g, j, r) for g in groups for j, r in enumerate(g["rows"]) if r["finish"] is None]
     stats = {"partial/dropped_groups": float(dropped), "partial/resumed_rows": float(sum(bool(r["tokens"])
-             for _, _, r in todo)), "rollout_idle_frac": 0.0}  # fmt: skip
+             for _, _, r in todo)), "rollout_idle_frac": 0.0, "partial/aborted_rows": 0.0}  # fmt: skip
     if todo:
         res = generate(ro, groups, todo, n_groups, group_size, stable_seed)
         if "row_slots" in res.stats:  # the in-process engine's (a server's idle time is its own)

@@ -270,7 +270,7 @@ class Rollouts:
             self.history = []
         stats["time/eval_s"] = time.perf_counter() - t0
         n_global = n_prompts * W  # groups in the global batch
-        if o.partial_rollouts:  # over-sampled groups, stragglers kept for the next step (partial.py)
+        if o.partial_rollouts:  # over-sampled groups, stragglers kept for the next step (partial.py): this rank's
             return self.finish_step(self.partial_groups(n_global, group, level, stats), group, stats)
         kept, spare, t_roll, t_rew, n_groups, n_zero, new_tok, slots = [], [], 0.0, 0.0, 0, 0, 0, 0
         for round_ in range(1 + o.oversample_rounds):
@@ -335,11 +335,12 @@ class Rollouts:
         stale = [self.step - min(row[4]) for row in rows]
         self.staleness = (sum(stale) / len(stale), max(stale))
         new_tokens = figures.pop("new_tokens", 0.0)
-        stats |= figures | {"reward": sum(x[1] for x in flat) / len(flat),
-                            "response_len": sum(len(r[1]) for r in rows) / len(rows),
-                            "truncated_frac": sum(s.finish == "length" for s in samples) / len(samples),
-                            "zero_var_frac": sum(len({x[1] for x in g}) == 1 for g in kept) / len(kept),
-                            "rollout_tok_per_s": new_tokens / max(figures["time/rollout_s"], 1e-9)}  # fmt: skip
+        stats |= dist.means_over_ranks(figures | {
+            "reward": sum(x[1] for x in flat) / len(flat),
+            "response_len": sum(len(r[1]) for r in rows) / len(rows),
+            "truncated_frac": sum(s.finish == "length" for s in samples) / len(samples),
+            "zero_var_frac": sum(len({x[1] for x in g}) == 1 for g in kept) / len(kept),
+            "rollout_tok_per_s": new_tokens / max(figures["time/rollout_s"], 1e-9)})  # fmt: skip
         return kept
 
     def batch(self, groups: list, group: int, stats: dict, extra: list = ()) -> dict:

@@ -235,17 +235,17 @@ def check_true_on_policy(o) -> None:
 
 
 def check_partial(o) -> None:
-    """rl.partial_rollouts: what partial.py supports today (one rank, single-turn, no selection; in process or on
-    a rollout server)."""
+    """rl.partial_rollouts: what partial.py supports today (single-turn, no selection; in process or on a rollout
+    server, one rank or several)."""
     if not o.partial_rollouts:
         return
     if o.partial_oversample < 0:
         raise ConfigError("rl.partial_oversample must be >= 0")
     if o.partial_oversample > 0 and o.tau < 1:
         raise ConfigError("rl.partial_rollouts resumes rows the next step: set rl.tau >= 1 (their staleness bound)")
-    if dist.world() > 1 or o.dynamic_sampling or o.routing_replay != "off":
-        raise ConfigError("rl.partial_rollouts runs on one rank, with rl.dynamic_sampling=false and "
-                          "rl.routing_replay=off (not yet: several ranks, agentic RL)")  # fmt: skip
+    if o.dynamic_sampling or o.routing_replay != "off":
+        raise ConfigError("rl.partial_rollouts runs with rl.dynamic_sampling=false and rl.routing_replay=off (not "
+                          "yet: agentic RL)")  # fmt: skip
 
 
 def check(cfg: RLConfig) -> None:
