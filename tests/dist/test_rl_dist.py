@@ -48,7 +48,7 @@ def _same_weights(a, b, stage="rl", atol=1e-5):
     from safetensors.torch import load_file
 
     def last(out):  # a LoRA run's checkpoint is a PEFT adapter folder
-        step = sorted((out / "tiny" / stage).glob("step_*"))[-1]
+        step = max((out / "tiny" / stage).glob("step_*"))
         return load_file(str(next(p for p in (step / "model.safetensors", step / "adapter_model.safetensors")
                                   if p.exists())))  # fmt: skip
 
@@ -110,7 +110,7 @@ def test_partial_rollouts_on_two_ranks_keep_disjoint_groups(tmp_path):
                  "dist.dp=ddp", f"out_dir={out}"]  # fmt: skip
     mp.spawn(_worker, args=(2, free_port(), overrides), nprocs=2, join=True)
     assert [r["step"] for r in _rows(out)] == [1, 2, 3]
-    state = sorted((out / "tiny" / "rl").glob("step_*"))[-1] / "trainer_state"
+    state = max((out / "tiny" / "rl").glob("step_*")) / "trainer_state"
     pending = [torch.load(state / f"rank_{r:05d}.pt", weights_only=False)["data"]["pending"] for r in (0, 1)]
     uids = [{g["uid"] % 2 for g in p} for p in pending]
     assert pending[0] and pending[1] and uids == [{0}, {1}]  # rank r's groups (uid = k * 2 + r): its own slices
