@@ -2,7 +2,7 @@
 
 What: `add_adapter(model, slot, folder)` puts a PEFT adapter folder (model/lora_peft.py: written by a glmstack LoRA
 stage or by PEFT) on the served model under a slot number; slot 0 is the base itself. Before a forward,
-`use_slots(model, slots_N)` says which slot each of the batch's N rows uses; rows of different adapters and of the
+`use_slots(model, rows)` says which slot each of the batch's N rows uses; rows of different adapters and of the
 base then run in one forward, unmerged, as vLLM serves LoRA adapters (Punica / S-LoRA's multi-adapter batching).
 `remove_adapter` / a second `add_adapter` on a slot replace one adapter without touching the others (RL's
 adapter-only weight pushes).
@@ -19,7 +19,7 @@ adapters (the low-rank terms inside moe's fast path where it runs, else W + s·B
 loops are over the slots present in a batch (a few), never over rows or experts.
 
     add_adapter(model, 1, "runs/lora/sft/model")
-    with use_slots(model, torch.tensor([0, 1, 1])):   # row 0: the base; rows 1, 2: the adapter
+    with use_slots(model, [0, 1, 1]):                  # row 0: the base; rows 1, 2: the adapter
         logits = model(ids_3T).logits
 
 Shape legend: N rows, T tokens (X: all tokens of the batch, rows outermost), E experts, O out, I in, r rank.
@@ -40,27 +40,30 @@ from glmstack.model.lora_peft import plan_adapter, read_adapter
 
 
 class Slots:
-    """The batch's per-row slot numbers (N,), shared by every adapted module of a model; None: every row is base."""
+    """The batch's per-row slot numbers, shared by every adapted module of a model (None: every row is the base),
+    and per token count the (slot, token indices) groups, made once per forward rather than once per module (no
+    host sync inside the layers)."""
 
-    rows: torch.Tensor | None = None
+    def __init__(self):
+        self.rows: list[int] | None = None
+        self.cache: dict = {}
 
+    def set(self, rows: list[int] | None) -> None:
+        self.rows, self.cache = (rows if rows and any(rows) else None), {}
 
-def _token_slots(slots: Slots, x: torch.Tensor) -> torch.Tensor | None:
-    """(X,) the slot of every token of x (..., I) whose leading dims flatten rows-outermost, as the model's modules
-    see them ((N, T, I) or (N·T, I)); None when the batch is all base."""
-    rows_N = slots.rows
-    if rows_N is None:
-        return None
-    X = x.numel() // x.shape[-1]
-    if X % rows_N.numel():
-        raise ValueError(f"LoRA slots: {rows_N.numel()} rows do not divide this input's {X} tokens")
-    return rows_N.to(x.device).repeat_interleave(X // rows_N.numel())
-
-
-def _groups(slots_X: torch.Tensor):
-    """(slot, token indices) per slot present, the base's included."""
-    for s in slots_X.unique().tolist():
-        yield int(s), (slots_X == s).nonzero()[:, 0]
+    def groups(self, x: torch.Tensor) -> list[tuple[int, torch.Tensor]] | None:
+        """[(slot, token indices)] over the tokens of x (..., I), whose leading dims flatten rows-outermost as the
+        model's modules see them ((N, T, I) or (N·T, I)); None when the batch is all base."""
+        if self.rows is None:
+            return None
+        N, X = len(self.rows), x.numel() // x.shape[-1]
+        if X % N:
+            raise ValueError(f"LoRA slots: {N} rows do not divide this input's {X} tokens")
+        key = (X, x.device)
+        if key not in self.cache:
+            slots_X = torch.tensor(self.rows, device=x.device).repeat_interleave(X // N)
+            self.cache[key] = [(s, (slots_X == s).nonzero()[:, 0]) for s in sorted(set(self.rows))]
+        return self.cache[key]
 
 
 class MultiLoraLinear(nn.Module):
@@ -71,11 +74,11 @@ class MultiLoraLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = super().forward(x)
-        slots_X = _token_slots(self.lora_slots, x)
-        if slots_X is None or not self.lora_stack:
+        groups = self.lora_slots.groups(x)
+        if groups is None or not self.lora_stack:
             return y
         x_XI, y_XO = x.reshape(-1, x.shape[-1]), y.reshape(-1, y.shape[-1]).clone()
-        for s, idx in _groups(slots_X):
+        for s, idx in groups:
             if s in self.lora_stack:
                 A, sB = self.lora_stack[s]
                 h = F.linear(F.linear(x_XI[idx].to(A.dtype), A), sB)  # (n, O) through (n, r)
@@ -90,11 +93,11 @@ class MultiLoraExperts(nn.Module):
     lora_stack: dict  # slot -> {bank: (A (E, r, I), sB (E, O, r))}
 
     def forward(self, x_TD, topk_idx_TK, topk_w_TK):
-        slots_T = _token_slots(self.lora_slots, x_TD)
-        if slots_T is None or not self.lora_stack:
+        groups = self.lora_slots.groups(x_TD)
+        if groups is None or not self.lora_stack:
             return super().forward(x_TD, topk_idx_TK, topk_w_TK)
         y_TD = None
-        for s, idx in _groups(slots_T):
+        for s, idx in groups:
             part = self._slot_forward(s, x_TD[idx], topk_idx_TK[idx], topk_w_TK[idx])
             y_TD = y_TD if y_TD is not None else part.new_empty(x_TD.shape[0], part.shape[-1])
             y_TD[idx] = part
@@ -163,13 +166,12 @@ def adapter_slots(model: nn.Module) -> set[int]:
 
 
 @contextlib.contextmanager
-def use_slots(model: nn.Module, rows_N: torch.Tensor | list[int] | None):
-    """Within the block, row b of a forward runs with slot rows_N[b]'s adapters (0: the base)."""
+def use_slots(model: nn.Module, rows: list[int] | None):
+    """Within the block, row b of a forward runs with slot rows[b]'s adapters (0: the base)."""
     slots = slots_of(model)
-    if rows_N is not None and not torch.is_tensor(rows_N):
-        rows_N = torch.tensor(rows_N, dtype=torch.long)
-    before, slots.rows = slots.rows, rows_N if rows_N is not None and bool(rows_N.any()) else None
+    before = slots.rows
+    slots.set(None if rows is None else [int(r) for r in rows])
     try:
         yield
     finally:
-        slots.rows = before
+        slots.set(before)
