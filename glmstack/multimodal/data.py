@@ -29,8 +29,13 @@ from glmstack.multimodal.processor import Media
 
 def resolve_images(messages: list[dict], folder: Path) -> list[dict]:
     """Messages whose relative image paths (and video frame paths) point into `folder`."""
+
     def fix(src):
-        if isinstance(src, str) and not src.startswith(("data:", "http://", "https://")) and not Path(src).is_absolute():
+        if (
+            isinstance(src, str)
+            and not src.startswith(("data:", "http://", "https://"))
+            and not Path(src).is_absolute()
+        ):
             return str(folder / src)
         return src
 
@@ -118,12 +123,6 @@ class VisionSFT(GlobalBatchPosition):
         first = (index * self.world_size + self.rank) * self.batch_size
         return collate([self.example(first + b) for b in range(self.batch_size)], self.pad_id)
 
-    def __iter__(self):
-        while True:
-            out = self.batch(self.position)
-            self.position += 1
-            yield out
-
 
 class VQAStream(GlobalBatchPosition):
     """An endless synthetic visual QA stream (multimodal.vqa): batch i holds the items generated from seed
@@ -142,9 +141,3 @@ class VQAStream(GlobalBatchPosition):
                          split="train", level=self.level)  # fmt: skip
         return collate([encode_multimodal(self.tokenizer, self.processor, messages(it), style=self.style,
                                           enable_thinking=False) for it in items])  # fmt: skip
-
-    def __iter__(self):
-        while True:
-            out = self.batch(self.position)
-            self.position += 1
-            yield out

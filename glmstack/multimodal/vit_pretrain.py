@@ -81,12 +81,6 @@ class AttributeStream(GlobalBatchPosition):
         seed = 7_000_003 + self.seed * 1_000_003 + index * self.world_size + self.rank  # apart from VQAStream's
         return attribute_batch(generate(self.batch_size, seed=seed, split="train"), self.processor)
 
-    def __iter__(self):
-        while True:
-            out = self.batch(self.position)
-            self.position += 1
-            yield out
-
 
 class VisionPretrainer(nn.Module):
     """A GLMV whose ViT + adapter feed per-attribute heads (Linear, GELU, Linear) on each image's mean visual

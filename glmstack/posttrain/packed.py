@@ -59,13 +59,6 @@ class PackedSFT(GlobalBatchPosition):
         e = int(np.searchsorted(self._starts, k, side="right")) - 1
         return self.epoch_rows(e)[k - self._starts[e]]
 
-    def epoch_of_batch(self, index: int) -> float:
-        """Epochs done when batch `index` of this rank starts (for logs)."""
-        k = index * self.world_size * self.batch_size
-        self.row(k)
-        e = int(np.searchsorted(self._starts, k, side="right")) - 1
-        return e + (k - self._starts[e]) / max(1, self._starts[e + 1] - self._starts[e])
-
     # ---------------------------------------------------------------- batches
     def row_tensors(self, row) -> dict[str, np.ndarray]:
         ids = row_arrays(row, lambda d, s, n: self.examples[d][0][s : s + n], self.seq_len, self.pad_id)
@@ -78,13 +71,6 @@ class PackedSFT(GlobalBatchPosition):
         first = (index * self.world_size + self.rank) * self.batch_size
         rows = [self.row_tensors(self.row(first + b)) for b in range(self.batch_size)]
         return {k: torch.from_numpy(np.stack([r[k] for r in rows])) for k in rows[0]}  # (B, T) each
-
-    def __iter__(self):
-        while True:
-            out = self.batch(self.position)
-            self.position += 1
-            yield out
-
 
     def trained_tokens(self) -> int:
         return int(sum(m.sum() for _, m in self.examples))

@@ -54,10 +54,3 @@ class SyntheticLM(GlobalBatchPosition):
         for t in range(T):
             tokens[:, t + 1] = self.successors[tokens[:, t], choice[:, t]]
         return {"input_ids": tokens[:, :-1].contiguous(), "labels": tokens[:, 1:].contiguous()}  # (B, T) each
-
-    def __iter__(self):
-        while True:
-            out = self.batch(self.position)
-            self.position += 1
-            yield out
-
