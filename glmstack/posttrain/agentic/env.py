@@ -129,9 +129,9 @@ class ToolEnv(Env):
     def setup(self, spec: dict) -> None:
         """Per-episode state (files, accounts, ...)."""
 
-    @abc.abstractmethod
     def prompt(self, spec: dict) -> list[dict]:
-        """The opening messages."""
+        """The opening messages: by default the spec's question as one user turn."""
+        return [{"role": "user", "content": spec["question"]}]
 
     @abc.abstractmethod
     def call(self, name: str, args: dict) -> str:

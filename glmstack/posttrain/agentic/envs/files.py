@@ -46,9 +46,6 @@ class FilesEnv(ToolEnv):
         self.files = dict(spec["files"])
         self.tested_before_answer = False
 
-    def prompt(self, spec: dict) -> list[dict]:
-        return [{"role": "user", "content": spec["question"]}]
-
     def run_tests(self) -> str:
         from glmstack.sandbox import Limits
         from glmstack.sandbox.verifier import Check, check_files, verify

@@ -55,9 +55,6 @@ class SearchEnv(ToolEnv):
         return {"question": f"Find the secret code. Start with the note of {chain[0]}.", "notes": notes,
                 "chain": chain, "code": code}  # fmt: skip
 
-    def prompt(self, spec: dict) -> list[dict]:
-        return [{"role": "user", "content": spec["question"]}]
-
     def call(self, name: str, args: dict) -> str:
         who = str(args.get("name", "")).strip()
         return self.spec["notes"].get(who, f"Error: no note of {who}")

@@ -35,16 +35,16 @@ def expected_output(code: str) -> str:
 class _SftToolEnv(ToolEnv):
     tool = ""
     tools = TOOLS  # both tools, as in SFT: choosing the right one is part of the task
+    wide: staticmethod  # level >= 1's task generator
 
     @classmethod
     def make_spec(cls, rng: random.Random, level: int) -> dict:
+        if level >= 1:
+            return cls.wide(rng)
         while True:
             question, tool, args, _ = tool_item(rng)
             if tool == cls.tool:
                 return {"question": question, "args": args}
-
-    def prompt(self, spec: dict) -> list[dict]:
-        return [{"role": "user", "content": spec["question"]}]
 
     def call(self, name: str, args: dict) -> str:
         if name == "calculator":
@@ -75,10 +75,7 @@ def wide_calculator_task(rng: random.Random) -> dict:
 @register
 class CalculatorEnv(_SftToolEnv):
     name, tool = "calculator", "calculator"
-
-    @classmethod
-    def make_spec(cls, rng: random.Random, level: int) -> dict:
-        return wide_calculator_task(rng) if level >= 1 else super().make_spec(rng, level)
+    wide = staticmethod(wide_calculator_task)
 
     def answer_text(self) -> str:
         return str(calculate(self.spec["args"]["expression"]))
@@ -101,10 +98,7 @@ def wide_python_task(rng: random.Random) -> dict:
 @register
 class PythonEnv(_SftToolEnv):
     name, tool = "python", "python"
-
-    @classmethod
-    def make_spec(cls, rng: random.Random, level: int) -> dict:
-        return wide_python_task(rng) if level >= 1 else super().make_spec(rng, level)
+    wide = staticmethod(wide_python_task)
 
     def answer_text(self) -> str:
         return expected_output(self.spec["args"]["code"])
