@@ -257,6 +257,7 @@ def numerics(cfg: AgenticConfig) -> tuple:
 def build(cfg: AgenticConfig, model, optimizer, tokenizer_dir: str):
     from glmstack.posttrain.agentic.data import AgenticData
     from glmstack.posttrain.agentic.runner import Runner
+    from glmstack.tokenizer import Tokenizer
 
     o, W = cfg.agentic, dist.world()
     check_model(o.routing_replay, dist.unwrap(model), "agentic.episode.routing_replay")
@@ -265,30 +266,18 @@ def build(cfg: AgenticConfig, model, optimizer, tokenizer_dir: str):
             f"agentic.groups_per_step={o.groups_per_step} (the global batch) must split over {W} ranks, "
             f"each rank's {o.group_size}-trajectory groups into grad_accum={cfg.grad_accum} parts"
         )
+    teacher_tok = Tokenizer.load(tokenizer_dir) if o.teachers else None  # the teachers' tasks render their prompts
     data = AgenticData(policy=model, optimizer=optimizer, runner=None, group_size=o.group_size,
                        micro_batches=cfg.grad_accum, sync_every=o.sync_every, temperature=o.episode.temperature,
                        reset=o.reset_optimizer, eval_every=o.eval_every,
                        evaluate=held_out_eval(cfg, model, tokenizer_dir) if o.heldout_n else None,
-                       to_server=o.server_lora if o.rollout_server else "", mix=teacher_mix(cfg, tokenizer_dir))  # fmt: skip
+                       to_server=o.server_lora if o.rollout_server else "",
+                       mix=build_mix(cfg, o, "agentic.teachers", teacher_tok, o.episode.chat_style))  # fmt: skip
     data.runner = Runner(make_pool(cfg, model, tokenizer_dir, data.weights()), sampler(o, cfg.seed),
                          groups_per_step=o.groups_per_step // W, group_size=o.group_size, tau=o.tau,
                          workers=o.workers, inflight=o.inflight, asynchronous=o.asynchronous, rank=dist.rank(),
                          world=W)  # fmt: skip
     return data
-
-
-def teacher_mix(cfg: AgenticConfig, tokenizer_dir: str):
-    """The cross-stage distillation rows of `agentic.teachers` (rl/teachers.py), or None."""
-    from glmstack.tokenizer import Tokenizer
-    from glmstack.train.loop import device_of
-
-    o = cfg.agentic
-    if not o.teachers:
-        return None
-    return build_mix(o.teachers, "agentic.teachers", n=o.teacher_samples // dist.world(), out_dir=cfg.out_dir,
-                     device=device_of(cfg), tokenizer=Tokenizer.load(tokenizer_dir), style=o.episode.chat_style,
-                     seed=stable_seed(cfg.seed, "teachers", dist.rank()), max_new_tokens=o.teacher_max_new_tokens,
-                     temperature=o.episode.temperature, top_p=o.episode.top_p, top_k=o.episode.top_k)  # fmt: skip
 
 
 def run_agentic(cfg: AgenticConfig, stop_at: int | None = None) -> dict:

@@ -323,27 +323,16 @@ def load_tokenizer(cfg: RLConfig):
 def build(cfg: RLConfig, model, tokenizer):
     from glmstack.posttrain.rl.rollouts import Rollouts
     from glmstack.posttrain.rl.tasks import make_task
+    from glmstack.posttrain.rl.teachers import build_mix
 
     try:
         task = make_task(cfg.rl.task, tokenizer, cfg.rl.chat_style, cfg.rl.thinking)
         return Rollouts(model=model, task=task, opts=cfg.rl, seed=cfg.seed, micro_batches=cfg.grad_accum,
                         tokenizer=tokenizer, style=cfg.rl.chat_style, reference=reference(cfg),
-                        autocast=trainer_autocast(cfg), mix=teacher_mix(cfg, tokenizer))  # fmt: skip
+                        autocast=trainer_autocast(cfg),
+                        mix=build_mix(cfg, cfg.rl, "rl.teachers", tokenizer, cfg.rl.chat_style))  # fmt: skip
     except ValueError as e:
         raise ConfigError(f"rl: {e}") from None
-
-
-def teacher_mix(cfg: RLConfig, tokenizer):
-    """The cross-stage distillation rows of `rl.teachers` (teachers.py), or None."""
-    from glmstack.posttrain.rl.rollouts import stable_seed
-    from glmstack.posttrain.rl.teachers import build_mix
-    from glmstack.train.loop import device_of
-
-    o = cfg.rl
-    return build_mix(o.teachers, "rl.teachers", n=o.teacher_samples // dist.world(), out_dir=cfg.out_dir,
-                     device=device_of(cfg), tokenizer=tokenizer, style=o.chat_style,
-                     seed=stable_seed(cfg.seed, "teachers", dist.rank()), max_new_tokens=o.teacher_max_new_tokens,
-                     temperature=o.temperature, top_p=o.top_p, top_k=o.top_k)  # fmt: skip
 
 
 def trainer_autocast(cfg) -> torch.dtype | None:
@@ -397,7 +386,7 @@ def run_rl(cfg: RLConfig, stop_at: int | None = None, build_data=build, check_fn
         (folder / "rl_summary.json").write_text(json.dumps(report, indent=2) + "\n")
         if cfg.rl.true_on_policy:
             print(f"true on-policy: rollout log-probs {'==' if report['logp_bitwise_every_step'] else '!='} the "
-                  f"trainer's, bit for bit, at every step (logp_diff_frac, {folder / 'rl_summary.json'})")
+                  f"trainer's, bit for bit, at every step (logp_diff_frac, {folder / 'rl_summary.json'})")  # fmt: skip
         if cfg.log.plots:
             plot_dashboard(folder)
         if tokenizer is not None:

@@ -132,16 +132,16 @@ class TeacherMix:
         for k, ((teacher, task, _), n) in enumerate(zip(self.teachers, counts)):
             if n == 0:
                 continue
-            problems = task.problems(split="train", n=n, seed=stable_seed(self.seed, step, "mix", k), level=teacher.level)
+            problems = task.problems(split="train", n=n, seed=stable_seed(self.seed, step, "mix", k), level=teacher.level)  # fmt: skip
             prompts = [p.prompt_ids for p in problems]
             res = (policy or self.policy).generate(prompts, self.max_new_tokens, temperature=self.temperature,
                                                    top_p=self.top_p, top_k=self.top_k,
-                                                   seeds=[stable_seed(self.seed, step, "mix", k, i) for i in range(n)])
+                                                   seeds=[stable_seed(self.seed, step, "mix", k, i) for i in range(n)])  # fmt: skip
             scored = [reward_lib.Sample(meta=p.meta, tokens=t, text=x, finish=f, max_new_tokens=self.max_new_tokens)
                       for p, t, x, f in zip(problems, res.tokens, res.text, res.finish_reason)]  # fmt: skip
             values, _ = reward_lib.total(scored, [(r, 1.0) for r in task.rewards])  # watched, not trained on
             stats[f"teacher_reward/{teacher.task}"] = sum(values) / n
-            out += [Sample.single_turn(p, t, lp, versions=[step]) for p, t, lp in zip(prompts, res.tokens, res.logprobs)]
+            out += [Sample.single_turn(p, t, lp, versions=[step]) for p, t, lp in zip(prompts, res.tokens, res.logprobs)]  # fmt: skip
             owners += [k] * n
         return out, owners, stats
 
@@ -161,17 +161,22 @@ class TeacherMix:
         return {"teacher_reverse_kl": gap / max(float(m.sum()), 1.0)}
 
 
-def build_mix(entries: list, where: str, *, n: int, out_dir: str, device, tokenizer, style: str, seed: int,
-              max_new_tokens: int, temperature: float, top_p: float = 1.0, top_k: int = 0) -> TeacherMix | None:
-    """The TeacherMix of a stage's `teachers` option (in-process teachers), or None when it names none."""
+def build_mix(cfg, opts, where: str, tokenizer, style: str) -> TeacherMix | None:
+    """The TeacherMix of a stage's `teachers` option (`opts`: rl's or agentic's options, which both carry teachers,
+    teacher_samples, teacher_max_new_tokens and the sampling transform; in-process teachers), or None when it names
+    none. Each rank samples its share of `teacher_samples` with its own seed."""
+    from glmstack.posttrain.rl.rollouts import stable_seed
     from glmstack.posttrain.rl.tasks import make_task
+    from glmstack.train import dist
+    from glmstack.train.loop import device_of
 
-    if not entries:
+    if not opts.teachers:
         return None
-    teachers = [(t, make_task(t.task, tokenizer, style), load_teacher(t, out_dir, device, tokenizer, where))
-                for t in parse_teachers(entries, where)]  # fmt: skip
-    return TeacherMix(teachers, tokenizer, n=n, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-                      top_p=top_p, top_k=top_k)  # fmt: skip
+    teachers = [(t, make_task(t.task, tokenizer, style), load_teacher(t, cfg.out_dir, device_of(cfg), tokenizer, where))
+                for t in parse_teachers(opts.teachers, where)]  # fmt: skip
+    return TeacherMix(teachers, tokenizer, n=opts.teacher_samples // dist.world(),
+                      max_new_tokens=opts.teacher_max_new_tokens, temperature=opts.temperature,
+                      seed=stable_seed(cfg.seed, "teachers", dist.rank()), top_p=opts.top_p, top_k=opts.top_k)  # fmt: skip
 
 
 def check_teachers(entries: list, where: str, n: int, parts: int) -> None:
