@@ -46,7 +46,7 @@ from glmstack.chat.modes import MODES
 from glmstack.posttrain.tools import CALCULATOR, FAULTS, PYTHON, TOOLS, calculate, run_python
 
 SETS = ("arithmetic", "tools", "chat", "compare")
-OPT_IN_SETS = ("tools_recovery", "search")  # generated only when named: `sft-data` and the SFT recipes' defaults leave them out
+OPT_IN_SETS = ("tools_recovery", "search")  # generated only when named (sft-data's and the SFT recipes' defaults: not)
 TEST_EVERY = 5  # one prompt in TEST_EVERY is held out
 
 NAMES = ["Ana", "Ben", "Cleo", "Dan", "Eva", "Finn", "Gus", "Hana", "Ivo", "Jade", "Kai", "Lena", "Milo", "Nora"]
@@ -99,12 +99,18 @@ def arithmetic_item(rng: random.Random) -> tuple[str, str, int]:
     return question, f"{lead} {step}.", c
 
 
-def arithmetic_record(rng: random.Random, thinking: bool) -> dict:
-    question, reasoning, answer = arithmetic_item(rng)
+def answer_record(set_name: str, item: tuple[str, str, int], thinking: bool) -> dict:
+    """A (question, worked reasoning, answer) item as a one-exchange record: "The answer is N.", reasoning when
+    thinking."""
+    question, reasoning, answer = item
     reply = {"role": "assistant", "content": f"The answer is {answer}."}
     if thinking:
         reply["reasoning_content"] = reasoning
-    return _record("arithmetic", [{"role": "user", "content": question}, reply], None, thinking, str(answer), None)
+    return _record(set_name, [{"role": "user", "content": question}, reply], None, thinking, str(answer), None)
+
+
+def arithmetic_record(rng: random.Random, thinking: bool) -> dict:
+    return answer_record("arithmetic", arithmetic_item(rng), thinking)
 
 
 # ---------------------------------------------------------------------------------------------- compare
@@ -128,11 +134,7 @@ def compare_item(rng: random.Random, level: int) -> tuple[str, str, int]:
 
 
 def compare_record(rng: random.Random, thinking: bool) -> dict:
-    question, reasoning, answer = compare_item(rng, rng.randrange(COMPARE_LEVELS))
-    reply = {"role": "assistant", "content": f"The answer is {answer}."}
-    if thinking:
-        reply["reasoning_content"] = reasoning
-    return _record("compare", [{"role": "user", "content": question}, reply], None, thinking, str(answer), None)
+    return answer_record("compare", compare_item(rng, rng.randrange(COMPARE_LEVELS)), thinking)
 
 
 # ---------------------------------------------------------------------------------------------- tools
@@ -156,14 +158,14 @@ def tool_item(rng: random.Random) -> tuple[str, str, dict, str]:
     return question, "python", {"code": code}, "I will run Python for this."
 
 
-def tool_record(rng: random.Random, thinking: bool, outputs: dict[str, str]) -> dict:
+def tool_record(rng: random.Random, thinking: bool) -> dict:
     question, tool, args, thought = tool_item(rng)
     if tool == "calculator":
         result = str(calculate(args["expression"]))
     else:
-        if args["code"] not in outputs:
-            outputs[args["code"]] = run_python(args["code"])  # the sandbox really runs it
-        result = outputs[args["code"]]
+        if args["code"] not in _PY_OUTPUTS:
+            _PY_OUTPUTS[args["code"]] = run_python(args["code"])  # the sandbox really runs it
+        result = _PY_OUTPUTS[args["code"]]
     call = {"role": "assistant", "content": "", "tool_calls": [{"type": "function",
             "function": {"name": tool, "arguments": args}}]}  # fmt: skip
     answer = {"role": "assistant", "content": f"The result is {result}."}
@@ -174,11 +176,11 @@ def tool_record(rng: random.Random, thinking: bool, outputs: dict[str, str]) -> 
     return _record("tools", messages, TOOLS, thinking, result, tool)
 
 
-def recovery_record(rng: random.Random, thinking: bool, outputs: dict[str, str]) -> dict:
+def recovery_record(rng: random.Random, thinking: bool) -> dict:
     """A tools-set conversation whose first call (a quarter of the time the first two) returned an injected
     failure; the assistant repeats the same call until it runs. Only the assistant's turns are trained (the
     failure texts are tool messages, context)."""
-    rec = tool_record(rng, thinking, outputs)
+    rec = tool_record(rng, thinking)
     question, call, result, answer = rec["messages"]
     tool = rec["meta"]["tool"]
     failures = []
@@ -257,6 +259,10 @@ def chat_record(rng: random.Random, thinking: bool, per_turn: bool = False) -> d
 
 
 # ---------------------------------------------------------------------------------------------- records
+RECORDS = {"arithmetic": arithmetic_record, "tools": tool_record, "tools_recovery": recovery_record,
+           "compare": compare_record, "search": search_record, "chat": chat_record}  # fmt: skip
+
+
 def _record(set_name, messages, tools, thinking, answer, tool) -> dict:
     """The SFT record; the prompt of a held-out evaluation is everything before the first assistant turn after
     the last user turn (for tool items: before the call)."""
@@ -278,18 +284,7 @@ def generate(set_name: str, n: int, seed: int = 0, split: str = "train", thinkin
     while len(out) < n and tries < 50 * n + 1000:
         tries += 1
         thinking = len(out) % 2 == 0 or thinking_mode in ("interleaved", "preserved")
-        if set_name == "arithmetic":
-            rec = arithmetic_record(rng, thinking)
-        elif set_name == "tools":
-            rec = tool_record(rng, thinking, _PY_OUTPUTS)
-        elif set_name == "tools_recovery":
-            rec = recovery_record(rng, thinking, _PY_OUTPUTS)
-        elif set_name == "compare":
-            rec = compare_record(rng, thinking)
-        elif set_name == "search":
-            rec = search_record(rng, thinking)
-        else:
-            rec = chat_record(rng, thinking, per_turn=thinking_mode == "turn")
+        rec = RECORDS[set_name](rng, thinking, **({"per_turn": thinking_mode == "turn"} if set_name == "chat" else {}))
         if rec["meta"]["split"] == split:
             out.append(rec | ({"thinking_mode": thinking_mode} if thinking_mode else {}))
     return out
