@@ -54,7 +54,7 @@ class Encoded:
 
 
 def media_kind(item) -> str | None:
-    """"image" / "video" for a vision content part, else None (the template's test: `item.type == 'image' or
+    """ "image" / "video" for a vision content part, else None (the template's test: `item.type == 'image' or
     'image' in item`, plus OpenAI's image_url parts)."""
     if not isinstance(item, Mapping):
         return None
@@ -86,6 +86,8 @@ def video_source(item: Mapping):
 def split_media(messages) -> tuple[list[dict], list, list]:
     """(messages whose vision parts are placeholder text parts, image sources, video sources), in prompt order."""
     images, videos, out = [], [], []
+    kinds = {"image": (image_source, images, IMAGE_PLACEHOLDER, "an image"),
+             "video": (video_source, videos, VIDEO_PLACEHOLDER, "a video")}  # fmt: skip
     for i, m in enumerate(messages):
         content = m.get("content") if isinstance(m, Mapping) else None
         if not isinstance(content, (list, tuple)) or not any(media_kind(p) for p in content):
@@ -96,20 +98,14 @@ def split_media(messages) -> tuple[list[dict], list, list]:
         parts = []
         for j, p in enumerate(content):
             kind = media_kind(p)
-            if kind == "image":
-                src = image_source(p)
-                if src is None:
-                    raise ImageError(f"message {i} part {j}: an image part without an image")
-                images.append(src)
-                parts.append({"type": "text", "text": IMAGE_PLACEHOLDER})
-            elif kind == "video":
-                src = video_source(p)
-                if src is None:
-                    raise ImageError(f"message {i} part {j}: a video part without a video")
-                videos.append(src)
-                parts.append({"type": "text", "text": VIDEO_PLACEHOLDER})
-            else:
+            if kind is None:
                 parts.append(p)
+                continue
+            source, found, placeholder, what = kinds[kind]
+            if (src := source(p)) is None:
+                raise ImageError(f"message {i} part {j}: {what} part without {what}")
+            found.append(src)
+            parts.append({"type": "text", "text": placeholder})
         out.append({**m, "content": parts})
     return out, images, videos
 
