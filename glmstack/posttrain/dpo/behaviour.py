@@ -73,9 +73,7 @@ def task_accuracy(folder: str, task_name: str, level: int, n: int = 200, seed: i
     res = Engine(load_hf(folder, missing_mtp="drop"), tok).generate(
         [p.prompt_ids for p in problems], max_new_tokens=max_new_tokens, temperature=0.0
     )
-    samples = [reward_lib.Sample(meta=p.meta, tokens=t, text=x, finish=f, max_new_tokens=max_new_tokens,
-                                 style=task.style)
-               for p, t, x, f in zip(problems, res.tokens, res.text, res.finish_reason)]  # fmt: skip
+    samples = reward_lib.samples_of([p.meta for p in problems], res, max_new_tokens, task.style)
     scores, _ = reward_lib.total(samples, [(r, 1.0) for r in task.rewards])
     return {"accuracy": sum(scores) / max(len(scores), 1)}
 

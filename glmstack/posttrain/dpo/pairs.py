@@ -51,9 +51,7 @@ def build_pairs(engine, task, problems, *, rewards: list[tuple[str, float]], sam
         prompts = [p.prompt_ids for p in chunk for _ in range(samples)]
         seeds = [seed * 1_000_003 + start * samples + i for i in range(len(prompts))]
         res = engine.generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature, seeds=seeds)
-        done = [reward_lib.Sample(meta=chunk[i // samples].meta, tokens=t, text=x, finish=f,
-                                  max_new_tokens=max_new_tokens, style=task.style)
-                for i, (t, x, f) in enumerate(zip(res.tokens, res.text, res.finish_reason))]  # fmt: skip
+        done = reward_lib.samples_of([p.meta for p in chunk for _ in range(samples)], res, max_new_tokens, task.style)
         scores, _ = reward_lib.total(done, rewards)
         replies = [(parse(s.text, None, style=task.style).get("content") or "").strip() for s in done]
         total += sum(scores)

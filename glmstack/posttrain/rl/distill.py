@@ -228,8 +228,7 @@ def heldout_score(engine, task, n: int, seed: int = 0, level: int = 0, max_new_t
     """Greedy score of `n` held-out problems of an RL task at `level` for an inference.Engine (the task's rewards)."""
     problems = task.problems(split="test", n=n, seed=seed, level=level)
     res = engine.generate([p.prompt_ids for p in problems], max_new_tokens=max_new_tokens, temperature=0.0)
-    samples = [reward_lib.Sample(meta=p.meta, tokens=t, text=x, finish=f, max_new_tokens=max_new_tokens, style=style)
-               for p, t, x, f in zip(problems, res.tokens, res.text, res.finish_reason)]  # fmt: skip
+    samples = reward_lib.samples_of([p.meta for p in problems], res, max_new_tokens, style)
     return sum(reward_lib.total(samples, [(r, 1.0) for r in task.rewards])[0]) / n
 
 
@@ -243,7 +242,7 @@ def score_tasks(folder: str, tasks: list[str], n: int, seed: int = 0, style: str
 
     tok = Tokenizer.load(folder)
     engine = Engine(load_hf(folder, missing_mtp="drop"), tok)
-    return {name: heldout_score(engine, make_task(name, tok, style), n, seed, 0, max_new_tokens, style) for name in tasks}
+    return {name: heldout_score(engine, make_task(name, tok, style), n, seed, 0, max_new_tokens, style) for name in tasks}  # fmt: skip
 
 
 def eval_main(argv: list[str]) -> int:

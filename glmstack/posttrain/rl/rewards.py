@@ -85,6 +85,13 @@ def total(samples: list[Sample], weights: list[tuple[str, float]]) -> tuple[list
     return out, means
 
 
+def samples_of(metas: list[dict], res, max_new_tokens: int, style: str = "glm-4.5") -> list[Sample]:
+    """An engine result's rows as the rewards' Samples, row i answering metas[i] (text "" without a tokenizer)."""
+    texts = res.text if res.text is not None else [""] * len(res.tokens)
+    return [Sample(meta=m, tokens=t, text=x, finish=f, max_new_tokens=max_new_tokens, style=style)
+            for m, t, x, f in zip(metas, res.tokens, texts, res.finish_reason)]  # fmt: skip
+
+
 def _message(s: Sample) -> dict:
     from glmstack.chat import parse
 

@@ -223,12 +223,7 @@ class Rollouts:
                                                **({"return_routes": True} if routes else {}))  # fmt: skip
         if engine is None:
             self.check_versions(res.weight_versions)
-        samples = []
-        for i, toks in enumerate(res.tokens):
-            text = res.text[i] if res.text is not None else ""
-            samples.append(reward_lib.Sample(meta=rows_of[i].meta, tokens=toks, text=text,
-                                             finish=res.finish_reason[i], max_new_tokens=o.max_new_tokens,
-                                             style=self.style))  # fmt: skip
+        samples = reward_lib.samples_of([p.meta for p in rows_of], res, o.max_new_tokens, self.style)
         self.gen_stats = res.stats  # the engine's: new tokens and row slots (rollout_idle_frac)
         rows = [(prompts[i], res.tokens[i], res.logprobs[i], res.routes[i] if res.routes else None)
                 for i in range(len(prompts))]  # fmt: skip

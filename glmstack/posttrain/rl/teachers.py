@@ -137,8 +137,7 @@ class TeacherMix:
             res = (policy or self.policy).generate(prompts, self.max_new_tokens, temperature=self.temperature,
                                                    top_p=self.top_p, top_k=self.top_k,
                                                    seeds=[stable_seed(self.seed, step, "mix", k, i) for i in range(n)])  # fmt: skip
-            scored = [reward_lib.Sample(meta=p.meta, tokens=t, text=x, finish=f, max_new_tokens=self.max_new_tokens)
-                      for p, t, x, f in zip(problems, res.tokens, res.text, res.finish_reason)]  # fmt: skip
+            scored = reward_lib.samples_of([p.meta for p in problems], res, self.max_new_tokens)
             values, _ = reward_lib.total(scored, [(r, 1.0) for r in task.rewards])  # watched, not trained on
             stats[f"teacher_reward/{teacher.task}"] = sum(values) / n
             out += [Sample.single_turn(p, t, lp, versions=[step]) for p, t, lp in zip(prompts, res.tokens, res.logprobs)]  # fmt: skip
