@@ -77,6 +77,9 @@ class MultiLoraLinear(nn.Module):
         groups = self.lora_slots.groups(x)
         if groups is None or not self.lora_stack:
             return y
+        if len(groups) == 1:  # one slot for the whole batch: no gather / scatter
+            pair = self.lora_stack.get(groups[0][0])
+            return y if pair is None else y + F.linear(F.linear(x.to(pair[0].dtype), pair[0]), pair[1]).to(y.dtype)
         x_XI, y_XO = x.reshape(-1, x.shape[-1]), y.reshape(-1, y.shape[-1]).clone()
         for s, idx in groups:
             if s in self.lora_stack:
@@ -96,6 +99,8 @@ class MultiLoraExperts(nn.Module):
         groups = self.lora_slots.groups(x_TD)
         if groups is None or not self.lora_stack:
             return super().forward(x_TD, topk_idx_TK, topk_w_TK)
+        if len(groups) == 1:
+            return self._slot_forward(groups[0][0], x_TD, topk_idx_TK, topk_w_TK)
         y_TD = None
         for s, idx in groups:
             part = self._slot_forward(s, x_TD[idx], topk_idx_TK[idx], topk_w_TK[idx])

@@ -109,13 +109,27 @@ class ServerEngine:
                             break
             with lock:  # a stream closed after its last token but before its finish chunk still ended there
                 ended = row["ids"] and row["ids"][-1] in stop or len(row["ids"]) >= budgets[i]
-                row["finish"] = row["finish"] or (("stop" if row["ids"][-1] in stop else "length") if ended else "abort")
+                row["finish"] = row["finish"] or (
+                    ("stop" if row["ids"][-1] in stop else "length") if ended else "abort"
+                )
                 if not abort.is_set() and stop_when([r["finish"] for r in rows]):
                     abort.set()
 
         with ThreadPoolExecutor(self.concurrency) as pool:
             list(pool.map(one, range(len(prompts))))
         return [(r["ids"], r["lps"], r["finish"], r["version"], None) for r in rows]
+
+    def score(self, sequences: list[list[int]]) -> list[list[float]]:
+        """Raw log π(tokens[t] | tokens[:t]) for t >= 1 of each sequence: one echo + logprobs request each (the
+        prompt log-probs of OpenAI's legacy API and vLLM), for a distillation teacher (distill.py)."""
+
+        def one(ids):
+            r = self.client.completions.create(model=self.model, prompt=list(ids), max_tokens=1, temperature=0.0,
+                                               echo=True, logprobs=0)  # fmt: skip
+            return list(r.choices[0].logprobs.token_logprobs[1 : len(ids)])
+
+        with ThreadPoolExecutor(self.concurrency) as pool:
+            return list(pool.map(one, sequences))
 
 
 def _take(row: dict, chunk) -> None:
@@ -130,18 +144,6 @@ def _take(row: dict, chunk) -> None:
         row["lps"] += list(c.logprobs.token_logprobs)
     row["version"] = more.get("weight_version", row["version"])
     row["finish"] = c.finish_reason or None
-
-    def score(self, sequences: list[list[int]]) -> list[list[float]]:
-        """Raw log π(tokens[t] | tokens[:t]) for t >= 1 of each sequence: one echo + logprobs request each (the
-        prompt log-probs of OpenAI's legacy API and vLLM), for a distillation teacher (distill.py)."""
-
-        def one(ids):
-            r = self.client.completions.create(model=self.model, prompt=list(ids), max_tokens=1, temperature=0.0,
-                                               echo=True, logprobs=0)  # fmt: skip
-            return list(r.choices[0].logprobs.token_logprobs[1 : len(ids)])
-
-        with ThreadPoolExecutor(self.concurrency) as pool:
-            return list(pool.map(one, sequences))
 
 
 def _routes(choice: dict, n: int):
