@@ -199,10 +199,11 @@ def expand_targets(targets: list[str]) -> list[str]:
     return out
 
 
-def find_targets(model: nn.Module, targets: list[str]) -> tuple[list[str], list[str]]:
-    """(Linear-like module names, expert bank parameter names) matched by the patterns; an error if none match."""
+def find_targets(model: nn.Module, targets: list[str], within: tuple[str, ...] = ("",)) -> tuple[list[str], list[str]]:
+    """(Linear-like module names, expert bank parameter names) matched by the patterns, under the name prefixes
+    `within` (a VL stage's `vl.train` part); an error if none match."""
     patterns = expand_targets(targets)
-    hit = lambda name: any(fnmatch.fnmatchcase(name, p) for p in patterns)
+    hit = lambda name: name.startswith(within) and any(fnmatch.fnmatchcase(name, p) for p in patterns)
     linears, banks = [], []
     for name, m in model.named_modules():
         if hasattr(m, "in_features") and hasattr(m, "out_features") and hit(name):
@@ -211,20 +212,22 @@ def find_targets(model: nn.Module, targets: list[str]) -> tuple[list[str], list[
             if isinstance(getattr(m, b, None), nn.Parameter) and getattr(m, b).dim() == 3 and hit(f"{name}.{b}"):
                 banks.append(f"{name}.{b}")
     if not linears and not banks:
+        where = f" under {', '.join(within)}" if within != ("",) else ""
         raise ConfigError(
-            f"lora.targets {targets} match no weight of this model "
+            f"lora.targets {targets} match no weight of this model{where} "
             f"(aliases: {', '.join(TARGET_ALIASES)}; or glob patterns over module names)"
         )
     return linears, banks
 
 
-def apply_lora(model: nn.Module, cfg: LoraConfig, seed: int = 0) -> list[str]:
-    """Freeze `model` and add adapters on cfg.targets; returns the adapter parameter names. On meta the adapters stay
-    unallocated (fill them from `initial_tensors`); otherwise they are initialised here from `seed`."""
+def apply_lora(model: nn.Module, cfg: LoraConfig, seed: int = 0, within: tuple[str, ...] = ("",)) -> list[str]:
+    """Freeze `model` and add adapters on cfg.targets (under the module-name prefixes `within`); returns the adapter
+    parameter names. On meta the adapters stay unallocated (fill them from `initial_tensors`); otherwise they are
+    initialised here from `seed`."""
     found = problems(cfg)
     if found:
         raise ConfigError("; ".join(found))
-    linears, banks = find_targets(model, cfg.targets)
+    linears, banks = find_targets(model, cfg.targets, within)
     model.requires_grad_(False)
     for name in linears:
         add_linear_adapter(model.get_submodule(name), cfg.r, cfg.scaling, cfg.dropout)

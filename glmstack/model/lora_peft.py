@@ -49,12 +49,29 @@ EXPERT_LINEAR = re.compile(r"(.+\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)
 
 # ---------------------------------------------------------------- names
 def hf_module_names(model) -> dict[str, str]:
-    """Our module name -> HF module path, for every module an adapter may sit on (Linear-like and expert banks)."""
+    """Our module name -> HF module path, for every module an adapter may sit on (Linear-like and expert banks); a
+    vision-language GLMV's as transformers' Glm4v(Moe)ForConditionalGeneration names them (model/vision/hf.py)."""
+    if hasattr(model, "visual") and hasattr(model, "language_model"):
+        return _vl_module_names(model)
     n = model.cfg.num_hidden_layers
     out = {}
     for name, m in model.named_modules():
         if hasattr(m, "in_features") or any(isinstance(getattr(m, b, None), torch.nn.Parameter) for b in lora.BANKS):
             out[name] = name if name == "lm_head" else _hf_prefix(f"{name}.x", n).rsplit(".", 1)[0]
+    return out
+
+
+def _vl_module_names(model) -> dict[str, str]:
+    """visual.X -> model.visual.X; language_model.X -> model.language_model.<X's text-model path> (lm_head stays)."""
+    lm, adaptable = model.language_model, lambda m: hasattr(m, "in_features") or any(
+        isinstance(getattr(m, b, None), torch.nn.Parameter) for b in lora.BANKS)  # fmt: skip
+    if hasattr(lm, "mtp"):  # a GLM (glm4v_moe's text model): its own map
+        text = hf_module_names(lm)
+    else:  # the dense GLM-4 decoder (glm4v): model.<name>
+        text = {n: n if n == "lm_head" else f"model.{n}" for n, m in lm.named_modules() if adaptable(m)}
+    out = {f"language_model.{n}": hf if hf == "lm_head" else "model.language_model." + hf.removeprefix("model.")
+           for n, hf in text.items()}  # fmt: skip
+    out |= {n: f"model.{n}" for n, m in model.visual.named_modules(prefix="visual") if adaptable(m)}
     return out
 
 

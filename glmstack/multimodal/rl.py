@@ -107,7 +107,7 @@ def run_vl_rl(cfg: VLRLConfig, stop_at: int | None = None) -> dict:
     from glmstack.model.vision import load_vl_hf
     from glmstack.multimodal.processor import VisionProcessor
     from glmstack.multimodal.stage import finish, stage_dir
-    from glmstack.multimodal.stage_setup import data_parallel
+    from glmstack.multimodal.stage_setup import adapt, data_parallel
     from glmstack.optim import build_optimizer
     from glmstack.posttrain.rl.stage import rl_loss
     from glmstack.train import dist
@@ -120,7 +120,7 @@ def run_vl_rl(cfg: VLRLConfig, stop_at: int | None = None) -> dict:
     data_parallel(cfg, device_of(cfg))
     seed_everything(cfg.seed)
     source = resolve(cfg.init_from, cfg.out_dir)
-    model = load_vl_hf(source, dtype=torch.float32, device=device_of(cfg))
+    model = adapt(load_vl_hf(source, dtype=torch.float32, device=device_of(cfg)), cfg)  # lora.* (stage_setup)
     tokenizer, processor = stage_tokenizer(cfg), VisionProcessor.load(source)
     optimizer, _ = build_optimizer(model, cfg.optim)
     model = dist.parallelize(model, cfg.dist.dp, find_unused=cfg.dist.find_unused_parameters)  # DDP under torchrun

@@ -80,22 +80,45 @@ def build_model(cfg: VLTrainConfig, tokenizer, device: torch.device):
     from glmstack.model.vision import GLMV, VLConfig, load_vl_hf, token_ids
     from glmstack.train.checkpoint import resolve
 
-    if cfg.lora.enabled:  # the vision-language model has its own build and save path, not LoRA's (issue 37)
-        raise ConfigError("lora.enabled: the vision-language stages do not take LoRA yet; train them in full")
     if cfg.init_from:
-        return load_vl_hf(resolve(cfg.init_from, cfg.out_dir), dtype=torch.float32, device=device)
-    overrides = dict(cfg.vl.model_overrides)
-    text = {"vocab_size": tokenizer.vocab_size, **overrides.pop("text_config", {})}
-    try:
-        vl_cfg = VLConfig.preset(cfg.vl.model_preset, **token_ids(tokenizer), text_config=text, **overrides)
-    except (ValueError, TypeError) as e:
-        raise ConfigError(f"vl.model_preset / vl.model_overrides: {e}") from None
-    return GLMV(vl_cfg).init_weights(seed=cfg.seed, device=device)
+        model = load_vl_hf(resolve(cfg.init_from, cfg.out_dir), dtype=torch.float32, device=device)
+    else:
+        overrides = dict(cfg.vl.model_overrides)
+        text = {"vocab_size": tokenizer.vocab_size, **overrides.pop("text_config", {})}
+        try:
+            vl_cfg = VLConfig.preset(cfg.vl.model_preset, **token_ids(tokenizer), text_config=text, **overrides)
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"vl.model_preset / vl.model_overrides: {e}") from None
+        model = GLMV(vl_cfg).init_weights(seed=cfg.seed, device=device)
+    return adapt(model, cfg)
+
+
+def adapt(model, cfg):
+    """lora.enabled: adapters on lora.targets inside the part vl.train names (everything else frozen), as every
+    VL stage and VL RL build their model; -> the model."""
+    if not cfg.lora.enabled:
+        return model
+    from glmstack.model.lora import apply_lora
+    from glmstack.train.lora import base_reference
+
+    if cfg.lora.base_quant:
+        raise ConfigError("lora.base_quant: the vision-language stages train LoRA over a full-precision base")
+    apply_lora(model, cfg.lora, seed=cfg.seed, within=PARTS[cfg.vl.train])
+    model.lora_base = base_reference(cfg)
+    return model
+
+
+PARTS = {"all": ("",), "language": ("language_model.",), "vision": ("visual.",), "adapter": ADAPTER}
 
 
 def freeze(model, train: str) -> int:
-    """requires_grad per `vl.train`; returns the number of trainable parameters."""
+    """requires_grad per `vl.train` (a LoRA model: its adapters, already placed by it); returns the number of
+    trainable parameters."""
+    from glmstack.model.lora import has_lora
+
     def learns(name: str) -> bool:
+        if has_lora(model):
+            return ".lora_A" in name or ".lora_B" in name
         if train == "adapter":
             return name.startswith(ADAPTER)
         if train == "vision":
@@ -111,12 +134,18 @@ def freeze(model, train: str) -> int:
 
 def export(model, tokenizer, processor, folder: Path, chat_style: str) -> Path:
     """The model folder a later stage, `glmstack chat --image` and `glmstack serve` read: HF weights, tokenizer with
-    the chat template, preprocessor_config.json (train/export.py's one export)."""
+    the chat template, preprocessor_config.json (train/export.py's one export); a LoRA model's: its PEFT adapter
+    folder naming its base (transformers' Glm4v(Moe)ForConditionalGeneration module names), with the same files."""
+    from glmstack.model.lora import has_lora
+    from glmstack.model.lora_peft import save_adapter
     from glmstack.model.vision import save_vl_hf
     from glmstack.train.export import export_folder
 
     def write(tmp: Path) -> None:
-        save_vl_hf(model, tmp)
+        if has_lora(model):
+            save_adapter(model, tmp, base=getattr(model, "lora_base", ""))
+        else:
+            save_vl_hf(model, tmp)
         processor.save(tmp)
 
     return export_folder(folder, tokenizer, chat_style, write)

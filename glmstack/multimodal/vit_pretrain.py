@@ -165,6 +165,7 @@ def evaluate_heads(pretrainer: VisionPretrainer, processor, n: int, seed: int = 
 def run_vit(cfg, stop_at: int | None = None) -> dict:
     """The stage: build the GLMV as the first chat stage would (tokenizer trained on the set's texts), train the
     ViT + adapter + heads on the one loop, export the GLMV's folder, score the heads."""
+    from glmstack.errors import ConfigError
     from glmstack.multimodal import stage_setup as setup
     from glmstack.multimodal.config import stage_dir
     from glmstack.multimodal.data import read_multimodal
@@ -173,6 +174,9 @@ def run_vit(cfg, stop_at: int | None = None) -> dict:
     from glmstack.train.stage import seed_everything
 
     setup.data_parallel(cfg, device_of(cfg), allowed=False)
+    if cfg.lora.enabled:
+        raise ConfigError("lora.enabled: the vit stage pre-trains the encoder and its attribute heads in full; LoRA "
+                          "is for the align / sft / rl stages")  # fmt: skip
     folder = stage_dir(cfg)
     folder.mkdir(parents=True, exist_ok=True)
     seed_everything(cfg.seed)

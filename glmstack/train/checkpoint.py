@@ -124,7 +124,7 @@ def save_model(model: torch.nn.Module, folder: Path) -> None:
         from glmstack.model.lora_peft import save_adapter
     except ImportError:
         GLM = None
-    if GLM is not None and isinstance(inner, GLM) and has_lora(inner):  # the adapter beside a reference to the base
+    if GLM is not None and (isinstance(inner, GLM) or _is_vl(inner)) and has_lora(inner):  # the adapter + its base
         save_adapter(inner, folder, base=getattr(inner, "lora_base", ""), state=state)
     elif GLM is not None and isinstance(inner, GLM):
         save_hf(dist.plain_copy(inner, state), folder)

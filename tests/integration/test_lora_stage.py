@@ -100,10 +100,10 @@ def test_a_later_stage_from_an_adapter_is_told_to_merge(tmp_path):
 
 
 def test_stages_without_lora_refuse_it():
-    """The vision-language stages build and save their models their own way: lora.* is refused, not ignored (the
-    reward model takes it: tests/posttrain/test_rm.py)."""
+    """The ViT pre-training stage trains its encoder and heads in full: lora.* is refused, not ignored (the reward
+    model and the other VL stages take it: tests/posttrain/test_rm.py, tests/multimodal/test_recipe.py)."""
     from glmstack.config import ConfigError
-    from glmstack.multimodal.stage_setup import build_model
+    from glmstack.multimodal.vit_pretrain import run_vit
 
-    with pytest.raises(ConfigError, match="vision-language stages do not take LoRA"):
-        build_model(load_config("vl_tiny", "align", ["lora.enabled=true"]), None, torch.device("cpu"))
+    with pytest.raises(ConfigError, match="vit stage pre-trains"):
+        run_vit(load_config("vl_tiny", "vit", ["lora.enabled=true"]))

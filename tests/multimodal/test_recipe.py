@@ -11,14 +11,14 @@ import torch
 
 pytest.importorskip("glmstack.model.vision")  # the model half (branch vlmodel) until it is merged
 
-from glmstack.cli import main as glmstack  # noqa: E402
-from glmstack.multimodal.processor import VisionProcessor  # noqa: E402
-from glmstack.multimodal.rl import VisualQA  # noqa: E402
-from glmstack.posttrain.rl.losses import token_logprobs  # noqa: E402
-from glmstack.posttrain.rl.rollouts import Rollouts  # noqa: E402
-from glmstack.recipes.vl_tiny import rl  # noqa: E402
-from glmstack.tokenizer import Tokenizer  # noqa: E402
-from glmstack.train.loop import VISION_INPUTS  # noqa: E402
+from glmstack.cli import main as glmstack
+from glmstack.multimodal.processor import VisionProcessor
+from glmstack.multimodal.rl import VisualQA
+from glmstack.posttrain.rl.losses import token_logprobs
+from glmstack.posttrain.rl.rollouts import Rollouts
+from glmstack.recipes.vl_tiny import rl
+from glmstack.tokenizer import Tokenizer
+from glmstack.train.loop import VISION_INPUTS
 
 
 def _mismatch(vl_folder, noise: float) -> float:
@@ -108,3 +108,29 @@ def test_rl_command_runs_vl_rl_with_its_mismatch_on_the_dashboard(vl_folder, tmp
     resumed = _vl_rl(vl_folder, tmp_path / "split")
     assert [r["loss"] for r in resumed] == [r["loss"] for r in clean]
     assert [r["grad_norm"] for r in resumed] == [r["grad_norm"] for r in clean] and clean[-1]["grad_norm"] > 0
+
+
+def test_vl_sft_and_rl_with_lora(vl_folder, tmp_path):
+    """Issue 37 on the vision-language stages: `lora.enabled` puts adapters inside the part `vl.train` names (here
+    the language model), only they train, the stage exports a PEFT folder (+ tokenizer, processor) that
+    `load_adapter` puts back on the base; VL RL trains a LoRA policy whose rollout copy carries the adapters."""
+    from safetensors.torch import load_file
+
+    from glmstack.model.lora_peft import load_adapter
+    from glmstack.model.vision import load_vl_hf
+
+    common = ["--set", f"init_from={vl_folder}", "--set", "lora.enabled=true", "--set", "lora.r=4", "--set",
+              "optim.muon=false", "--set", "optim.lr=1e-2", "--set", "vl.eval_n=0", "--set", "log.plots=false",
+              "--set", "log.progress=false"]  # fmt: skip
+    assert glmstack(["vl-train", "vl_tiny", "--stage", "sft", "--set", f"out_dir={tmp_path}", "--set", "steps=2",
+                     "--set", "vl.train=language", *common]) == 0  # fmt: skip
+    model = tmp_path / "vl_tiny" / "sft" / "model"
+    assert (model / "adapter_config.json").is_file() and (model / "preprocessor_config.json").is_file()
+    tensors = load_file(str(model / "adapter_model.safetensors"))
+    assert tensors and all(k.startswith("base_model.model.model.language_model.") for k in tensors)
+    assert any("lora_B" in k and t.abs().max() > 0 for k, t in tensors.items())  # trained
+    base = load_vl_hf(vl_folder, dtype=torch.float32)
+    assert any(".experts.lora_A." in n for n in load_adapter(base, model))
+    rows = _vl_rl(vl_folder, tmp_path / "rl", *common)
+    assert len(rows) == 3 and rows[-1]["grad_norm"] > 0
+    assert (tmp_path / "rl" / "vl_tiny" / "rl" / "model" / "adapter_config.json").is_file()
