@@ -204,6 +204,9 @@ class Server:
             raise ApiError(400, f"the adapter {req.lora_name!r} is already loaded (load_inplace: true replaces it)",
                            "lora_name")  # fmt: skip
         path = self.weights_path(req.lora_path, "lora_path")
+        if req.lora_name not in self.adapters and len(self.adapters) >= self.limits.max_loras:
+            raise ApiError(400, f"this server holds at most {self.limits.max_loras} LoRA adapters (--max-loras); "
+                           "unload one first", "lora_name")  # fmt: skip
         slot = self.adapters[req.lora_name][0] if req.lora_name in self.adapters else self.free_slot()
         version = self.next_version(req.weight_version)
         try:

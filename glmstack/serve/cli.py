@@ -100,7 +100,8 @@ def security_options(args) -> dict:
     if root and not Path(root).is_dir():
         raise ConfigError(f"--weight-root {root}: no such folder")
     limits = Limits(max_body_bytes=int(getattr(args, "max_body_mb", 4.0) * 2**20),
-                    max_prompt_chars=getattr(args, "max_prompt_chars", None))  # fmt: skip
+                    max_prompt_chars=getattr(args, "max_prompt_chars", None),
+                    max_loras=max(getattr(args, "max_loras", 8), len(getattr(args, "lora", None) or [])))  # fmt: skip
     key = getattr(args, "api_key", None) or os.environ.get(API_KEY_ENV) or None
     return {"limits": limits, "api_key": key, "bind_host": getattr(args, "host", "127.0.0.1"),
             "allowed_hosts": getattr(args, "allowed_hosts", None), "weight_root": root}  # fmt: skip
@@ -219,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="serve PEFT adapter folders beside the base, unmerged; a request's model field picks one")
     ap.add_argument("--enable-lora", action="store_true",
                     help="LoRA serving without adapters at start (POST /v1/load_lora_adapter adds them)")
+    ap.add_argument("--max-loras", type=int, default=8,
+                    help="LoRA adapters held at once; /v1/load_lora_adapter refuses more")  # fmt: skip
     sec = ap.add_argument_group("security and limits (docs/serve.md, Security)")
     sec.add_argument("--api-key", default=None,
                      help=f"require 'Authorization: Bearer KEY' on every route but /health (default: ${API_KEY_ENV})")

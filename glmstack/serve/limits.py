@@ -32,6 +32,7 @@ class Limits:
     max_frames: int = 128  # video frames per request, all videos together, after sampling
     max_pixels: int = 128 * 2**20  # decoded pixels per request, images and frames together
     score_chunk_elems: int = 2**22  # echo + logprobs: logits formed at once (positions x vocabulary), 16 MB fp32
+    max_loras: int = 8  # LoRA adapters held at once (--max-loras): /v1/load_lora_adapter refuses more
 
     def prompt_chars(self, context: int) -> int:
         return self.max_prompt_chars if self.max_prompt_chars is not None else 16 * context

@@ -164,7 +164,7 @@ def test_adapters_load_and_unload_at_run_time_only_from_the_weight_root(lora_fol
     root, engines = lora_folders
     outside = make_adapter(root / "base", tmp_path / "outside", seed=3, r=2)
     server = RunningServer(str(root / "base"), enable_lora=True, enable_weight_updates=True,
-                           weight_root=str(root / "pushes"))  # fmt: skip
+                           weight_root=str(root / "pushes"), max_loras=2)  # fmt: skip
     try:
         post = lambda route, body: httpx.post(server.url + route, json=body, timeout=60)
         ask = lambda model: httpx.post(server.url + "/v1/completions", timeout=60, json={
@@ -185,6 +185,9 @@ def test_adapters_load_and_unload_at_run_time_only_from_the_weight_root(lora_fol
             assert r.status_code == 403 and "weight-root" in r.json()["error"]["message"]
         r = post("/v1/load_lora_adapter", {"lora_name": "x", "lora_path": "."})  # not an adapter folder
         assert r.status_code == 400 and "not a PEFT adapter folder" in r.json()["error"]["message"]
+        assert post("/v1/load_lora_adapter", {"lora_name": "b", "lora_path": "b"}).status_code == 200
+        r = post("/v1/load_lora_adapter", {"lora_name": "c", "lora_path": "b"})  # --max-loras 2: a third is refused
+        assert r.status_code == 400 and "at most 2" in r.json()["error"]["message"]
         assert post("/v1/unload_lora_adapter", {"lora_name": "a"}).status_code == 200
         assert ask("a").status_code == 404
         assert ask("tiny").json()["choices"][0]["token_ids"] == greedy(engines["tiny"], PROMPTS[0])
