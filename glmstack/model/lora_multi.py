@@ -94,6 +94,7 @@ class MultiLoraExperts(nn.Module):
 
     lora_slots: Slots
     lora_stack: dict  # slot -> {bank: (A (E, r, I), sB (E, O, r))}
+    lora_mixed = True  # False: a batch of several slots always takes the reference (one expert pass per slot)
 
     def forward(self, x_TD, topk_idx_TK, topk_w_TK):
         groups = self.lora_slots.groups(x_TD)
@@ -101,12 +102,52 @@ class MultiLoraExperts(nn.Module):
             return super().forward(x_TD, topk_idx_TK, topk_w_TK)
         if len(groups) == 1:
             return self._slot_forward(groups[0][0], x_TD, topk_idx_TK, topk_w_TK)
+        if self.lora_mixed and x_TD.device.type == "cpu" and not torch.is_grad_enabled():
+            return self._mixed_forward(groups, x_TD, topk_idx_TK, topk_w_TK)
         y_TD = None
         for s, idx in groups:
             part = self._slot_forward(s, x_TD[idx], topk_idx_TK[idx], topk_w_TK[idx])
             y_TD = y_TD if y_TD is not None else part.new_empty(x_TD.shape[0], part.shape[-1])
             y_TD[idx] = part
         return y_TD
+
+    def _mixed_forward(self, groups, x_TD, idx_TK, w_TK):
+        """Decoding on CPU (no autograd): the (token, expert) pairs sorted by expert, then slot; per expert one GEMM
+        pair over all its rows, the base's, and each slot's low-rank terms on its own rows. Equal to the per-slot
+        reference (tests/integration/test_serve_lora.py), with one expert pass instead of one per slot."""
+        T, K = idx_TK.shape
+        slot_T = torch.zeros(T, dtype=torch.long)
+        for s, idx in groups:
+            slot_T[idx] = s
+        S, E = int(slot_T.max()) + 1, self.gate_up_proj.shape[0]
+        key_N = idx_TK.reshape(-1) * S + slot_T.repeat_interleave(K)
+        order_N = key_N.argsort(stable=True)
+        tok_N = order_N // K
+        xs_ND = x_TD.index_select(0, tok_N)
+        wk_N1 = w_TK.reshape(-1).index_select(0, order_N).to(x_TD.dtype)[:, None]
+        counts = torch.bincount(key_N, minlength=E * S).view(E, S).tolist()
+        ys_ND, start = torch.empty_like(xs_ND), 0
+        for e in range(E):
+            n = sum(counts[e])
+            if not n:
+                continue
+            rows = slice(start, start + n)
+            h_NF2 = self._low_rank(xs_ND[rows] @ self.gate_up_proj[e].t(), xs_ND[rows], "gate_up_proj", e, counts[e])
+            act_NF = moe._swiglu(h_NF2) * wk_N1[rows]
+            ys_ND[rows] = self._low_rank(act_NF @ self.down_proj[e].t(), act_NF, "down_proj", e, counts[e])
+            start += n
+        return torch.zeros_like(x_TD).index_add_(0, tok_N, ys_ND)
+
+    def _low_rank(self, y_NO, x_NI, bank: str, e: int, per_slot: list[int]):
+        """y += each slot's (x A_eᵀ) sB_eᵀ on its rows (the rows come slot after slot)."""
+        start = 0
+        for s, n in enumerate(per_slot):
+            pair = self.lora_stack.get(s, {}).get(bank) if n else None
+            if pair is not None:
+                A, sB = (t[e].to(x_NI.dtype) for t in pair)
+                y_NO[start : start + n] += (x_NI[start : start + n] @ A.t()) @ sB.t()
+            start += n
+        return y_NO
 
     def _slot_forward(self, s: int, x_TD, idx_TK, w_TK):
         pairs = self.lora_stack.get(s)

@@ -23,7 +23,7 @@ from serve_fixture import RunningServer
 from glmstack.inference import Engine
 from glmstack.model import GLM, ModelConfig, load_hf, save_hf
 from glmstack.model.lora import LoraConfig, apply_lora, lora_names
-from glmstack.model.lora_multi import add_adapter, use_slots
+from glmstack.model.lora_multi import MultiLoraExperts, add_adapter, use_slots
 from glmstack.model.lora_peft import save_adapter
 from glmstack.model.merge import merge
 from glmstack.tokenizer import Tokenizer
@@ -72,6 +72,14 @@ def test_rows_of_different_adapters_in_one_forward_equal_the_merged_models(prese
         plain = served(ids).logits  # outside use_slots: every row is the base
     for i, w in enumerate(want):
         torch.testing.assert_close(out.logits[i : i + 1], w.logits, atol=2e-5, rtol=0)
+    with torch.inference_mode(), use_slots(served, slots):  # decoding's mixed-expert path == the per-slot reference
+        fast = served(ids).logits
+        MultiLoraExperts.lora_mixed = False
+        try:
+            reference = served(ids).logits
+        finally:
+            MultiLoraExperts.lora_mixed = True
+    torch.testing.assert_close(fast, reference, atol=1e-5, rtol=0)
     assert (want[1].logits - want[0].logits).abs().max() > 1e-2  # the adapters change the model
     assert (want[2].logits - want[1].logits).abs().max() > 1e-2
     torch.testing.assert_close(plain, refs[0](ids).logits, atol=1e-6, rtol=0)
