@@ -108,3 +108,25 @@ def test_ray_workers_generating_on_a_server(cluster, tmp_path, base):
     finally:
         server.stop()
     assert_same_rollouts(two_steps(tmp_path / "local", base), remote)
+
+
+def test_partial_rollouts_hand_over_finished_groups_out_of_order(cluster, tmp_path, base):
+    """agentic.partial_rollouts on Ray with a long tail (every third task sleeps): finished groups are handed over
+    before an older straggler, which trains at a later step within tau or is dropped as stale; every id handed over
+    is accounted for exactly once."""
+    cfg, _, _, data = data_for(tmp_path, base, envs=[["tests.posttrain.agentic_coin:SlowCoinEnv", 1.0]], tau=2,
+                               sync_every=1, workers=2, inflight=3, partial_rollouts=True)  # fmt: skip
+    runner, steps, ages = data.runner, 5, []
+    try:
+        for _ in range(steps):
+            data.make_step()
+            ages += [runner.version - t.first_version for g in data.last_groups for t in g]
+    finally:
+        runner.close()
+    assert max(ages) <= cfg.agentic.tau
+    assert runner.trained_ids != sorted(runner.trained_ids), runner.trained_ids  # a straggler did not hold its batch
+    assert len(runner.trained_ids) == len(set(runner.trained_ids)) == steps * cfg.agentic.groups_per_step
+    handed = sorted(runner.ledger)
+    assert len(handed) == len(set(handed)) and all(runner.ledger[i] == "trained" for i in runner.trained_ids)
+    state = data.state_dict()
+    assert state["handed"] == [i for i in handed if i >= state["next_task"]]

@@ -31,3 +31,20 @@ class CoinEnv(Env):
 
     def reward(self) -> Reward:
         return Reward(float(self.heads), self.heads, {"coin": float(self.heads)})
+
+
+class SlowCoinEnv(CoinEnv):
+    """CoinEnv whose episodes of every third spec take 1.5 s (a long tail of episode lengths)."""
+
+    name = "slow_coin"
+
+    def step(self, message: dict) -> Step:
+        import time
+
+        if self.spec_n % 3 == 0:
+            time.sleep(1.5)
+        return super().step(message)
+
+    def reset(self, spec: dict) -> tuple[list[dict], list[dict]]:
+        self.spec_n = spec["n"]
+        return super().reset(spec)

@@ -48,13 +48,15 @@ class AgenticData:
             yield from self.make_step()
 
     def state_dict(self) -> dict:
-        return {"step": self.step, "next_task": self.runner.take}
+        handed = sorted(i for i in self.runner.ledger if i >= self.runner.take)  # out of order: beyond `take`
+        return {"step": self.step, "next_task": self.runner.take, "handed": handed}
 
     def load_state_dict(self, state: dict) -> None:
         """Resume the counters: the step and the next task id (in-flight rollouts of the interrupted run are not
         saved; they are generated afresh from the resumed weights, so an asynchronous resume is not bit-exact)."""
         self.step = int(state["step"])
         self.runner.take = self.runner.next_id = int(state.get("next_task", 0))
+        self.runner.ledger.update({int(i): "trained" for i in state.get("handed", [])})  # not generated again
 
     def weights(self) -> dict:
         """The policy's whole state, a copy (collective with several ranks: FSDP / expert shards gathered)."""

@@ -18,7 +18,9 @@ re-done after its worker died) is never counted twice, and none is lost: ids are
 (a reorder buffer), so the batches of a run are a function of the weights each task saw, not of which worker
 finished first. `asynchronous=True` keeps `workers × inflight` tasks queued at all times (the workers generate
 while the trainer trains); False submits only the tasks the next batch needs, after the weights were pushed —
-the synchronous baseline, with the same code.
+the synchronous baseline, with the same code. `out_of_order=True` (agentic.partial_rollouts) gives up that order
+for the long tail: the oldest finished groups are handed over, a long episode keeps running on its worker (its later
+turns on newer weights, each turn's version recorded) and trains at a later step if within tau, else is dropped.
 """
 
 from __future__ import annotations
@@ -31,11 +33,15 @@ from glmstack.posttrain.agentic.groups import settle
 
 class Runner:
     def __init__(self, pool, sample, *, groups_per_step: int, group_size: int, tau: int, workers: int,
-                 inflight: int = 1, asynchronous: bool = True, rank: int = 0, world: int = 1):  # fmt: skip
+                 inflight: int = 1, asynchronous: bool = True, rank: int = 0, world: int = 1,
+                 out_of_order: bool = False):  # fmt: skip
         self.pool, self.sample = pool, sample  # sample(task_id) -> spec
         self.rank, self.world = rank, world
         self.groups_per_step, self.group_size, self.tau = groups_per_step, group_size, tau
         self.workers, self.inflight, self.asynchronous = workers, inflight, asynchronous
+        # agentic.partial_rollouts: hand over finished groups in any order, so a long episode does not hold its batch
+        # (it keeps running on its worker, later turns on newer weights, and trains at a later step if within tau)
+        self.out_of_order = out_of_order
         self.version = -1
         self.next_id = 0  # next task id to submit
         self.take = 0  # next task id to hand to the trainer
@@ -51,6 +57,8 @@ class Runner:
         self.version = version
 
     def _submit_one(self) -> None:
+        while self.next_id in self.ledger:  # handed over before a resume (out of order): not generated again
+            self.next_id += 1
         load = Counter(self.owner.values())
         w = min(range(self.workers), key=lambda k: load[k])
         self.owner[self.next_id] = w
@@ -59,11 +67,22 @@ class Runner:
         self.next_id += 1
 
     def _top_up(self, missing: int) -> None:
+        if self.out_of_order:  # outstanding work, whatever ids it has: what the batch needs (+ the workers' queues)
+            want = max(missing - len(self.results), 0) + (self.workers * self.inflight if self.asynchronous else 0)
+            while len(self.owner) < want:
+                self._submit_one()
+            return
         target = self.take + missing  # sync: just what the next batch still needs
         if self.asynchronous:
             target = max(target, self.take + len(self.results) + self.workers * self.inflight)
         while self.next_id < target:
             self._submit_one()
+
+    def _next_ready(self) -> int | None:
+        """The id to hand over next: `take` (in order), or with out_of_order the oldest finished one."""
+        if self.take in self.results:
+            return self.take
+        return min(self.results) if self.out_of_order and self.results else None
 
     def _collect(self) -> None:
         for task, group in self.pool.wait():
@@ -80,15 +99,17 @@ class Runner:
         t0, current = time.perf_counter(), self.version if step is None else step
         groups, why = [], Counter()
         while len(groups) < self.groups_per_step:
-            if self.take in self.results:
-                group = self.results.pop(self.take)
+            task_id = self._next_ready()
+            if task_id is not None:
+                group = self.results.pop(task_id)
                 kept, reasons = settle(group, self.group_size, current, self.tau)
                 why.update(reasons)
-                self.ledger[self.take] = "trained" if kept else ("stale" if reasons["stale"] else "dropped")
-                self.take += 1
+                self.ledger[task_id] = "trained" if kept else ("stale" if reasons["stale"] else "dropped")
+                while self.take in self.ledger:  # past every id handed over (out of order: some were earlier)
+                    self.take += 1
                 if kept:
                     groups.append(kept)
-                    self.trained_ids.append(self.take - 1)
+                    self.trained_ids.append(task_id)
                     self.trajectories += self.group_size - reasons["padded"]
                 continue
             self._top_up(self.groups_per_step - len(groups))

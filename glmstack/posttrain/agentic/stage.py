@@ -53,6 +53,9 @@ class AgenticOptions:
     workers: int = 2  # rollout workers
     inflight: int = 1  # tasks queued per worker (asynchronous)
     asynchronous: bool = True  # False: generate only after the trainer's push (the synchronous baseline)
+    # hand over finished groups in any order: a long episode does not hold its batch, it trains later within tau
+    # (runner.py; the multi-turn form of rl.partial_rollouts, for the asynchronous Ray runner)
+    partial_rollouts: bool = False
     sync_every: int = 1  # K: push weights every K optimizer updates
     reset_optimizer: bool = True  # reset the optimizer's state after each push
     tau: int = 1  # drop a sample when current version − its first version > tau
@@ -276,7 +279,7 @@ def build(cfg: AgenticConfig, model, optimizer, tokenizer_dir: str):
     data.runner = Runner(make_pool(cfg, model, tokenizer_dir, data.weights()), sampler(o, cfg.seed),
                          groups_per_step=o.groups_per_step // W, group_size=o.group_size, tau=o.tau,
                          workers=o.workers, inflight=o.inflight, asynchronous=o.asynchronous, rank=dist.rank(),
-                         world=W)  # fmt: skip
+                         world=W, out_of_order=o.partial_rollouts)  # fmt: skip
     return data
 
 
