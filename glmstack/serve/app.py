@@ -78,8 +78,11 @@ class Server:
         self.created = int(time.time())
         self.counts = {"requests": 0, "rejected_429": 0, "errors_4xx": 0}
         # LoRA adapters served beside the base (None: LoRA is off): name -> (slot, folder); a request picks one by
-        # its `model` field, as in vLLM (model/lora_multi.py)
+        # its `model` field, as in vLLM (model/lora_multi.py). Slot numbers are never reused (a request queued for
+        # an unloaded adapter must not meet its successor); loads and unloads run one at a time
         self.adapters: dict[str, tuple[int, str]] | None = adapters
+        self.next_slot = 1 + max([0, *(slot for slot, _ in (adapters or {}).values())])
+        self.lora_lock = asyncio.Lock()
 
     # ---- request -> jobs -----------------------------------------------------------------------------------
     async def body(self, request: Request, model_cls, named: bool = True):
@@ -198,6 +201,10 @@ class Server:
     async def load_adapter(self, req: LoadLoraRequest) -> dict:
         if self.adapters is None:
             raise ApiError(400, "LoRA is off: start the server with --enable-lora (or --lora NAME=DIR)", "lora_name")
+        async with self.lora_lock:
+            return await self._load_adapter(req)
+
+    async def _load_adapter(self, req: LoadLoraRequest) -> dict:
         if req.lora_name == self.model_name:
             raise ApiError(400, f"lora_name {req.lora_name!r} is the base model's name", "lora_name")
         if req.lora_name in self.adapters and not req.load_inplace:
@@ -207,24 +214,23 @@ class Server:
         if req.lora_name not in self.adapters and len(self.adapters) >= self.limits.max_loras:
             raise ApiError(400, f"this server holds at most {self.limits.max_loras} LoRA adapters (--max-loras); "
                            "unload one first", "lora_name")  # fmt: skip
-        slot = self.adapters[req.lora_name][0] if req.lora_name in self.adapters else self.free_slot()
+        slot = self.adapters[req.lora_name][0] if req.lora_name in self.adapters else self.next_slot
         version = self.next_version(req.weight_version)
         try:
             await asyncio.to_thread(self.sched.update_adapter, slot, str(path), version)
         except (OSError, ValueError) as e:  # CheckpointError / ConfigError are ValueErrors: the adapter did not fit
             raise ApiError(400, f"lora_path: {e}", "lora_path") from None
         self.adapters[req.lora_name] = (slot, req.lora_path)
+        self.next_slot = max(self.next_slot, slot + 1)
         return {"success": True, "message": f"loaded LoRA adapter {req.lora_name!r}", "weight_version": version}
 
     async def unload_adapter(self, req: UnloadLoraRequest) -> dict:
-        if not self.adapters or req.lora_name not in self.adapters:
-            raise ApiError(404, f"no LoRA adapter named {req.lora_name!r} is loaded", "lora_name")
-        slot, _ = self.adapters.pop(req.lora_name)  # new requests for it are refused from here on
-        await asyncio.to_thread(self.sched.update_adapter, slot, None, self.sched.weight_version)
+        async with self.lora_lock:
+            if not self.adapters or req.lora_name not in self.adapters:
+                raise ApiError(404, f"no LoRA adapter named {req.lora_name!r} is loaded", "lora_name")
+            slot, _ = self.adapters.pop(req.lora_name)  # new requests for it are refused from here on
+            await asyncio.to_thread(self.sched.update_adapter, slot, None, self.sched.weight_version)
         return {"success": True, "message": f"unloaded LoRA adapter {req.lora_name!r}"}
-
-    def free_slot(self) -> int:
-        return max([0, *(slot for slot, _ in self.adapters.values())]) + 1
 
     def chat_prompt_ids(self, req, media):
         """(ChatPrompt, token ids): rendering and tokenising, run in a thread by the route."""

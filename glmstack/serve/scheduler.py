@@ -165,9 +165,18 @@ class Scheduler:
         if self.engine.fast:
             raise ValueError("LoRA adapters need a server started with --enable-lora (or --lora)")
         if folder is None:
-            self._between_steps(lambda: remove_adapter(self.model, slot), version)
+            self._between_steps(lambda: self._remove_adapter(slot), version)
         else:
             self._between_steps(lambda: add_adapter(self.model, slot, folder), version)
+
+    def _remove_adapter(self, slot: int) -> None:
+        """Drop the slot's adapter; requests still waiting for it end with an error instead of meeting the base."""
+        remove_adapter(self.model, slot)
+        with self._wake:
+            gone = [job for job in self.waiting if job.adapter == slot]
+            self.waiting = deque(job for job in self.waiting if job.adapter != slot)
+        for job in gone:
+            job.emit(Finished("error", "the LoRA adapter this request named was unloaded"))
 
     def _between_steps(self, change: Callable[[], None], version: str | int) -> None:
         """Run `change` on the engine thread once no row is running; blocks until done, raises what it raised."""

@@ -216,3 +216,23 @@ def test_lora_refused_where_it_is_not_served(lora_folders, tmp_path):
     for bad in (["--lora", "a"], ["--lora", f"a={root / 'pushes' / 'a'}", "--speculative", "mtp"],
                 ["--lora", f"tiny={root / 'pushes' / 'a'}", "--served-model-name", "tiny"]):  # fmt: skip
         assert main(["serve", str(root / "base"), *bad]) == 2
+
+
+def test_requests_waiting_for_an_unloaded_adapter_end_with_an_error(lora_folders):
+    """Unloading an adapter ends the requests still queued for it (they must not run on the base, or on a later
+    adapter: slot numbers are never reused); requests for other models stay queued."""
+    from glmstack.inference.sampling import SamplingParams
+    from glmstack.serve.scheduler import Finished, Job, Scheduler
+
+    root, _ = lora_folders
+    model = load_hf(root / "base").eval()
+    add_adapter(model, 1, root / "pushes" / "a")
+    sched = Scheduler(Engine(model, Tokenizer.load(root / "base"), fast=False))  # not started: jobs stay queued
+    events = {}
+    jobs = [Job(prompt_ids=[5, 6], max_new_tokens=2, params=SamplingParams(), seed=0, adapter=slot,
+                emit=lambda ev, k=k: events.setdefault(k, ev)) for k, slot in enumerate([1, 0, 1])]  # fmt: skip
+    sched.submit(jobs)
+    sched._remove_adapter(1)
+    assert list(sched.waiting) == [jobs[1]]
+    assert set(events) == {0, 2} and all(isinstance(e, Finished) and e.reason == "error" for e in events.values())
+    assert "unloaded" in events[0].message
