@@ -9,8 +9,9 @@ the fast path is off with LoRA on), after a warm-up call:
   * base     the adapted model with every row on the base (slot 0): the cost of having LoRA on at all;
   * one      every row on adapter 1;
   * mixed    rows spread over the base and both adapters (three slots in each forward).
-Setups alternate round by round; the figure is the median wall time per generated token of the batch, and each
-setup's ratio to `merged`. Also the outputs: every row of `mixed` equals the merged model of its slot, greedy.
+Setups alternate round by round; the figure is the median wall time per generated token of the batch over the
+measured rounds, each setup's ratio to `merged`, and beside it the setup's first call in the process (round 0: a
+user's first request, the first forwards and allocations). Also the outputs: every row of `mixed` equals the merged model of its slot, greedy.
 
     python bench/serve_lora.py                     # B 12, 32 new tokens, r 8, 5 rounds
     python bench/serve_lora.py --batch 24 --rank 16 --json
@@ -95,19 +96,22 @@ def main(argv=None) -> int:
         setups = {"merged": (Engine(merged[1]), [0] * args.batch),
                   "merged-ref": (Engine(merged[1], fast=False), [0] * args.batch), "base": (lora_engine, [0] * args.batch),
                   "one": (lora_engine, [1] * args.batch), "mixed": (lora_engine, [b % 3 for b in range(args.batch)])}
-        times = {k: [] for k in setups}
+        times, first = {k: [] for k in setups}, {}
         outputs = {}
         for rnd in range(args.rounds + 1):
             for name, (engine, slots) in setups.items():
                 dt, out = decode(engine, prompts, slots, args.new_tokens)
-                if rnd:  # round 0 warms up
+                if rnd:
                     times[name].append(dt / (args.batch * args.new_tokens))
+                else:  # round 0: each setup's first call in this process (first forwards, allocations)
+                    first[name] = dt / (args.batch * args.new_tokens)
                 outputs[name] = out
         refs = [[Engine(merged[s]).generate([p], args.new_tokens, stop_ids=[]).tokens[0]]
                 for p, s in zip(prompts, [b % 3 for b in range(args.batch)])]
         equal = all(outputs["mixed"][b] == refs[b][0] for b in range(args.batch))
     med = {k: statistics.median(v) for k, v in times.items()}
     result = {"per_token_ms": {k: 1e3 * v for k, v in med.items()},
+              "first_call_per_token_ms": {k: 1e3 * v for k, v in first.items()},
               "ratio_to_merged": {k: v / med["merged"] for k, v in med.items()},
               "mixed_equals_merged_greedy": equal, "batch": args.batch, "new_tokens": args.new_tokens,
               "rank": args.rank, "threads": torch.get_num_threads()}  # fmt: skip
@@ -117,7 +121,8 @@ def main(argv=None) -> int:
         print(f"tiny-moe, batch {args.batch}, {args.new_tokens} new tokens, adapters r {args.rank}, "
               f"{torch.get_num_threads()} threads, median of {args.rounds} rounds")  # fmt: skip
         for k in setups:
-            print(f"  {k:10s} {1e3 * med[k]:7.3f} ms / token   {med[k] / med['merged']:5.2f}x merged")
+            print(f"  {k:10s} {1e3 * med[k]:7.3f} ms / token   {med[k] / med['merged']:5.2f}x merged   "
+                  f"first call {1e3 * first[k]:7.3f} ms / token")  # fmt: skip
         print(f"  mixed rows equal their merged models' greedy outputs: {equal}")
     return 0 if equal else 1
 

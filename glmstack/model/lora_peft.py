@@ -200,7 +200,13 @@ def read_adapter(folder: str | os.PathLike) -> tuple[dict, dict[str, torch.Tenso
     missing = [p.name for p in (cfg_path, w_path) if not p.is_file()]
     if missing:
         raise CheckpointError(f"{folder}: not a PEFT adapter folder (missing {', '.join(missing)})")
-    config = json.loads(cfg_path.read_text())
+    try:
+        config = json.loads(cfg_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{cfg_path}: not valid JSON ({e})") from None
+    lacking = [k for k in ("r", "lora_alpha") if not isinstance(config, dict) or k not in config]
+    if lacking:
+        raise CheckpointError(f"{cfg_path}: no {' or '.join(lacking)} (a LoRA adapter config names both)")
     bad = [f"{k}={config.get(k)!r}" for k, ok in (("peft_type", "LORA"), ("use_dora", False), ("fan_in_fan_out", False))
            if config.get(k, ok) != ok]  # fmt: skip
     if config.get("bias", "none") != "none" or config.get("lora_bias"):

@@ -7,6 +7,8 @@ own greedy outputs; the prefix cache never serves one adapter's KV to another; a
 (vLLM's routes), only from inside --weight-root.
 """
 
+import json
+import shutil
 import sys
 import threading
 from pathlib import Path
@@ -193,6 +195,14 @@ def test_adapters_load_and_unload_at_run_time_only_from_the_weight_root(lora_fol
             assert r.status_code == 403 and "weight-root" in r.json()["error"]["message"]
         r = post("/v1/load_lora_adapter", {"lora_name": "x", "lora_path": "."})  # not an adapter folder
         assert r.status_code == 400 and "not a PEFT adapter folder" in r.json()["error"]["message"]
+        broken = root / "pushes" / "broken"  # a config without lora_alpha, then not JSON: one line each, a 400
+        shutil.copytree(root / "pushes" / "a", broken, dirs_exist_ok=True)
+        config = json.loads((broken / "adapter_config.json").read_text())
+        del config["lora_alpha"]
+        for text in (json.dumps(config), "{not json"):
+            (broken / "adapter_config.json").write_text(text)
+            r = post("/v1/load_lora_adapter", {"lora_name": "x", "lora_path": "broken"})
+            assert r.status_code == 400 and "adapter_config.json" in r.json()["error"]["message"]
         assert post("/v1/load_lora_adapter", {"lora_name": "b", "lora_path": "b"}).status_code == 200
         r = post("/v1/load_lora_adapter", {"lora_name": "c", "lora_path": "b"})  # --max-loras 2: a third is refused
         assert r.status_code == 400 and "at most 2" in r.json()["error"]["message"]
