@@ -192,7 +192,7 @@ def add_adapter(model: nn.Module, slot: int, folder: str | os.PathLike) -> None:
             lora._swap_class(module, mixin)
             module.lora_slots, module.lora_stack = slots, {}
         dev = next(module.parameters()).device
-        A, sB = A.to(dev, torch.float32), (B * scaling).to(dev, torch.float32)
+        A, sB = A.to(dev, torch.float32), B.to(dev, torch.float32) * scaling  # scaled in fp32, once
         if kind == "linear":
             module.lora_stack[slot] = (A, sB)
             lora._plain_mla_if_kv_b(model, ours)
@@ -204,11 +204,6 @@ def remove_adapter(model: nn.Module, slot: int) -> None:
     for m in model.modules():
         if isinstance(m, (MultiLoraLinear, MultiLoraExperts)):
             m.lora_stack.pop(slot, None)
-
-
-def adapter_slots(model: nn.Module) -> set[int]:
-    """The slots some module holds an adapter for."""
-    return {s for m in model.modules() if isinstance(m, (MultiLoraLinear, MultiLoraExperts)) for s in m.lora_stack}
 
 
 @contextlib.contextmanager
