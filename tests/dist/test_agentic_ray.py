@@ -8,6 +8,7 @@ our server (remote rollouts) give the in-process run's steps."""
 from __future__ import annotations
 
 import json
+import math
 import time
 
 import pytest
@@ -110,19 +111,26 @@ def test_ray_workers_generating_on_a_server(cluster, tmp_path, base):
     assert_same_rollouts(two_steps(tmp_path / "local", base), remote)
 
 
-def test_partial_rollouts_hand_over_finished_groups_out_of_order(cluster, tmp_path, base):
+@pytest.mark.parametrize("asynchronous", [True, False], ids=["async", "sync_oversampled"])
+def test_partial_rollouts_hand_over_finished_groups_out_of_order(cluster, tmp_path, base, asynchronous):
     """agentic.partial_rollouts on Ray with a long tail (every third task sleeps): finished groups are handed over
     before an older straggler, which trains at a later step within tau or is dropped as stale; every id handed over
-    is accounted for exactly once."""
+    is accounted for exactly once. The synchronous runner gets the same from over-sampling: ceil(n × 1.5) groups
+    outstanding, the first n to finish train, the rest run on over the push; the workers' time is accounted."""
     cfg, _, _, data = data_for(tmp_path, base, envs=[["tests.posttrain.agentic_coin:SlowCoinEnv", 1.0]], tau=2,
-                               sync_every=1, workers=2, inflight=3, partial_rollouts=True)  # fmt: skip
-    runner, steps, ages = data.runner, 5, []
+                               sync_every=1, workers=2, inflight=3, partial_rollouts=True, asynchronous=asynchronous,
+                               partial_oversample=0.5)  # fmt: skip
+    runner, steps, ages, rows = data.runner, 5, [], []
     try:
         for _ in range(steps):
-            data.make_step()
+            rows.append(data.make_step()[0]["stats"])
             ages += [runner.version - t.first_version for g in data.last_groups for t in g]
     finally:
         runner.close()
+    G = cfg.agentic.groups_per_step
+    if not asynchronous:  # exactly the over-sampled groups carried over after each batch: ceil(G × 1.5) − G
+        assert [r["rollout/carried_groups"] for r in rows] == [math.ceil(G * 1.5) - G] * steps
+    assert 0 < rows[-1]["rollout/worker_busy_s"] and all(r["rollout/worker_idle_frac"] < 1 for r in rows)
     assert max(ages) <= cfg.agentic.tau
     assert runner.trained_ids != sorted(runner.trained_ids), runner.trained_ids  # a straggler did not hold its batch
     assert len(runner.trained_ids) == len(set(runner.trained_ids)) == steps * cfg.agentic.groups_per_step

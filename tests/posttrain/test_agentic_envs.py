@@ -125,6 +125,30 @@ def test_fault_rate_matches_p():
     assert abs(sum(o.startswith("Error") for o in outs) / 2000 - 0.3) < 0.04
 
 
+def test_tool_latency_waits_a_lognormal_time_and_leaves_the_fault_draws_alone():
+    """tool_latency_s: every call waits first, median tool_latency_s, spread tool_latency_sigma (the long tail of
+    bench/agentic_partial.py); the faults an episode draws are the same with and without it."""
+    import statistics
+    import time
+
+    def run(opts):
+        env = make_env("calculator", opts, seed=5)
+        env.reset(spec_of("calculator"))
+        waits, outs = [], []
+        for _ in range(40):
+            t0 = time.perf_counter()
+            outs.append(env.step(call("calculator", expression="1+1")).messages[0]["content"])
+            waits.append(time.perf_counter() - t0)
+        return waits, outs
+
+    plain = EnvOptions(fault_p=0.3, max_tool_calls=10_000)
+    quick, faults = run(plain)
+    slow, faults_slow = run(EnvOptions(fault_p=0.3, max_tool_calls=10_000, tool_latency_s=0.01, tool_latency_sigma=1.0))
+    assert faults_slow == faults and any(o.startswith("Error") for o in faults)
+    assert 0.006 < statistics.median(slow) < 0.02 and max(quick) < 0.005  # the sleeps' median; no latency without it
+    assert max(slow) > 2.5 * statistics.median(slow)  # a tail: the largest of 40 draws ~ e^2.2 × the median
+
+
 def test_endless_tool_loop_is_penalised_and_stopped():
     spec = spec_of("calculator")
     env = make_env("calculator", EnvOptions(max_tool_calls=4, free_calls=2, call_penalty=0.05, loop_penalty=0.2))

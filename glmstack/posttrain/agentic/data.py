@@ -41,7 +41,7 @@ class AgenticData:
         self.temperature, self.reset, self.evaluate, self.eval_every = temperature, reset, evaluate, eval_every
         self.step = 0
         self.last_groups: list = []
-        self.t_last = time.perf_counter()
+        self.t_last, self.busy_last = time.perf_counter(), 0.0
 
     def __iter__(self):
         while True:
@@ -83,8 +83,12 @@ class AgenticData:
         flat = [t for g in groups for t in g]
         stats |= rstats | rollout_stats(flat) | {
             "weight_version": float(self.runner.version), "accepted_trajectories": float(self.runner.trajectories),
-            "traj_per_s": len(flat) / max(now - self.t_last, 1e-9)}  # fmt: skip
-        self.t_last = now
+            "traj_per_s": len(flat) / max(now - self.t_last, 1e-9),
+            # the share of the workers' time since the last batch spent outside rollouts (a task's time counts when
+            # its result arrives, so one step's figure is noisy; a run's sum is exact)
+            "rollout/worker_idle_frac": 1 - (rstats["rollout/worker_busy_s"] - self.busy_last)
+            / max(self.runner.workers * (now - self.t_last), 1e-9)}  # fmt: skip
+        self.t_last, self.busy_last = now, rstats["rollout/worker_busy_s"]
         mixed = self.mix.samples(self.step) if self.mix is not None else ([], [], {})
         self.step += 1
         return self.micro(flat, stats, mixed)

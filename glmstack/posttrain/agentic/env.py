@@ -16,6 +16,9 @@ What `ToolEnv` adds, from GLM-4.5 §3.3 / GLM-5 §3.3 (research/rl-recipe.md §1
                       (an endless tool loop) with no outcome reward and `loop_penalty` more
   process rewards     (`process_rewards`) `recover_bonus` when a call succeeded after an error and the task was
                       solved; `test_bonus` when the environment's tests were run before the final answer
+  tool latency        (`tool_latency_s`) each call waits a log-normal time first (median `tool_latency_s`, shape
+                      `tool_latency_sigma`), as remote tools (search APIs, sandboxes) do: the long tail of episode
+                      times that asynchronous and partial rollouts exist for (bench/agentic_partial.py)
   environment crash   `EnvCrash` from a tool (or `crash_p`, to exercise the rule) marks the sample `env_error`:
                       excluded from training (groups.py), never scored as the model's failure.
 """
@@ -24,7 +27,9 @@ from __future__ import annotations
 
 import abc
 import json
+import math
 import random
+import time
 import zlib
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -53,6 +58,8 @@ class EnvOptions:
     process_rewards: bool = False  # GLM-5's process rewards (below)
     recover_bonus: float = 0.1  # a call succeeded after an error, and the task was solved
     test_bonus: float = 0.1  # ran the tests before answering (environments with tests)
+    tool_latency_s: float = 0.0  # median seconds a tool call waits before it runs (0: none); log-normal
+    tool_latency_sigma: float = 1.0  # the log-normal's shape: 1 puts the 99th percentile at ~10x the median
 
 
 @dataclass
@@ -81,6 +88,7 @@ class Env(abc.ABC):
     def __init__(self, opts: EnvOptions | None = None, seed: int = 0):
         self.opts = opts or EnvOptions()
         self.rng = random.Random(seed)  # fault and crash draws: a pure function of the episode's seed
+        self.latency_rng = random.Random(seed ^ 0x7A7E)  # its own stream: latency leaves the fault draws as they were
         self.status = "running"
 
     @classmethod
@@ -167,6 +175,9 @@ class ToolEnv(Env):
         return Step(out, False)
 
     def _run(self, name: str, args: dict) -> str:
+        o = self.opts
+        if o.tool_latency_s > 0:
+            time.sleep(self.latency_rng.lognormvariate(math.log(o.tool_latency_s), o.tool_latency_sigma))
         if self.rng.random() < self.opts.crash_p:
             self.status = "env_error"
             raise EnvCrash(f"{self.name}: injected environment crash")

@@ -1,6 +1,6 @@
 """Where rollout workers live: in this process (`runner=local`) or as Ray actors (`runner=ray`), one interface.
 
-    pool.submit(w, task_id, spec)      queue a group on worker w
+    pool.submit(w, task_id, spec, v)   queue a group on worker w, its first turn on weights of version >= v
     pool.wait() -> [(task_id, group)]  finished tasks (at least one)
     pool.set_weights(state, version)   every worker (Ray: one object-store copy, staged between turns)
 
@@ -15,6 +15,7 @@ actor in its place with the latest weights and re-submits each of its lost tasks
 from __future__ import annotations
 
 import copy
+import time
 from collections import deque
 
 from glmstack.posttrain.agentic.worker import RolloutWorker
@@ -31,17 +32,20 @@ class LocalPool:
         self.workers = [self._make() for _ in range(workers)]
         self.queue: deque = deque()
         self.restarts = self.resubmitted = 0  # in-process workers do not die
+        self.busy_s = 0.0  # seconds the workers spent inside rollouts (their idle fraction: runner.py)
 
     def _make(self) -> RolloutWorker:
         model = None if self.server else copy.deepcopy(self.model)
         return RolloutWorker(model, *self.args, server=self.server_args, numerics=self.numerics)
 
-    def submit(self, w: int, task_id: int, spec: dict) -> None:
-        self.queue.append((w, task_id, spec))
+    def submit(self, w: int, task_id: int, spec: dict, min_version: int = 0) -> None:
+        self.queue.append((w, task_id, spec, min_version))
 
     def wait(self) -> list[tuple[int, list]]:
-        w, task_id, spec = self.queue.popleft()
-        return [(task_id, self.workers[w].rollout(task_id, spec, self.group_size))]
+        w, task_id, spec, min_version = self.queue.popleft()
+        group, seconds = timed_rollout(self.workers[w], task_id, spec, self.group_size, min_version)
+        self.busy_s += seconds
+        return [(task_id, group)]
 
     def set_weights(self, state: dict, version: int) -> None:
         state = push_to_server(self.server, state, version)
@@ -55,6 +59,13 @@ class LocalPool:
         self.queue.clear()
         if self.server is not None:
             self.server.close()
+
+
+def timed_rollout(worker: RolloutWorker, task_id: int, spec: dict, group_size: int, min_version: int) -> tuple:
+    """(the group, the seconds the worker spent on it: generation and tool calls alike, not the wait for weights)."""
+    worker.wait_for(min_version)
+    t0 = time.perf_counter()
+    return worker.rollout(task_id, spec, group_size, min_version=min_version), time.perf_counter() - t0
 
 
 def push_to_server(server, state: dict, version: int) -> dict | None:
@@ -82,8 +93,8 @@ def ray_worker_class():
             return self.w.pid()
 
         @ray.method(concurrency_group="rollout")
-        def rollout(self, task_id, spec, group_size):
-            return self.w.rollout(task_id, spec, group_size)
+        def rollout(self, task_id, spec, group_size, min_version):
+            return timed_rollout(self.w, task_id, spec, group_size, min_version)
 
     return RayRolloutWorker
 
@@ -107,28 +118,32 @@ class RayPool:
         self.refs: dict = {}  # ObjectRef -> (worker, task_id, spec, actor)
         self.weights: tuple | None = None  # (object ref, version) of the latest push
         self.restarts = self.resubmitted = 0
+        self.busy_s = 0.0  # seconds the actors spent inside rollouts, summed as their results arrive
         errors = ray.exceptions
         self._died = (errors.RayActorError, errors.WorkerCrashedError, errors.OutOfMemoryError)
 
     def _make(self):
         return self.cls.remote(self.model_ref, *self.args)
 
-    def submit(self, w: int, task_id: int, spec: dict) -> None:
+    def submit(self, w: int, task_id: int, spec: dict, min_version: int = 0) -> None:
         actor = self.actors[w]
-        self.refs[actor.rollout.remote(task_id, spec, self.group_size)] = (w, task_id, spec, actor)
+        ref = actor.rollout.remote(task_id, spec, self.group_size, min_version)
+        self.refs[ref] = (w, task_id, spec, min_version, actor)
 
     def wait(self) -> list[tuple[int, list]]:
         out = []
         while not out:
             done, _ = self.ray.wait(list(self.refs), num_returns=1)
             for ref in done:
-                w, task_id, spec, actor = self.refs.pop(ref)
+                w, task_id, spec, min_version, actor = self.refs.pop(ref)
                 try:
-                    out.append((task_id, self.ray.get(ref)))
+                    group, seconds = self.ray.get(ref)
+                    out.append((task_id, group))
+                    self.busy_s += seconds
                 except self._died:  # the worker died (killed, crashed, OOM-killed): a fresh one redoes its tasks
                     if actor is self.actors[w]:
                         self._restart(w)
-                    self.submit(w, task_id, spec)
+                    self.submit(w, task_id, spec, min_version)
                     self.resubmitted += 1
         return out
 

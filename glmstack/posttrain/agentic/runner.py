@@ -20,11 +20,15 @@ finished first. `asynchronous=True` keeps `workers × inflight` tasks queued at 
 while the trainer trains); False submits only the tasks the next batch needs, after the weights were pushed —
 the synchronous baseline, with the same code. `out_of_order=True` (agentic.partial_rollouts) gives up that order
 for the long tail: the oldest finished groups are handed over, a long episode keeps running on its worker (its later
-turns on newer weights, each turn's version recorded) and trains at a later step if within tau, else is dropped.
+turns on newer weights, each turn's version recorded) and trains at a later step if within tau, else is dropped;
+`oversample` o keeps ceil(missing × (1 + o)) groups outstanding, so even the synchronous runner trains the first
+groups to finish and carries the rest over (APRIL's over-sampling, without aborts: a multi-turn episode continues).
+The pool's `busy_s` (seconds its workers spent inside rollouts) gives the workers' idle fraction.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 
@@ -34,14 +38,14 @@ from glmstack.posttrain.agentic.groups import settle
 class Runner:
     def __init__(self, pool, sample, *, groups_per_step: int, group_size: int, tau: int, workers: int,
                  inflight: int = 1, asynchronous: bool = True, rank: int = 0, world: int = 1,
-                 out_of_order: bool = False):  # fmt: skip
+                 out_of_order: bool = False, oversample: float = 0.0):  # fmt: skip
         self.pool, self.sample = pool, sample  # sample(task_id) -> spec
         self.rank, self.world = rank, world
         self.groups_per_step, self.group_size, self.tau = groups_per_step, group_size, tau
         self.workers, self.inflight, self.asynchronous = workers, inflight, asynchronous
         # agentic.partial_rollouts: hand over finished groups in any order, so a long episode does not hold its batch
         # (it keeps running on its worker, later turns on newer weights, and trains at a later step if within tau)
-        self.out_of_order = out_of_order
+        self.out_of_order, self.oversample = out_of_order, oversample
         self.version = -1
         self.next_id = 0  # next task id to submit
         self.take = 0  # next task id to hand to the trainer
@@ -63,12 +67,13 @@ class Runner:
         w = min(range(self.workers), key=lambda k: load[k])
         self.owner[self.next_id] = w
         task = self.next_id * self.world + self.rank  # the global task id: disjoint over ranks
-        self.pool.submit(w, task, self.sample(task))
+        self.pool.submit(w, task, self.sample(task), max(self.version, 0))  # not before the last push
         self.next_id += 1
 
     def _top_up(self, missing: int) -> None:
-        if self.out_of_order:  # outstanding work, whatever ids it has: what the batch needs (+ the workers' queues)
-            want = max(missing - len(self.results), 0) + (self.workers * self.inflight if self.asynchronous else 0)
+        if self.out_of_order:  # outstanding work, whatever ids it has: what the batch needs, over-sampled (+ queues)
+            want = max(math.ceil(missing * (1 + self.oversample)) - len(self.results), 0)
+            want += self.workers * self.inflight if self.asynchronous else 0
             while len(self.owner) < want:
                 self._submit_one()
             return
@@ -120,7 +125,8 @@ class Runner:
         stats = {f"rollout/{k}": float(v) for k, v in why.items()} | {
             "time/wait_s": time.perf_counter() - t0, "staleness_mean": sum(staleness) / len(staleness),
             "staleness_max": float(max(staleness)), "rollout/restarts": float(self.pool.restarts),
-            "rollout/duplicates": float(self.duplicates)}  # fmt: skip
+            "rollout/duplicates": float(self.duplicates), "rollout/worker_busy_s": float(self.pool.busy_s),
+            "rollout/carried_groups": float(len(self.owner) + len(self.results))}  # fmt: skip
         return groups, stats
 
     def close(self) -> None:

@@ -56,6 +56,9 @@ class AgenticOptions:
     # hand over finished groups in any order: a long episode does not hold its batch, it trains later within tau
     # (runner.py; the multi-turn form of rl.partial_rollouts, for the asynchronous Ray runner)
     partial_rollouts: bool = False
+    # with partial_rollouts: outstanding groups are ceil(missing × (1 + o)) (+ the workers' queues when asynchronous),
+    # so a batch is the first groups to finish and the over-sampled rest run on into later steps (APRIL's over-sampling)
+    partial_oversample: float = 0.5
     sync_every: int = 1  # K: push weights every K optimizer updates
     reset_optimizer: bool = True  # reset the optimizer's state after each push
     tau: int = 1  # drop a sample when current version − its first version > tau
@@ -187,7 +190,8 @@ def held_out_eval(cfg: AgenticConfig, model, tokenizer_dir: str):
                                         numerics=numerics(cfg))  # fmt: skip
         w = holder["w"]
         w.set_weights(state, -1)
-        plain = {**vars(o.env), "crash_p": 0.0, "group_faults": False}  # held-out episodes fail independently
+        # held-out episodes fail independently, and without the simulated tool latency (it changes no outcome)
+        plain = {**vars(o.env), "crash_p": 0.0, "group_faults": False, "tool_latency_s": 0.0}
         clean = evaluate(w, specs, EnvOptions(**plain | {"fault_p": 0.0}))
         faults = evaluate(w, specs, EnvOptions(**plain | {"fault_p": o.eval_fault_p}))
         return {f"heldout_{k}": v for k, v in clean.items()} | {f"heldout_faults_{k}": v for k, v in faults.items()}
@@ -279,7 +283,8 @@ def build(cfg: AgenticConfig, model, optimizer, tokenizer_dir: str):
     data.runner = Runner(make_pool(cfg, model, tokenizer_dir, data.weights()), sampler(o, cfg.seed),
                          groups_per_step=o.groups_per_step // W, group_size=o.group_size, tau=o.tau,
                          workers=o.workers, inflight=o.inflight, asynchronous=o.asynchronous, rank=dist.rank(),
-                         world=W, out_of_order=o.partial_rollouts)  # fmt: skip
+                         world=W, out_of_order=o.partial_rollouts,
+                         oversample=o.partial_oversample)  # fmt: skip
     return data
 
 

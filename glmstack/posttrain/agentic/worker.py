@@ -42,23 +42,20 @@ class RolloutWorker:
         self.opts, self.env_opts, self.seed = opts, env_opts, seed
         self.version = -1
         self._pending: tuple[dict, int] | None = None
-        self._lock = threading.Lock()
-        self._loaded = threading.Event()  # set by the first set_weights: no rollout runs on unversioned weights
+        self._arrived = threading.Condition()  # guards _pending and _latest
+        self._latest = -1  # the newest version set_weights has received (loaded or staged)
 
     def pid(self) -> int:
         return os.getpid()
 
     def set_weights(self, state: dict, version: int) -> None:
-        with self._lock:
-            self._pending = (state, version)
-        self._loaded.set()
+        with self._arrived:
+            self._pending, self._latest = (state, version), max(self._latest, version)
+            self._arrived.notify_all()
 
     def current_version(self) -> int:
-        """Swap in staged weights (between turns) and return the version now loaded. A Ray actor can be asked
-        for a rollout before its first weights arrive (they travel on another thread): it waits for them."""
-        if not self._loaded.wait(timeout=600):
-            raise RuntimeError("rollout worker: no weights arrived within 600 s")
-        with self._lock:
+        """Swap in staged weights (between turns) and return the version now loaded."""
+        with self._arrived:
             staged, self._pending = self._pending, None
         if staged is not None:
             state, version = staged
@@ -66,7 +63,18 @@ class RolloutWorker:
             self.version = version
         return self.version
 
-    def rollout(self, task_id: int, spec: dict, group_size: int, env_opts: EnvOptions | None = None) -> list:
+    def wait_for(self, version: int) -> None:
+        """Block until weights of at least `version` arrived. A Ray actor's weights travel on another thread than
+        its rollouts, so a task submitted after a push could otherwise start on the weights before it."""
+        with self._arrived:
+            if not self._arrived.wait_for(lambda: self._latest >= version, timeout=600):
+                raise RuntimeError(f"rollout worker: weights of version {version} did not arrive within 600 s")
+
+    def rollout(self, task_id: int, spec: dict, group_size: int, env_opts: EnvOptions | None = None,
+                min_version: int = 0) -> list:  # fmt: skip
+        """One group; its first turn runs on weights of at least `min_version` (the version pushed before the task
+        was submitted), later turns on whatever arrived since."""
+        self.wait_for(min_version)
         seeds = [stable_seed(self.seed, task_id, j) for j in range(group_size)]
         return run_group(self.policy, self.tokenizer, [spec] * group_size, self.opts, env_opts or self.env_opts,
                          seeds, version=self.current_version, task_id=task_id)  # fmt: skip
