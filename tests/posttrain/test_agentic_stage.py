@@ -144,3 +144,30 @@ def test_spread_table_and_band_test(tmp_path, capsys):
     assert "| a | 2 | 0.250 ± 0.177 [0.125, 0.375] |" in out  # steps 1-2: seed means 0.125 and 0.375
     assert "a's mean is inside b's seeds' [min, max]: 75%; b's inside a's: 75% (4 steps)" in out  # not at step 3
     assert (tmp_path / "p.png").exists()
+
+
+@pytest.mark.slow
+def test_partial_rollouts_with_the_local_runner_equal_the_plain_path(tmp_path, base_dir):
+    """runner=local runs tasks in id order, so nothing overtakes anything: agentic.partial_rollouts with
+    over-sampling (its extra groups queued, run at the next step on the weights then pushed) trains on exactly the
+    plain path's batches and ends on the same weights, bit for bit, over three steps."""
+    from glmstack.train.stage import model_and_optimizer
+    from tests.posttrain.test_agentic_server import COIN, train_recording
+
+    def run(folder, partial: bool):
+        cfg = tiny_cfg(folder, base_dir, envs=[[COIN, 1.0]], asynchronous=False, tau=1, partial_rollouts=partial,
+                       partial_oversample=0.5)  # fmt: skip
+        cfg.steps = 3
+        model, optimizer = model_and_optimizer(cfg)
+        batches = train_recording(cfg, model, optimizer, build(cfg, model, optimizer, str(base_dir)), folder / "ag")
+        return batches, model.state_dict()
+
+    (plain, w_plain), (partial, w_partial) = run(tmp_path / "plain", False), run(tmp_path / "partial", True)
+    assert len(plain) == len(partial) == 3 * 2
+    for a, b in zip(plain, partial):
+        for k in ("input_ids", "mask", "rollout_logp", "advantages"):
+            assert torch.equal(a[k], b[k]), k
+    assert any(b["advantages"].abs().sum() > 0 for b in plain)  # the steps moved the weights
+    assert [b["stats"]["rollout/carried_groups"] for b in partial[::2]] == [1.0] * 3  # ceil(2 × 1.5) − 2 over-sampled
+    assert [b["stats"]["rollout/carried_groups"] for b in plain[::2]] == [0.0] * 3
+    assert all(torch.equal(w_plain[k], w_partial[k]) for k in w_plain)
