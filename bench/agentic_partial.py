@@ -43,7 +43,7 @@ def run_arm(arm: str, seed: int, out: str, args) -> dict:
     o.asynchronous, o.partial_rollouts = ARMS[arm]
     o.workers, o.inflight, o.tau, o.partial_oversample = 2, args.inflight, args.tau, args.oversample
     o.env.tool_latency_s, o.env.tool_latency_sigma = args.latency, args.sigma
-    o.heldout_n, o.eval_every = args.heldout, args.steps
+    o.heldout_n, o.eval_every, o.level = args.heldout, args.steps, args.level
     summary = run_agentic(cfg)
     rows = [json.loads(x) for x in (Path(out) / cfg.run / "agentic" / "metrics.jsonl").read_text().splitlines()]
     first, last = rows[0], rows[-1]
@@ -85,6 +85,7 @@ def main() -> None:
     ap.add_argument("--arms", default="sync,partial", help=f"comma-separated, of {','.join(ARMS)}")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--level", type=int, default=1, help="the calculator's task level (agentic_calc: 1)")
     ap.add_argument("--latency", type=float, default=0.1, help="median seconds of a tool call (log-normal)")
     ap.add_argument("--sigma", type=float, default=1.0, help="the log-normal's shape")
     ap.add_argument("--oversample", type=float, default=0.5)
