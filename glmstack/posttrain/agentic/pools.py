@@ -115,7 +115,7 @@ class RayPool:
         self.server = make_policy(None, server=server, weights_dir=weights_dir) if server else None
         self.group_size = group_size
         self.actors = [self._make() for _ in range(workers)]
-        self.refs: dict = {}  # ObjectRef -> (worker, task_id, spec, actor)
+        self.refs: dict = {}  # ObjectRef -> (worker, task_id, spec, min_version, actor)
         self.weights: tuple | None = None  # (object ref, version) of the latest push
         self.restarts = self.resubmitted = 0
         self.busy_s = 0.0  # seconds the actors spent inside rollouts, summed as their results arrive
