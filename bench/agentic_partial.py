@@ -36,7 +36,7 @@ def run_arm(arm: str, seed: int, out: str, args) -> dict:
 
     cfg = agentic()
     cfg.init_from, cfg.out_dir, cfg.runner, cfg.seed, cfg.run = args.model, out, "ray", seed, f"{arm}_s{seed}"
-    cfg.steps = args.steps
+    cfg.steps, cfg.optim.lr = args.steps, args.lr or cfg.optim.lr
     cfg.log.progress = cfg.log.plots = False
     cfg.ckpt.resume = "never"
     o = cfg.agentic
@@ -86,6 +86,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--level", type=int, default=1, help="the calculator's task level (agentic_calc: 1)")
+    ap.add_argument("--lr", type=float, default=0.0, help="the learning rate (0: agentic_calc's, 1e-3)")
     ap.add_argument("--latency", type=float, default=0.1, help="median seconds of a tool call (log-normal)")
     ap.add_argument("--sigma", type=float, default=1.0, help="the log-normal's shape")
     ap.add_argument("--oversample", type=float, default=0.5)
