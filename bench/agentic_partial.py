@@ -105,7 +105,9 @@ def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("RAY_worker_niceness", "0")  # the actors at the driver's priority (bench/agentic_async.py)
     arms = args.arms.split(",")
-    print(f"local Ray cluster, num_cpus={args.num_cpus}; load average {os.getloadavg()[0]:.1f} at the start", flush=True)
+    print(
+        f"local Ray cluster, num_cpus={args.num_cpus}; load average {os.getloadavg()[0]:.1f} at the start", flush=True
+    )
     ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -116,6 +118,10 @@ def main() -> None:
     ray.shutdown()
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
     print(table(results, arms))
+    base = statistics.mean(r["traj_per_s"] for r in results if r["arm"] == arms[0])
+    for arm in arms[1:]:
+        rate = statistics.mean(r["traj_per_s"] for r in results if r["arm"] == arm)
+        print(f"{arm} / {arms[0]}: x{rate / base:.2f} trajectories/s (mean over seeds)")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 

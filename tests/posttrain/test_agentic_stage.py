@@ -110,6 +110,31 @@ def test_cli_bad_environment_is_one_line(capsys, base_dir):
     assert code == 2 and "unknown environment 'nope'" in err and len(err.splitlines()) == 1
 
 
+@pytest.mark.parametrize("bad", ["agentic.partial_oversample=-0.5", "agentic.env.tool_latency_s=-1"])
+def test_cli_bad_partial_and_latency_options_are_one_line(capsys, base_dir, bad):
+    from glmstack.cli import main
+
+    code = main(["agentic-rl", "agentic_tiny", "--set", f"init_from={base_dir}", "--set", bad])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and bad.split("=")[0].split(".")[-1] in err and len(err.splitlines()) == 1
+
+
+def test_a_task_waits_for_the_weights_pushed_before_it(base_dir):
+    """A Ray actor gets weights on another thread than its rollouts: a group submitted after push v must not start
+    on the weights before it (min_version), and its first turn records v."""
+    import threading
+
+    model = load_hf(base_dir, dtype=torch.float32)
+    worker = RolloutWorker(model, str(base_dir), EpisodeOptions(max_turns=1, max_new_tokens=4), EnvOptions(), seed=0)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    worker.set_weights(state, 0)
+    spec = env_class("roles").sample(random.Random(0), "train")
+    threading.Timer(0.3, worker.set_weights, (state, 1)).start()  # version 1 lands while the rollout is asked for
+    group = worker.rollout(0, spec, 2, min_version=1)
+    assert [t.versions[0] for t in group] == [1, 1]
+    assert [t.versions[0] for t in worker.rollout(1, spec, 2)] == [1, 1]  # min_version 0: what is loaded
+
+
 def test_environment_by_import_path(capsys, base_dir):
     """Your own Env subclass by "module:Class": tasks carry the path (Ray actors import it by it); a bad path is the
     CLI's one-line error."""

@@ -216,6 +216,10 @@ def check(cfg: AgenticConfig) -> None:
     steps = [row[0] for row in o.curriculum if isinstance(row, list | tuple) and len(row) == 2]
     if len(steps) != len(o.curriculum) or steps != sorted(steps) or any(int(x) < 1 for x in steps):
         raise ConfigError("agentic.curriculum: rows [from_step, level] with from_step >= 1, by increasing step")
+    if o.partial_oversample < 0:
+        raise ConfigError(f"agentic.partial_oversample={o.partial_oversample}: must be >= 0 (the extra share of groups)")
+    if o.env.tool_latency_s < 0 or o.env.tool_latency_sigma < 0:
+        raise ConfigError("agentic.env.tool_latency_s and tool_latency_sigma must be >= 0")
     if o.tau < o.sync_every - 1:
         raise ConfigError(f"agentic.tau={o.tau} < sync_every - 1 = {o.sync_every - 1}: every sample would be stale")
     if (o.groups_per_step * o.group_size + (o.teacher_samples if o.teachers else 0)) % cfg.grad_accum:
