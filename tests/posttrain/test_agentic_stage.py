@@ -196,3 +196,36 @@ def test_partial_rollouts_with_the_local_runner_equal_the_plain_path(tmp_path, b
     assert [b["stats"]["rollout/carried_groups"] for b in partial[::2]] == [1.0] * 3  # ceil(2 × 1.5) − 2 over-sampled
     assert [b["stats"]["rollout/carried_groups"] for b in plain[::2]] == [0.0] * 3
     assert all(torch.equal(w_plain[k], w_partial[k]) for k in w_plain)
+
+
+@pytest.mark.slow
+def test_dynamic_sampling_trains_only_informative_groups(tmp_path, base_dir):
+    """agentic.dynamic_sampling: the coin's rewards are a function of (seed, task id, index) only, so the plain path
+    says which groups are flat (all rewards equal, advantage 0); with the option every trained group is one of the
+    others, in id order, over three steps, the flat ones are counted and set aside — and with dynamic_sampling_max=1
+    no extra group is looked at: the plain path's groups are trained."""
+    from glmstack.train.stage import model_and_optimizer
+    from tests.posttrain.test_agentic_server import COIN, train_recording
+
+    def run(folder, **kw):
+        cfg = tiny_cfg(folder, base_dir, envs=[[COIN, 1.0]], asynchronous=False, group_size=2, **kw)
+        cfg.steps = 3
+        model, optimizer = model_and_optimizer(cfg)
+        data = build(cfg, model, optimizer, str(base_dir))
+        batches = train_recording(cfg, model, optimizer, data, folder / "ag")
+        return batches, data.runner
+
+    plain, plain_runner = run(tmp_path / "plain")
+    flat = {i: bool(b["advantages"].abs().sum() == 0) for i, b in enumerate(plain)}  # one group per micro-batch
+    assert plain_runner.trained_ids == list(range(6)) and any(flat.values()) and not all(flat.values())
+    dyn, runner = run(tmp_path / "dyn", dynamic_sampling=True)
+    assert all(b["advantages"].abs().sum() > 0 for b in dyn)
+    informative = [i for i in range(6) if not flat[i]]
+    assert runner.trained_ids[: len(informative)] == informative and len(runner.trained_ids) == 6
+    assert sorted(i for i, v in runner.ledger.items() if v == "flat")[: sum(flat.values())] == [
+        i for i in range(6) if flat[i]]  # fmt: skip
+    counted = sum(b["stats"].get("rollout/flat_groups", 0) for b in dyn[::2])  # the step's stats on each micro-batch
+    assert counted == sum(v == "flat" for v in runner.ledger.values()) > 0
+    _, capped_runner = run(tmp_path / "capped", dynamic_sampling=True, dynamic_sampling_max=1.0)
+    steps = lambda ids: [sorted(ids[k : k + 2]) for k in range(0, 6, 2)]
+    assert steps(capped_runner.trained_ids) == steps(plain_runner.trained_ids)

@@ -13,7 +13,7 @@ count too.
 Tasks get increasing ids; each id is one group (one spec × group_size episodes with seeds from the id). With
 several trainer ranks each runner takes its own ids: local id i is task i · world + rank everywhere outside the
 runner (spec, seeds, what the pool reports), so no two ranks train the same trajectories. The ledger
-records what became of every id exactly once (trained | stale | dropped), so a result that arrives twice (a task
+records what became of every id exactly once (trained | stale | dropped | flat), so a result that arrives twice (a task
 re-done after its worker died) is never counted twice, and none is lost: ids are handed to the trainer in order
 (a reorder buffer), so the batches of a run are a function of the weights each task saw, not of which worker
 finished first. `asynchronous=True` keeps `workers × inflight` tasks queued at all times (the workers generate
@@ -24,6 +24,9 @@ turns on newer weights, each turn's version recorded) and trains at a later step
 `oversample` o keeps ceil(missing × (1 + o)) groups outstanding, so even the synchronous runner trains the first
 groups to finish and carries the rest over (APRIL's over-sampling, without aborts: a multi-turn episode continues).
 The pool's `busy_s` (seconds its workers spent inside rollouts) gives the workers' idle fraction.
+`max_looked` > 0 (agentic.dynamic_sampling, DAPO's filter): a group whose rewards are all equal (advantage 0, no
+gradient) is set aside (ledger "flat") and more tasks are generated, until the batch holds `groups_per_step`
+informative groups or `max_looked` groups were looked at for it; then set-aside groups fill the rest.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from glmstack.posttrain.agentic.groups import settle
 class Runner:
     def __init__(self, pool, sample, *, groups_per_step: int, group_size: int, tau: int, workers: int,
                  inflight: int = 1, asynchronous: bool = True, rank: int = 0, world: int = 1,
-                 out_of_order: bool = False, oversample: float = 0.0):  # fmt: skip
+                 out_of_order: bool = False, oversample: float = 0.0, max_looked: int = 0):  # fmt: skip
         self.pool, self.sample = pool, sample  # sample(task_id) -> spec
         self.rank, self.world = rank, world
         self.groups_per_step, self.group_size, self.tau = groups_per_step, group_size, tau
@@ -46,6 +49,7 @@ class Runner:
         # agentic.partial_rollouts: hand over finished groups in any order, so a long episode does not hold its batch
         # (it keeps running on its worker, later turns on newer weights, and trains at a later step if within tau)
         self.out_of_order, self.oversample = out_of_order, oversample
+        self.max_looked = max_looked  # agentic.dynamic_sampling: groups looked at per batch at most; 0 = off
         self.version = -1
         self.next_id = 0  # next task id to submit
         self.take = 0  # next task id to hand to the trainer
@@ -102,20 +106,27 @@ class Runner:
         """The next `groups_per_step` groups for trainer step `step` (default: the last pushed version), staleness
         measured against it."""
         t0, current = time.perf_counter(), self.version if step is None else step
-        groups, why = [], Counter()
+        groups, why, flat, looked = [], Counter(), [], 0
         while len(groups) < self.groups_per_step:
+            if self.max_looked and looked >= self.max_looked and flat:  # enough looked at: flat groups fill
+                self._accept(groups, *flat.pop(0))
+                continue
             task_id = self._next_ready()
             if task_id is not None:
                 group = self.results.pop(task_id)
                 kept, reasons = settle(group, self.group_size, current, self.tau)
                 why.update(reasons)
-                self.ledger[task_id] = "trained" if kept else ("stale" if reasons["stale"] else "dropped")
+                looked += kept is not None
+                if kept and self.max_looked and len({t.reward for t in kept}) == 1:
+                    self.ledger[task_id] = "flat"  # set aside: trained only if the batch cannot fill otherwise
+                    flat.append((task_id, kept, reasons["padded"]))
+                    why["flat_groups"] += 1
+                elif kept:
+                    self._accept(groups, task_id, kept, reasons["padded"])
+                else:
+                    self.ledger[task_id] = "stale" if reasons["stale"] else "dropped"
                 while self.take in self.ledger:  # past every id handed over (out of order: some were earlier)
                     self.take += 1
-                if kept:
-                    groups.append(kept)
-                    self.trained_ids.append(task_id)
-                    self.trajectories += self.group_size - reasons["padded"]
                 continue
             self._top_up(self.groups_per_step - len(groups))
             self._collect()
@@ -128,6 +139,12 @@ class Runner:
             "rollout/duplicates": float(self.duplicates), "rollout/worker_busy_s": float(self.pool.busy_s),
             "rollout/carried_groups": float(len(self.owner) + len(self.results))}  # fmt: skip
         return groups, stats
+
+    def _accept(self, groups: list, task_id: int, group: list, padded: int) -> None:
+        self.ledger[task_id] = "trained"
+        groups.append(group)
+        self.trained_ids.append(task_id)
+        self.trajectories += self.group_size - padded
 
     def close(self) -> None:
         self.pool.close()

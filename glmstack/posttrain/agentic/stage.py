@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import random
 import sys
 from dataclasses import dataclass, field
@@ -59,6 +60,11 @@ class AgenticOptions:
     # with partial_rollouts: outstanding groups are ceil(missing × (1 + o)) (+ the workers' queues when asynchronous),
     # so a batch is the first groups to finish and the over-sampled rest run on into later steps (APRIL's over-sampling)
     partial_oversample: float = 0.5
+    # DAPO's dynamic sampling: a group whose rewards are all equal carries no gradient; set it aside and generate more
+    # until the batch holds groups_per_step informative groups or dynamic_sampling_max × groups_per_step groups were
+    # looked at (then the set-aside ones fill it): the trainer's pass goes to groups that move the weights
+    dynamic_sampling: bool = False
+    dynamic_sampling_max: float = 4.0
     sync_every: int = 1  # K: push weights every K optimizer updates
     reset_optimizer: bool = True  # reset the optimizer's state after each push
     tau: int = 1  # drop a sample when current version − its first version > tau
@@ -217,7 +223,9 @@ def check(cfg: AgenticConfig) -> None:
     if len(steps) != len(o.curriculum) or steps != sorted(steps) or any(int(x) < 1 for x in steps):
         raise ConfigError("agentic.curriculum: rows [from_step, level] with from_step >= 1, by increasing step")
     if o.partial_oversample < 0:
-        raise ConfigError(f"agentic.partial_oversample={o.partial_oversample}: must be >= 0 (the extra share of groups)")
+        raise ConfigError(
+            f"agentic.partial_oversample={o.partial_oversample}: must be >= 0 (the extra share of groups)"
+        )
     if o.env.tool_latency_s < 0 or o.env.tool_latency_sigma < 0:
         raise ConfigError("agentic.env.tool_latency_s and tool_latency_sigma must be >= 0")
     if o.tau < o.sync_every - 1:
@@ -233,6 +241,8 @@ def check(cfg: AgenticConfig) -> None:
                           "top_k=0")  # fmt: skip
     if min(o.workers, o.group_size, o.groups_per_step, o.sync_every, o.inflight) < 1:
         raise ConfigError("agentic: workers, group_size, groups_per_step, sync_every and inflight must be >= 1")
+    if o.dynamic_sampling and o.dynamic_sampling_max < 1:
+        raise ConfigError("agentic.dynamic_sampling_max must be >= 1 (groups looked at per batch, × groups_per_step)")
     check_true_on_policy(o)
     bad = o.episode.context.check()
     if bad:
@@ -288,7 +298,9 @@ def build(cfg: AgenticConfig, model, optimizer, tokenizer_dir: str):
                          groups_per_step=o.groups_per_step // W, group_size=o.group_size, tau=o.tau,
                          workers=o.workers, inflight=o.inflight, asynchronous=o.asynchronous, rank=dist.rank(),
                          world=W, out_of_order=o.partial_rollouts,
-                         oversample=o.partial_oversample)  # fmt: skip
+                         oversample=o.partial_oversample,
+                         max_looked=math.ceil(o.dynamic_sampling_max * (o.groups_per_step // W)) if o.dynamic_sampling
+                         else 0)  # fmt: skip
     return data
 
 
