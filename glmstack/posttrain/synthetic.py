@@ -15,6 +15,8 @@ Sets (GLM-4.5's three experts at toy scale, research/post-training-recipe.md §5
               all tool results, or under keep-last-1 context management every note but the latest replaced by the
               stub (agentic/context.py). Earlier turns are context ("train": false); the turn itself is the next
               call (read the person the latest note names) or the answer. Tasks of the environment's training split
+  search_unmanaged  (opt-in) the same turns at level 0 (2-3 notes) with every note kept: the data of a teacher
+              that never folded its context (issue 40: does RL under management adapt such a policy to it?)
   compare     the larger / smaller of two or three one-digit numbers ("Which is the largest of 3, 8 and 5?"); the
               reasoning orders them, the content gives the answer as the arithmetic set does. A task a tiny model can partly
               solve after SFT (copying one of the numbers scores 1/2 or 1/3), so reasoning RL has room to improve it
@@ -37,6 +39,7 @@ The split is a hash of the prompt text (1 in 5 held out), so train and test neve
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 import re
 import zlib
@@ -46,7 +49,11 @@ from glmstack.chat.modes import MODES
 from glmstack.posttrain.tools import CALCULATOR, FAULTS, PYTHON, TOOLS, calculate, run_python
 
 SETS = ("arithmetic", "tools", "chat", "compare")
-OPT_IN_SETS = ("tools_recovery", "search")  # generated only when named (sft-data's and the SFT recipes' defaults: not)
+OPT_IN_SETS = (
+    "tools_recovery",
+    "search",
+    "search_unmanaged",
+)  # generated only when named (sft-data's and the SFT recipes' defaults: not)
 TEST_EVERY = 5  # one prompt in TEST_EVERY is held out
 
 NAMES = ["Ana", "Ben", "Cleo", "Dan", "Eva", "Finn", "Gus", "Hana", "Ivo", "Jade", "Kai", "Lena", "Milo", "Nora"]
@@ -194,18 +201,19 @@ def recovery_record(rng: random.Random, thinking: bool) -> dict:
     return _record("tools_recovery", messages, TOOLS, thinking, rec["meta"]["answer"], tool)
 
 
-def search_record(rng: random.Random, thinking: bool) -> dict:
-    """One turn of a `search` episode in the context the agent sees then (module docstring)."""
+def search_record(rng: random.Random, thinking: bool, managed: bool = True) -> dict:
+    """One turn of a `search` episode in the context the agent sees then (module docstring); `managed=False`: level 0
+    with every note kept (search_unmanaged: a teacher that never folded its context)."""
     import json
 
     from glmstack.posttrain.agentic.context import STUB
     from glmstack.posttrain.agentic.env import split_of as env_split
     from glmstack.posttrain.agentic.envs.search import SearchEnv
 
-    level = rng.choice([0, 1])
+    level = rng.choice([0, 1]) if managed else 0
     spec = SearchEnv.make_spec(rng, level)
     chain, turn = spec["chain"], rng.randint(0, len(spec["chain"]))
-    keep_all = level == 0 and rng.random() < 0.5  # without management; level 1 would not fit then
+    keep_all = not managed or (level == 0 and rng.random() < 0.5)  # without management; level 1 would not fit then
     messages = [{"role": "user", "content": spec["question"]}]
     for i, who in enumerate(chain[:turn]):
         note = spec["notes"][who] if keep_all or i == turn - 1 else STUB
@@ -217,7 +225,7 @@ def search_record(rng: random.Random, thinking: bool) -> dict:
         reply = {"role": "assistant", "content": f"The secret code is {spec['code']}."}
         thought = f"The note of {chain[-1]} gives the code."
     messages.append(reply | ({"reasoning_content": thought} if thinking else {}))
-    meta = {"set": "search", "split": env_split(json.dumps(spec, sort_keys=True)), "answer": str(spec["code"]),
+    meta = {"set": "search" if managed else "search_unmanaged", "split": env_split(json.dumps(spec, sort_keys=True)), "answer": str(spec["code"]),
             "tool": "read_note", "prompt_turns": len(messages) - 1, "level": level}  # fmt: skip
     if turn < len(chain):  # the call's result follows (context), so the call ends in <|observation|> as in an episode
         messages.append({"role": "tool", "content": spec["notes"][chain[turn]]})
@@ -260,7 +268,8 @@ def chat_record(rng: random.Random, thinking: bool, per_turn: bool = False) -> d
 
 # ---------------------------------------------------------------------------------------------- records
 RECORDS = {"arithmetic": arithmetic_record, "tools": tool_record, "tools_recovery": recovery_record,
-           "compare": compare_record, "search": search_record, "chat": chat_record}  # fmt: skip
+           "compare": compare_record, "search": search_record, "chat": chat_record,
+           "search_unmanaged": functools.partial(search_record, managed=False)}  # fmt: skip
 
 
 def _record(set_name, messages, tools, thinking, answer, tool) -> dict:
