@@ -295,3 +295,20 @@ def test_agentic_long_two_steps_with_management_through_the_cli(tmp_path, base_d
     resolved = (tmp_path / "long" / "agentic").glob("*.json")
     text = " ".join(p.read_text() for p in resolved)
     assert '"keep_last_tool_results": 1' in text and '"token_budget": 200' in text and f'"{action}"' in text
+
+
+def test_search_sft_sets_with_and_without_folded_notes():
+    """synthetic:search shows the agent its folded contexts (stubbed notes, level 1 too); search_unmanaged is the
+    same turns at level 0 with every note kept — what a teacher without context management writes."""
+    from glmstack.posttrain.synthetic import generate
+
+    managed, unmanaged = generate("search", 200), generate("search_unmanaged", 200)
+    tool_texts = lambda recs: [m["content"] for r in recs for m in r["messages"] if m["role"] == "tool"]
+    assert STUB in tool_texts(managed) and {r["meta"]["level"] for r in managed} == {0, 1}
+    assert STUB not in tool_texts(unmanaged) and {r["meta"]["level"] for r in unmanaged} == {0}
+    for r in unmanaged:
+        assert r["meta"]["set"] == "search_unmanaged"
+        notes = [m["content"] for m in r["messages"] if m["role"] == "tool"]
+        calls = [m for m in r["messages"] if m["role"] == "assistant" and m.get("tool_calls")]
+        for note, call in zip(notes, calls[1:]):  # each call reads the person the note before it names
+            assert f"Ask {call['tool_calls'][0]['function']['arguments']['name']} for" in note
