@@ -156,3 +156,16 @@ def test_group_faults_give_a_groups_episodes_the_same_failures(base_dir, tok, to
     spec = CalculatorEnv.sample(random.Random(0), "train") | {"env": f"{__name__}:FaultDraws"}
     trajs = run_group(worker.policy, tok, [spec] * 4, opts, env, [11, 12, 13, 14])
     assert len({t.parts["draw"] for t in trajs}) == (1 if together else 4)
+
+
+def test_probe_groups_count_the_tasks_whose_episodes_disagree(base_dir, capsys):
+    """--group: the coin's outcome is a fair flip per episode, so nearly every group of 8 is mixed; a random model
+    never solves the calculator, so none of its groups is (no RL gradient there); greedy groups are refused."""
+    from glmstack.posttrain.agentic.probe import main, probe
+
+    coin = probe(str(base_dir), "tests.posttrain.agentic_coin:CoinEnv", n=6, temperature=1.0, group=8, max_turns=1)
+    assert coin["mixed_groups"] >= 5 / 6 and coin["pass_at_group"] >= coin["mixed_groups"]
+    assert 0.2 < coin["success"] < 0.8
+    calc = probe(str(base_dir), "calculator", n=3, temperature=1.0, group=4, max_turns=1)
+    assert calc["mixed_groups"] == 0.0 == calc["pass_at_group"]
+    assert main([str(base_dir), "--group", "4"]) == 2 and "--temperature" in capsys.readouterr().err

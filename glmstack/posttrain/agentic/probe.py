@@ -7,7 +7,10 @@ agentic RL run (is the task in the band where RL can show?) and the retry check 
 
 Prints success over `--n` held-out tasks (drawn as the stage draws them with `heldout_seed`; the count of distinct
 tasks says how coarse the figure is) and, with injected failures, `retry_frac`: of the episodes with a failed call,
-the share that called again. One episode per task, greedy unless `--temperature` > 0 (then seeded per task).
+the share that called again. One episode per task, greedy unless `--temperature` > 0 (then seeded per episode).
+`--group G` plays G episodes of each task (at a temperature > 0) and adds `mixed_groups`, the share of tasks whose
+episodes disagree — the groups that carry an RL gradient (agentic.dynamic_sampling keeps only those) — and
+`pass_at_group`, the share solved at least once.
 Context management (agentic/context.py): `--keep-last`, `--token-budget`, `--budget-action`; the output then adds
 `truncated_frac` (episodes that ran out of context) and `folds` (folds per episode).
 """
@@ -20,8 +23,9 @@ import sys
 
 
 def probe(model_dir: str, env: str, level: int = 0, n: int = 128, seed: int = 0, fault_p: float = 0.0,
-          temperature: float = 0.0, max_turns: int = 3, context=None, max_calls: int = 4) -> dict:  # fmt: skip
-    """{success, distinct, retry_frac (when a call failed)} of `model_dir` on `n` held-out tasks of `env`."""
+          temperature: float = 0.0, max_turns: int = 3, context=None, max_calls: int = 4, group: int = 1) -> dict:  # fmt: skip
+    """{success, distinct, retry_frac (when a call failed)} of `model_dir` on `n` held-out tasks of `env` (+
+    mixed_groups, pass_at_group with `group` > 1 episodes a task)."""
     from glmstack.model.hf import load_hf
     from glmstack.posttrain.agentic.data import retry_stats
     from glmstack.posttrain.agentic.env import EnvOptions
@@ -33,14 +37,17 @@ def probe(model_dir: str, env: str, level: int = 0, n: int = 128, seed: int = 0,
     episode = EpisodeOptions(max_turns=max_turns, max_new_tokens=40)  # the agentic recipes' episodes
     if context is not None:
         episode.context = context
-    specs = heldout(o, seed)
+    specs = [spec for spec in heldout(o, seed) for _ in range(group)]
     worker = RolloutWorker(load_hf(model_dir), model_dir, episode, EnvOptions(), seed)
     worker.set_weights(None, 0)
     run = EpisodeOptions(**{**vars(episode), "temperature": temperature})
     env = EnvOptions(fault_p=fault_p, max_tool_calls=max_calls, free_calls=max_calls)
     trajs = run_group(worker.policy, worker.tokenizer, specs, run, env, list(range(len(specs))), version=lambda: 0)
     n, distinct = len(trajs), len({json.dumps(s, sort_keys=True) for s in specs})
-    return {"success": sum(t.success for t in trajs) / n, "distinct": distinct,
+    groups = [{t.success for t in trajs[i : i + group]} for i in range(0, n, group)]
+    spread = {"mixed_groups": sum(len(g) == 2 for g in groups) / len(groups),
+              "pass_at_group": sum(True in g for g in groups) / len(groups)} if group > 1 else {}  # fmt: skip
+    return spread | {"success": sum(t.success for t in trajs) / n, "distinct": distinct,
             "truncated_frac": sum(t.status == "truncated" for t in trajs) / n,
             "folds": sum(len(t.view.folds) for t in trajs) / n} | retry_stats(trajs)  # fmt: skip
 
@@ -58,15 +65,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-calls", type=int, default=4, help="tool calls before an episode counts as a loop")
     ap.add_argument("--keep-last", type=int, default=0, help="keep the k latest tool results (0 = all)")
     ap.add_argument("--token-budget", type=int, default=0, help="fold the oldest tool turns past this (0 = off)")
+    ap.add_argument("--group", type=int, default=1, help="episodes per task (with --temperature > 0)")
     ap.add_argument("--budget-action", default="stub", choices=("stub", "discard", "summarize"))
     a = ap.parse_args(argv)
     from glmstack.posttrain.agentic.context import ContextOptions
 
+    if a.group > 1 and a.temperature <= 0:
+        print("probe: --group > 1 needs --temperature > 0 (greedy episodes of a task are all alike)", file=sys.stderr)
+        return 2
     context = ContextOptions(keep_last_tool_results=a.keep_last, token_budget=a.token_budget,
                              budget_action=a.budget_action)  # fmt: skip
     try:
         out = probe(a.model, a.env, a.level, a.n, a.seed, a.fault_p, a.temperature, a.max_turns, context,
-                    a.max_calls)  # fmt: skip
+                    a.max_calls, a.group)  # fmt: skip
     except (OSError, ValueError) as e:
         print(f"probe: {e}", file=sys.stderr)
         return 2
