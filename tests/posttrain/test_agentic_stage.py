@@ -110,7 +110,9 @@ def test_cli_bad_environment_is_one_line(capsys, base_dir):
     assert code == 2 and "unknown environment 'nope'" in err and len(err.splitlines()) == 1
 
 
-@pytest.mark.parametrize("bad", ["agentic.partial_oversample=-0.5", "agentic.env.tool_latency_s=-1"])
+@pytest.mark.parametrize(
+    "bad", ["agentic.partial_oversample=-0.5", "agentic.env.tool_latency_s=-1", "agentic.dynamic_sampling_max=0.5"]
+)
 def test_cli_bad_partial_and_latency_options_are_one_line(capsys, base_dir, bad):
     from glmstack.cli import main
 

@@ -241,7 +241,7 @@ def check(cfg: AgenticConfig) -> None:
                           "top_k=0")  # fmt: skip
     if min(o.workers, o.group_size, o.groups_per_step, o.sync_every, o.inflight) < 1:
         raise ConfigError("agentic: workers, group_size, groups_per_step, sync_every and inflight must be >= 1")
-    if o.dynamic_sampling and o.dynamic_sampling_max < 1:
+    if o.dynamic_sampling_max < 1:
         raise ConfigError("agentic.dynamic_sampling_max must be >= 1 (groups looked at per batch, × groups_per_step)")
     check_true_on_policy(o)
     bad = o.episode.context.check()
