@@ -49,11 +49,8 @@ from glmstack.chat.modes import MODES
 from glmstack.posttrain.tools import CALCULATOR, FAULTS, PYTHON, TOOLS, calculate, run_python
 
 SETS = ("arithmetic", "tools", "chat", "compare")
-OPT_IN_SETS = (
-    "tools_recovery",
-    "search",
-    "search_unmanaged",
-)  # generated only when named (sft-data's and the SFT recipes' defaults: not)
+# generated only when named (sft-data's and the SFT recipes' defaults: not)
+OPT_IN_SETS = ("tools_recovery", "search", "search_unmanaged")
 TEST_EVERY = 5  # one prompt in TEST_EVERY is held out
 
 NAMES = ["Ana", "Ben", "Cleo", "Dan", "Eva", "Finn", "Gus", "Hana", "Ivo", "Jade", "Kai", "Lena", "Milo", "Nora"]

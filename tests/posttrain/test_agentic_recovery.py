@@ -169,3 +169,5 @@ def test_probe_groups_count_the_tasks_whose_episodes_disagree(base_dir, capsys):
     calc = probe(str(base_dir), "calculator", n=3, temperature=1.0, group=4, max_turns=1)
     assert calc["mixed_groups"] == 0.0 == calc["pass_at_group"]
     assert main([str(base_dir), "--group", "4"]) == 2 and "--temperature" in capsys.readouterr().err
+    assert main([str(base_dir), "--group", "0", "--temperature", "1"]) == 2
+    assert capsys.readouterr().err.strip() == "probe: --group 0: must be >= 1 (episodes per task)"

@@ -70,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     from glmstack.posttrain.agentic.context import ContextOptions
 
+    if a.group < 1:
+        print(f"probe: --group {a.group}: must be >= 1 (episodes per task)", file=sys.stderr)
+        return 2
     if a.group > 1 and a.temperature <= 0:
         print("probe: --group > 1 needs --temperature > 0 (greedy episodes of a task are all alike)", file=sys.stderr)
         return 2
