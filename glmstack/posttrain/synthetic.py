@@ -14,7 +14,8 @@ Sets (GLM-4.5's three experts at toy scale, research/post-training-recipe.md §5
               notes to a secret code, posttrain/agentic/envs/search.py), in the context the agent sees at that turn:
               all tool results, or under keep-last-1 context management every note but the latest replaced by the
               stub (agentic/context.py). Earlier turns are context ("train": false); the turn itself is the next
-              call (read the person the latest note names) or the answer. Tasks of the environment's training split
+              call (read the person the latest note names, or 30% of the time the one it says comes after) or the
+              answer. Tasks of the environment's training split
   search_unmanaged  (opt-in) the same turns at level 0 (2-3 notes) with every note kept: the data of a teacher
               that never folded its context (issue 40: does RL under management adapt such a policy to it?)
   compare     the larger / smaller of two or three one-digit numbers ("Which is the largest of 3, 8 and 5?"); the
@@ -51,6 +52,7 @@ from glmstack.posttrain.tools import CALCULATOR, FAULTS, PYTHON, TOOLS, calculat
 SETS = ("arithmetic", "tools", "chat", "compare")
 # generated only when named (sft-data's and the SFT recipes' defaults: not)
 OPT_IN_SETS = ("tools_recovery", "search", "search_unmanaged")
+SEARCH_SKIP_P = 0.3  # how often the search teacher skips a note it may skip (search_record)
 TEST_EVERY = 5  # one prompt in TEST_EVERY is held out
 
 NAMES = ["Ana", "Ben", "Cleo", "Dan", "Eva", "Finn", "Gus", "Hana", "Ivo", "Jade", "Kai", "Lena", "Milo", "Nora"]
@@ -200,32 +202,35 @@ def recovery_record(rng: random.Random, thinking: bool) -> dict:
 
 def search_record(rng: random.Random, thinking: bool, managed: bool = True) -> dict:
     """One turn of a `search` episode in the context the agent sees then (module docstring); `managed=False`: level 0
-    with every note kept (search_unmanaged: a teacher that never folded its context)."""
+    with every note kept (search_unmanaged: a teacher that never folded its context). The teacher skips a note where
+    the note names the person after next with probability SEARCH_SKIP_P (a demonstrator that rarely takes the
+    shortcut: agentic RL under a call budget has to learn to take it)."""
     import json
 
     from glmstack.posttrain.agentic.context import STUB
     from glmstack.posttrain.agentic.env import split_of as env_split
-    from glmstack.posttrain.agentic.envs.search import SearchEnv
+    from glmstack.posttrain.agentic.envs.search import SearchEnv, route
 
     level = rng.choice([0, 1]) if managed else 0
     spec = SearchEnv.make_spec(rng, level)
-    chain, turn = spec["chain"], rng.randint(0, len(spec["chain"]))
+    path = route(spec["chain"], rng, SEARCH_SKIP_P)
+    turn = rng.randint(0, len(path))
     keep_all = not managed or (level == 0 and rng.random() < 0.5)  # without management; level 1 would not fit then
     messages = [{"role": "user", "content": spec["question"]}]
-    for i, who in enumerate(chain[:turn]):
+    for i, who in enumerate(path[:turn]):
         note = spec["notes"][who] if keep_all or i == turn - 1 else STUB
         messages += [_read_note(who) | {"train": False}, {"role": "tool", "content": note}]
-    if turn < len(chain):
-        reply = _read_note(chain[turn])
-        thought = f"The note says to ask {chain[turn]}." if turn else f"I start with the note of {chain[0]}."
+    if turn < len(path):
+        reply = _read_note(path[turn])
+        thought = f"The note names {path[turn]}." if turn else f"I start with the note of {path[0]}."
     else:
         reply = {"role": "assistant", "content": f"The secret code is {spec['code']}."}
-        thought = f"The note of {chain[-1]} gives the code."
+        thought = f"The note of {path[-1]} gives the code."
     messages.append(reply | ({"reasoning_content": thought} if thinking else {}))
-    meta = {"set": "search" if managed else "search_unmanaged", "split": env_split(json.dumps(spec, sort_keys=True)), "answer": str(spec["code"]),
-            "tool": "read_note", "prompt_turns": len(messages) - 1, "level": level}  # fmt: skip
-    if turn < len(chain):  # the call's result follows (context), so the call ends in <|observation|> as in an episode
-        messages.append({"role": "tool", "content": spec["notes"][chain[turn]]})
+    meta = {"set": "search" if managed else "search_unmanaged", "split": env_split(json.dumps(spec, sort_keys=True)),
+            "answer": str(spec["code"]), "tool": "read_note", "prompt_turns": len(messages) - 1, "level": level}  # fmt: skip
+    if turn < len(path):  # the call's result follows (context), so the call ends in <|observation|> as in an episode
+        messages.append({"role": "tool", "content": spec["notes"][path[turn]]})
     return {"messages": messages, "tools": SearchEnv.tools, "enable_thinking": thinking, "meta": meta}
 
 

@@ -311,4 +311,34 @@ def test_search_sft_sets_with_and_without_folded_notes():
         notes = [m["content"] for m in r["messages"] if m["role"] == "tool"]
         calls = [m for m in r["messages"] if m["role"] == "assistant" and m.get("tool_calls")]
         for note, call in zip(notes, calls[1:]):  # each call reads the person the note before it names
-            assert f"Ask {call['tool_calls'][0]['function']['arguments']['name']} for" in note
+            who = call["tool_calls"][0]["function"]["arguments"]["name"]
+            assert f"Ask {who} for" in note or f"send you to {who}." in note
+
+
+def test_search_teacher_sometimes_skips_a_note_and_a_skipping_route_solves_in_fewer_calls():
+    """The search SFT teacher takes the note's shortcut ("Ben will send you to Cleo": read Cleo next) about 30% of the
+    times it can; walking the shortcut every time solves a level-2 chain in at most 6 calls instead of 8-10."""
+    from glmstack.posttrain.agentic.envs.search import route
+    from glmstack.posttrain.synthetic import generate
+
+    skipped = offered = 0
+    for r in generate("search", 400):
+        msgs = r["messages"]
+        for i, m in enumerate(msgs[:-1]):
+            if m["role"] == "tool" and m["content"] != STUB and " will send you to " in m["content"]:
+                nxt = msgs[i + 1]
+                if nxt.get("tool_calls"):
+                    offered += 1
+                    skipped += f"send you to {nxt['tool_calls'][0]['function']['arguments']['name']}." in m["content"]
+    assert offered > 100 and 0.2 < skipped / offered < 0.4
+    for seed in range(20):
+        spec = spec_at(2, seed)
+        path = route(spec["chain"], random.Random(seed), 1.0)
+        assert len(path) <= 6 < len(spec["chain"]) - 1 and path[-1] == spec["chain"][-1]
+        env = make_env("search", EnvOptions(max_tool_calls=6))
+        env.reset(spec)
+        for who in path:
+            call = {"type": "function", "function": {"name": "read_note", "arguments": json.dumps({"name": who})}}
+            assert not env.step({"role": "assistant", "content": "", "tool_calls": [call]}).done
+        env.step({"role": "assistant", "content": f"The secret code is {spec['code']}."})
+        assert env.reward().success
