@@ -1,5 +1,8 @@
 """Long-horizon agentic RL with context management (issue 40): the `search` environment at level 1 (follow 4-5 notes
-to a secret code), whose episodes run past the speedrun model's 512 positions unless older notes are folded.
+to a secret code word), whose episodes run past the speedrun model's 512 positions unless older notes are folded.
+The call budget is 3: below the chain's length, so an episode succeeds only if the agent takes the notes' shortcuts
+("Ben will send you to Cleo": read Cleo next), which the SFT teacher takes 30% of the time (synthetic.SEARCH_SKIP_P)
+— RL has to learn to take them; even the shortest route overflows 512 positions without management.
 
 GLM-5's search agent keeps the k = 5 most recent tool outputs (research/wave3-facts.md §6); at this scale one note
 is ~55 tokens and the prompt ~250, so k = 1: every note but the latest is replaced by "[tool output elided]"
@@ -11,7 +14,7 @@ seen the `read_note` tool.
     glmstack sft agentic_long --set init_from=/work/runs/sr5/sft/model --set run=long     # -> runs/long/sft_search/model
     glmstack agentic-rl agentic_long --set init_from=runs/long/sft_search/model --set seed=S --set run=long_sS
     glmstack agentic-rl agentic_long --set init_from=... --set agentic.episode.context.keep_last_tool_results=0  # off
-    python -m glmstack.posttrain.agentic.probe MODEL --env search --level 1 --max-turns 6 --keep-last 1   # start point
+    python -m glmstack.posttrain.agentic.probe MODEL --env search --level 1 --max-turns 4 --max-calls 3 --keep-last 1  # start
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from glmstack.recipes import agentic_speedrun, sft_speedrun
 
 SFT_STEPS = 300
 KEEP_LAST = 1
+CALL_BUDGET = 3  # reading every note takes 4-5 calls; skipping where the notes allow, 3
 
 
 def sft() -> SFTConfig:
@@ -42,11 +46,12 @@ def agentic() -> AgenticConfig:
     cfg = agentic_speedrun.agentic()
     cfg.run, cfg.init_from, cfg.steps, cfg.grad_accum = "long", "long/sft_search/model", 10, 4
     o = cfg.agentic
-    o.envs, o.level, o.groups_per_step = [["search", 1.0]], 1, 4  # 32 trajectories per step
+    o.envs, o.level, o.groups_per_step = [["search", 1.0]], 1, 8  # 64 trajectories per step
+    o.dynamic_sampling = True  # train on groups whose episodes disagree (most groups at the start are all-fail)
     o.heldout_n, o.heldout_seed, o.eval_every = 64, 0, 0
-    o.episode.max_turns, o.episode.max_new_tokens = 6, 32  # 5 notes + the answer
+    o.episode.max_turns, o.episode.max_new_tokens = CALL_BUDGET + 1, 32  # the calls + the answer
     o.episode.context = ContextOptions(keep_last_tool_results=KEEP_LAST)
-    o.env.max_tool_calls, o.env.free_calls = 6, 6  # a call per note: no efficiency penalty below the chain's length
+    o.env.max_tool_calls, o.env.free_calls = CALL_BUDGET, CALL_BUDGET  # the budget ends the episode; no penalty
     o.reset_optimizer = False  # as agentic_tools: Muon's momentum kept across pushes
     cfg.optim.lr = 5e-4
     return cfg
