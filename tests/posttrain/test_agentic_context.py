@@ -370,5 +370,8 @@ def test_agentic_long_resumed_equals_uninterrupted(tmp_path, base_dir):
     keys = ("step", "loss", "grad_norm", "success", "rollout/flat_groups")
     assert [[r.get(k) for k in keys] for r in rows["cut"]] == [[r.get(k) for k in keys] for r in rows["whole"]]
     assert all(r["grad_norm"] > 0 for r in rows["whole"]) and len(rows["whole"]) == 3
+    summary = {r: json.loads((tmp_path / r / "agentic" / "agentic_summary.json").read_text()) for r in ("whole", "cut")}
+    for key in ("accepted_trajectories", "trained_tasks"):
+        assert summary["cut"][key] == summary["whole"][key]
     weights = {r: load_file(next((tmp_path / r / "agentic" / "model").glob("*.safetensors"))) for r in ("whole", "cut")}
     assert all(torch.equal(weights["whole"][k], weights["cut"][k]) for k in weights["whole"])

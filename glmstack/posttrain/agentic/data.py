@@ -49,7 +49,8 @@ class AgenticData:
 
     def state_dict(self) -> dict:
         handed = sorted(i for i in self.runner.ledger if i >= self.runner.take)  # out of order: beyond `take`
-        return {"step": self.step, "next_task": self.runner.take, "handed": handed}
+        return {"step": self.step, "next_task": self.runner.take, "handed": handed,  # the summary's counts too:
+                "trained": list(self.runner.trained_ids), "trajectories": self.runner.trajectories}  # fmt: skip
 
     def load_state_dict(self, state: dict) -> None:
         """Resume the counters: the step and the next task id (in-flight rollouts of the interrupted run are not
@@ -57,6 +58,8 @@ class AgenticData:
         self.step = int(state["step"])
         self.runner.take = self.runner.next_id = int(state.get("next_task", 0))
         self.runner.ledger.update({int(i): "trained" for i in state.get("handed", [])})  # not generated again
+        self.runner.trained_ids = [int(i) for i in state.get("trained", [])]
+        self.runner.trajectories = int(state.get("trajectories", 0))
 
     def weights(self) -> dict:
         """The policy's whole state, a copy (collective with several ranks: FSDP / expert shards gathered)."""
