@@ -17,7 +17,7 @@ from glmstack.chat import render
 from glmstack.posttrain.agentic.context import STUB, SUMMARY_PREFIX, SUMMARY_REQUEST, Context, ContextOptions
 from glmstack.posttrain.agentic.env import EnvOptions
 from glmstack.posttrain.agentic.envs import make_env
-from glmstack.posttrain.agentic.envs.search import SearchEnv
+from glmstack.posttrain.agentic.envs.search import CODES, SearchEnv
 from glmstack.posttrain.agentic.trajectory import Trajectory
 
 STYLE = "glm-4.5"
@@ -168,9 +168,14 @@ def test_search_env_solved_by_following_the_chain_and_failed_otherwise():
     assert f"The secret code is {spec['code']}." in step.messages[0]["content"]
     env.step({"role": "assistant", "content": f"The secret code is {spec['code']}."})
     assert env.reward().success
+    for guess in ("The secret code is 0.", "It is " + " or ".join(CODES) + ".",  # a policy listing every code word
+                  f"The secret code is {spec['code']}, or {next(c for c in CODES if c != spec['code'])}."):
+        env.reset(spec)
+        env.step({"role": "assistant", "content": guess})
+        assert not env.reward().success, guess
     env.reset(spec)
-    env.step({"role": "assistant", "content": "The secret code is 0."})
-    assert not env.reward().success
+    env.step({"role": "assistant", "content": f"It is {spec['code'].upper()}"})
+    assert env.reward().success
 
 
 def test_trajectory_segments_are_what_the_sampler_saw(base_dir, tok):

@@ -70,8 +70,9 @@ class SearchEnv(ToolEnv):
         return self.spec["notes"].get(who, f"Error: no note of {who}")
 
     def success(self) -> bool:
+        """The answer names the code word and no other: listing every code word is not a solution."""
         text = str((self.final or {}).get("content") or "")
-        return str(self.spec["code"]) in re.findall(r"[a-z]+", text.lower())
+        return {w for w in re.findall(r"[a-z]+", text.lower()) if w in CODES} == {self.spec["code"]}
 
     @classmethod
     def solution(cls, spec: dict) -> list[tuple[str, dict]]:
