@@ -5,7 +5,7 @@ first person's note (`read_note`); every note holds filler facts and names the n
 code."), and, where there is one, the person after ("Ben will send you to Cleo."): a note can be skipped, so the
 chain can be walked in about half the calls. The last note holds the code, a word such as "amber" (a two-digit
 number is one rare token of the speedrun tokenizer, which the 128-wide model copied 25% of the time; a word of common
-pieces it copies like a name). The task is solved when the final answer states the code word.
+pieces it copies like a name). The task is solved when the final answer names the code word and no other.
 
 With the speedrun tokenizer the prompt (tool schema included) is ~250 tokens and a tool turn (call + note) ~90, so at
 level 1 (4-5 notes) an episode that reads every note runs past the 512 positions of the speedrun model unless older
