@@ -74,11 +74,6 @@ class SearchEnv(ToolEnv):
         text = str((self.final or {}).get("content") or "")
         return {w for w in re.findall(r"[a-z]+", text.lower()) if w in CODES} == {self.spec["code"]}
 
-    @classmethod
-    def solution(cls, spec: dict) -> list[tuple[str, dict]]:
-        """The calls that solve the task reading every note, in order (the tests use it)."""
-        return [("read_note", {"name": who}) for who in spec["chain"]]
-
 
 def route(chain: list[str], rng: random.Random, skip_p: float) -> list[str]:
     """The notes an agent reads walking `chain`: from each note it skips to the person after next, where the note
