@@ -145,7 +145,8 @@ def test_tool_latency_waits_a_lognormal_time_and_leaves_the_fault_draws_alone():
     quick, faults = run(plain)
     slow, faults_slow = run(EnvOptions(fault_p=0.3, max_tool_calls=10_000, tool_latency_s=0.01, tool_latency_sigma=1.0))
     assert faults_slow == faults and any(o.startswith("Error") for o in faults)
-    assert 0.006 < statistics.median(slow) < 0.02 and max(quick) < 0.005  # the sleeps' median; no latency without it
+    # the sleeps' median; no latency without it (the median: one call stalled by a loaded machine is not latency)
+    assert 0.006 < statistics.median(slow) < 0.02 and statistics.median(quick) < 0.003
     assert max(slow) > 2.5 * statistics.median(slow)  # a tail: the largest of 40 draws ~ e^2.2 × the median
 
 
