@@ -73,7 +73,9 @@ def test_rows_of_different_adapters_in_one_forward_equal_the_merged_models(prese
         want = [refs[s](ids[i : i + 1], labels=ids[i : i + 1]) for i, s in enumerate(slots)]
         plain = served(ids).logits  # outside use_slots: every row is the base
     for i, w in enumerate(want):
-        torch.testing.assert_close(out.logits[i : i + 1], w.logits, atol=2e-5, rtol=0)
+        # fp32, merged W + BA vs x W + (x A) B: the summation order differs by CPU (2.1e-5 seen on AVX-512);
+        # an adapter's logits differ from the base's by > 3
+        torch.testing.assert_close(out.logits[i : i + 1], w.logits, atol=5e-5, rtol=1e-4)
     with torch.inference_mode(), use_slots(served, slots):  # decoding's mixed-expert path == the per-slot reference
         fast = served(ids).logits
         MultiLoraExperts.lora_mixed = False

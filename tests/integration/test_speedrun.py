@@ -183,6 +183,27 @@ HIDE_BFCL = "import sys; sys.modules['bfcl_eval'] = None; "  # what Python sees 
 
 
 @pytest.mark.slow
+@pytest.mark.slow
+def test_probe_uses_the_cards_definitions_on_another_draw(runs):
+    """`python -m glmstack.speedrun.probe RUN MODEL` prints the two function metrics; on the card's own draw and counts
+    it gives the card's figures for that model (the same definitions), by default another draw."""
+    from glmstack.recipes.speedrun import Size
+    from glmstack.speedrun.probe import probe
+    from glmstack.speedrun.run import Run
+
+    out = runs["b"]
+    meta = json.loads((out / "speedrun.json").read_text())
+    run = Run(out=out, seed=meta["seed"], minutes=meta["minutes"], size=Size(**meta["size"]))
+    card = json.loads((out / "summary.json").read_text())["card"]["SFT"]
+    same = probe(run, out / "sft" / "model", n=run.size.card_n, reasoning_n=4 * run.size.card_n, draw=0)
+    for metric in ("tool task success", "tool-call validity", "reasoning task accuracy"):
+        assert same[metric] == card[metric], metric
+    cli = _python(f"from glmstack.speedrun.probe import main; raise SystemExit(main({[str(out), str(out / 'sft' / 'model'), '--n', '4']!r}))")
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    printed = json.loads(cli.stdout.strip().splitlines()[-1])
+    assert printed["n"] == 4 and set(printed) >= {"tool task success", "reasoning task accuracy"}
+
+
 def test_card_without_an_optional_package(runs, tmp_path):
     """bfcl-eval hidden from the interpreter: the card and report stages of a finished run, redone, finish; the BFCL
     row reads "not installed", every other metric is a number; `glmstack eval --tasks bfcl` says so in one line."""

@@ -122,7 +122,10 @@ def test_packed_run_trains_as_the_padded_run(base_dir, tmp_path):
         logged[packing] = rows(out / "tiny" / "dpo")
     for a, b in zip(logged["false"], logged["true"], strict=True):
         for k in ("loss", "rewards/margins", "logps/chosen"):
-            assert abs(a[k] - b[k]) < 1e-4, (k, a[k], b[k])
+            # step 1 (same weights) agrees to fp32 rounding; after it the two runs' rounding compounds through the
+            # updates (AVX-512 CPU: 2e-4 of 110 nats at step 2, 2.4e-3 of 156 at step 4)
+            tol = 1e-5 if a["step"] == 1 else 1e-4 * (1 + abs(a[k]))
+            assert abs(a[k] - b[k]) < tol, (k, a["step"], a[k], b[k])
     assert logged["true"][-1]["loss"] < logged["true"][0]["loss"]
 
 

@@ -56,8 +56,11 @@ def test_rl_through_a_server_trains_the_served_policy(tmp_path, base_dir, tok):
         return reported, server_logprobs(server.url, probe)
 
     rows, version, (reported, served) = rl_here_and_on_server("rl_tiny", "rl", base_dir, tmp_path, common, ask)
+    # rollout log-probs come from the server's forward passes (its own batch shapes): fp32 rounding moved a grad norm
+    # by 1.3e-4 relative on an AVX-512 CPU;
+    # a frozen server from step 2 on changes the data, and the norm by far more
     for a, b in zip(rows["local"], rows["remote"]):
-        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-4 * a["grad_norm"] and b["weight_version"] == b["step"] - 1
+        assert abs(a["grad_norm"] - b["grad_norm"]) <= 5e-4 * a["grad_norm"] and b["weight_version"] == b["step"] - 1
         assert b["staleness_max"] == 0.0  # the server's own per-response version: the pushed one
     assert version == 3 and reported == [3]  # each response says which weights generated it
     exported = load_hf(str(tmp_path / "remote" / "tiny" / "rl" / "model"))
