@@ -15,13 +15,21 @@ def call(name, key, value):
     return f"<tool_call>{name}\n<arg_key>{key}</arg_key>\n<arg_value>{value}</arg_value>\n</tool_call>"
 
 
-def test_tool_call_reward():
-    meta = {"tool": "calculator"}
-    got = rewards.get("tool_call")([sample(call("calculator", "expression", "3 * 4"), meta),
-                                    sample(call("python", "code", "print(12)"), meta),       # the wrong tool
-                                    sample(call("calculator", "formula", "3 * 4"), meta),    # not in its schema
-                                    sample("The answer is 12.", meta)])  # fmt: skip
-    assert got == [1.0, 0.0, 0.0, 0.0]
+def test_tool_call_reward_needs_the_call_to_do_the_tasks_work():
+    meta = {"tool": "calculator", "arguments": {"expression": "(77 + 37) * 8"}}
+    got = rewards.get("tool_call")([sample(call("calculator", "expression", "(77 + 37) * 8"), meta),
+                                    sample(call("calculator", "expression", "8 * (37 + 77)"), meta),  # reordered
+                                    sample(call("calculator", "expression", "(48 + 23) * 8"), meta),  # miscopied
+                                    sample(call("calculator", "expression", "912"), meta),  # the answer typed in
+                                    sample(call("python", "code", "print(912)"), meta),       # the wrong tool
+                                    sample(call("calculator", "formula", "(77 + 37) * 8"), meta),  # not in its schema
+                                    sample("The answer is 912.", meta)])  # fmt: skip
+    assert got == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    meta = {"tool": "python", "arguments": {"code": "print(sum(range(1, 10 + 1)))"}}
+    got = rewards.get("tool_call")([sample(call("python", "code", "print(sum(range(1, 11)))"), meta),  # same output
+                                    sample(call("python", "code", "print(sum(range(1, 9 + 1)))"), meta),  # 45, not 55
+                                    sample(call("python", "code", "import os; os.system('id')"), meta)])  # fmt: skip
+    assert got == [1.0, 0.0, 0.0]
 
 
 def test_chat_fact_reward():

@@ -12,7 +12,8 @@ batch is scored in one parallel call instead of one program after another. The o
               (GLM-4.5 §3.3: a malformed tool call gets 0), else 0
   overlong    DAPO's soft overlong punishment: 0 up to max_new_tokens − overlong_cache, then a linear ramp to −1 at
               max_new_tokens (arXiv 2503.14476), added to the task reward
-  tool_call   1 if the first tool call names meta["tool"] and its arguments validate against the tool's schema
+  tool_call   1 if the first tool call names meta["tool"], its arguments validate against the tool's schema and the call
+              does the task's work: the calculator's value from the task's operands, the python program's output
   chat_fact   1 if the reply contains meta["answer"] (the SFT chat set's verifier)
   reasoning_gym  the reasoning-gym dataset's own scorer (0..1) on the reply's answer ("The answer is X." -> X)
   toy         1 if the first response token's id ≡ meta["answer"] (mod 4) (the token task of tasks.py)
@@ -166,6 +167,10 @@ def overlong(samples: list[Sample]) -> list[float]:
 
 @register("tool_call")
 def tool_call(samples: list[Sample]) -> list[float]:
+    """1 if the first call names meta["tool"], validates against its schema and does the task's work (`right_call`);
+    a valid call with miscopied operands is a wrong call."""
+    import json
+
     from glmstack.chat import parse
     from glmstack.posttrain.tools import TOOLS, validate_call
 
@@ -173,8 +178,34 @@ def tool_call(samples: list[Sample]) -> list[float]:
     for s in samples:
         calls = parse(s.text, TOOLS, style=s.style, in_reasoning=False).get("tool_calls") or []
         first = calls[0]["function"] if calls else {}
-        out.append(float(first.get("name") == s.meta["tool"] and validate_call(calls[0], TOOLS) is None))
+        ok = first.get("name") == s.meta["tool"] and validate_call(calls[0], TOOLS) is None
+        args = first.get("arguments") if ok else None
+        args = json.loads(args) if isinstance(args, str) else args
+        out.append(float(ok and right_call(s.meta["tool"], args, s.meta["arguments"])))
     return out
+
+
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+_REFERENCE: dict[str, str] = {}  # reference call -> its result (the reference programs are deterministic)
+
+
+def right_call(tool: str, args: dict, reference: dict) -> bool:
+    """Whether a schema-valid call computes what the task's reference call computes: for the calculator the same
+    value from the same operands (reordering allowed; the answer typed in as a number is not a calculation), for
+    python the same output, both programs run in the sandbox."""
+    from glmstack.posttrain.tools import execute
+
+    if args == reference:
+        return True
+    if tool == "calculator":
+        expr, ref = str(args.get("expression", "")), str(reference["expression"])
+        if sorted(_NUMBER.findall(expr)) != sorted(_NUMBER.findall(ref)):
+            return False
+    key = f"{tool}\0{sorted(reference.items())}"
+    if key not in _REFERENCE:
+        _REFERENCE[key] = execute(tool, reference)
+    got = execute(tool, args)
+    return not got.startswith("Error") and got == _REFERENCE[key]
 
 
 @register("tool_answer")

@@ -191,7 +191,8 @@ class Toy(Task):
 
 class ToolUse(ChatTask):
     """The SFT tools set's first turn (glmstack.posttrain.synthetic.tool_item): the calculator and python tools
-    are offered; right = a call of the expected tool whose arguments validate (reward `tool_call`)."""
+    are offered; right = a call of the expected tool whose arguments validate and compute what the task asks
+    (reward `tool_call`)."""
 
     name = "tools"
     rewards = ("tool_call",)
