@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 import time
 from pathlib import Path
@@ -126,20 +125,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def set_threads() -> int:
-    """Half the cores, at most 4, unless OMP_NUM_THREADS says otherwise: a tiny model gains little from more,
-    and on a busy machine extra spinning threads make each step many times slower (measured: 2 threads on a
-    loaded 2-core box ran 10x slower than 1)."""
-    import torch
-
-    if "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(max(1, min(4, (os.cpu_count() or 2) // 2)))
-    return torch.get_num_threads()
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    set_threads()
     run = Run(out=Path(args.out), seed=args.seed, minutes=args.minutes, size=size_for(args.minutes))
     check_same_run(run)
     print(f"glmstack speedrun -> {run.out}  (budget {run.minutes:g} min, seed {run.seed}; size {run.size})", flush=True)

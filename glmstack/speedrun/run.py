@@ -14,6 +14,7 @@ from pathlib import Path
 
 from glmstack.atomic import write_atomic
 from glmstack.recipes.speedrun import Size
+from glmstack.speedrun.threads import set_threads
 
 STOP_ENV = "GLMSTACK_SPEEDRUN_STOP_AFTER"
 
@@ -61,9 +62,10 @@ def run_stages(run: Run, stages) -> dict[str, dict]:
         else:
             banner(i, len(stages), name, what)
             run.stage_dir(name).mkdir(parents=True, exist_ok=True)
+            threads = set_threads()  # the cores idle now (threads.py)
             t0 = time.perf_counter()
             result = dict(fn(run) or {})
-            result["seconds"] = round(time.perf_counter() - t0, 2)
+            result["seconds"], result["threads"] = round(time.perf_counter() - t0, 2), threads
             # the marker appears only once the stage's outputs are all written
             write_atomic(done, json.dumps(result, indent=2) + "\n")
             results[name] = result
