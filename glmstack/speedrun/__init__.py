@@ -48,6 +48,7 @@ from glmstack.speedrun.evaluate import stage_evaluate
 from glmstack.speedrun.posttrain import stage_agentic, stage_general, stage_rl, stage_sft
 from glmstack.speedrun.run import STOP_ENV, Run, StopRequested, check_same_run, run_stages
 from glmstack.speedrun.summary import stage_report
+from glmstack.speedrun.threads import set_threads
 
 STOPPED_EXIT = 75  # EX_TEMPFAIL: stopped on purpose, re-run to continue
 __all__ = ["STAGES", "STOPPED_EXIT", "STOP_ENV", "Run", "StopRequested", "main", "run_stages"]
@@ -128,8 +129,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     run = Run(out=Path(args.out), seed=args.seed, minutes=args.minutes, size=size_for(args.minutes))
-    check_same_run(run)
-    print(f"glmstack speedrun -> {run.out}  (budget {run.minutes:g} min, seed {run.seed}; size {run.size})", flush=True)
+    threads = set_threads(check_same_run(run))
+    print(f"glmstack speedrun -> {run.out}  (budget {run.minutes:g} min, seed {run.seed}, {threads} CPU threads; "
+          f"size {run.size})", flush=True)
     t0 = time.perf_counter()
     try:
         run_stages(run, STAGES)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from glmstack.atomic import write_atomic
 from glmstack.recipes.speedrun import Size
-from glmstack.speedrun.threads import set_threads
+from glmstack.speedrun.threads import start_threads
 
 STOP_ENV = "GLMSTACK_SPEEDRUN_STOP_AFTER"
 
@@ -62,10 +62,9 @@ def run_stages(run: Run, stages) -> dict[str, dict]:
         else:
             banner(i, len(stages), name, what)
             run.stage_dir(name).mkdir(parents=True, exist_ok=True)
-            threads = set_threads()  # the cores idle now (threads.py)
             t0 = time.perf_counter()
             result = dict(fn(run) or {})
-            result["seconds"], result["threads"] = round(time.perf_counter() - t0, 2), threads
+            result["seconds"] = round(time.perf_counter() - t0, 2)
             # the marker appears only once the stage's outputs are all written
             write_atomic(done, json.dumps(result, indent=2) + "\n")
             results[name] = result
@@ -74,15 +73,20 @@ def run_stages(run: Run, stages) -> dict[str, dict]:
     return results
 
 
-def check_same_run(run: Run) -> None:
-    """A re-run into one folder must use the same budget and seed, or its stages would not fit together."""
+def check_same_run(run: Run) -> int:
+    """A re-run into one folder must use the same budget and seed, or its stages would not fit together. Returns the
+    CPU threads the run trains on: chosen when it started (threads.py) and kept in speedrun.json, since the figures
+    depend on it."""
     path = run.out / "speedrun.json"
     want = {"minutes": run.minutes, "seed": run.seed, "size": asdict(run.size)}
     if path.exists():
         have = json.loads(path.read_text())
-        if have != want:
+        if {k: have.get(k) for k in want} != want:
             raise SystemExit(f"{run.out} holds a speedrun with --minutes {have['minutes']:g} --seed {have['seed']} "
                              f"(size {have['size']}); continue it with those, or pick another --out")
-    else:
-        run.out.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(want, indent=2) + "\n")
+        if have.get("threads") and "OMP_NUM_THREADS" not in os.environ:
+            return int(have["threads"])
+    run.out.mkdir(parents=True, exist_ok=True)
+    threads = start_threads()  # OMP_NUM_THREADS, or the idle cores now
+    write_atomic(path, json.dumps(want | {"threads": threads}, indent=2) + "\n")
+    return threads

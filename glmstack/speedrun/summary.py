@@ -79,11 +79,9 @@ def build_summary(run: Run) -> dict:
     fig |= {f"MTP acceptance at depth {j + 1}": p for j, p in enumerate(spec["acceptance_per_depth"])}
     fig["speculative output == greedy"] = spec["equals_greedy"]
     timings = {name: r["seconds"] for name, r in res.items()}
-    counts = sorted({r["threads"] for r in res.values() if "threads" in r}) or [ev["threads"]]  # per stage (threads.py)
-    threads = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
     return {
         "title": f"glmstack speedrun: {run.minutes:g}-minute budget, seed {run.seed}",
-        "intro": INTRO.format(threads=threads, **asdict(size)),
+        "intro": INTRO.format(threads=ev["threads"], **asdict(size)),
         "figures": fig, "timings": timings, "samples": ev["samples"], "card": res["card"]["card"],
         "conversations": res["card"]["samples"],
         "data_steps": {k: v["steps"] for k, v in res["data"].items() if isinstance(v, dict)},

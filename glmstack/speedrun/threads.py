@@ -1,15 +1,17 @@
-"""How many CPU threads each speedrun stage trains on: the cores nothing else is using, at most 4.
+"""How many CPU threads a speedrun trains on: the cores idle when it starts, at most 4, fixed for the whole run.
 
-Why per stage and measured: on a quiet 2-core machine two threads run the 20-minute model's training steps 1.4x
-(context 128) to 1.7x (context 512) faster than one (docs/speedrun.md), but OpenMP threads spin, and on a core another
-job holds a second thread made each step about ten times slower. So before every stage the runner looks at what the
-other processes are using right now (Linux: /proc/stat over half a second while this process sleeps between stages)
-and takes the rest; a job started mid-run costs at most one stage at the wrong count. Elsewhere (no /proc/stat) it
-keeps half the cores. `OMP_NUM_THREADS` overrides all of this (the tests set 1). The figures do not depend on the
-count: the model's forward and backward are bitwise equal on 1 and 2 threads, and a whole speedrun's card on 1 and
-on 1-2 threads is the same (docs/speedrun.md).
+Why measured: on a quiet 2-core machine two threads run the 20-minute row's training steps 1.3x (pre-training,
+context 128) to 1.5x (SFT, context 512) faster than one, but OpenMP threads spin, and on a core another job holds a
+second thread made each step about ten times slower. So a new run looks at what the other processes use (Linux:
+/proc/stat over half a second) and takes the rest; elsewhere it keeps half the cores. `OMP_NUM_THREADS` overrides
+this (the tests set 1).
 
-    threads = set_threads()      # before a stage; the stage's DONE.json records it
+Why fixed and recorded: the count changes the figures. The model's forward and backward are bitwise equal on 1 and
+2 threads, but a whole 20-minute run is not (seed 0's card differs, docs/speedrun.md), so the count is decided once,
+written to the run's speedrun.json beside the seed, and a continued run reuses it: one seed at one count gives the
+same figures on one CPU.
+
+    threads = start_threads()    # a new run; a continued one passes the recorded count to set_threads
 """
 
 from __future__ import annotations
@@ -50,10 +52,15 @@ def pick_threads(cores: int, busy: float | None) -> int:
     return max(1, min(MAX_THREADS, round(cores - busy)))
 
 
-def set_threads() -> int:
-    """Set torch's intra-op threads for the next stage (what `OMP_NUM_THREADS` says when it is set)."""
+def start_threads() -> int:
+    """A new run's count: OMP_NUM_THREADS when set, else the idle cores now."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return max(1, int(os.environ["OMP_NUM_THREADS"]))
+    return pick_threads(os.cpu_count() or 2, busy_cores())
+
+
+def set_threads(n: int) -> int:
     import torch
 
-    if "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(pick_threads(os.cpu_count() or 2, busy_cores()))
+    torch.set_num_threads(n)
     return torch.get_num_threads()

@@ -28,3 +28,22 @@ def test_busy_cores_sees_another_process_spinning():
         spinner.kill()
         spinner.wait()
     assert during >= 0.8, during  # whatever else runs, the spinner's core is counted busy
+
+
+def test_a_run_keeps_the_thread_count_it_started_with(tmp_path, monkeypatch):
+    """The count is chosen once, kept in speedrun.json and reused when the run continues whatever the load then,
+    since the figures depend on it; OMP_NUM_THREADS overrides it and is recorded."""
+    import json
+
+    from glmstack.recipes.speedrun import size_for
+    from glmstack.speedrun.run import Run, check_same_run
+
+    run = Run(out=tmp_path / "run", seed=0, minutes=0, size=size_for(0))
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert check_same_run(run) == 3
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert check_same_run(run) == 3  # continued: the recorded count, not the idle cores now
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert check_same_run(run) == 1 and json.loads((run.out / "speedrun.json").read_text())["threads"] == 1
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert check_same_run(run) == 1
