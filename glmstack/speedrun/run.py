@@ -84,9 +84,9 @@ def check_same_run(run: Run) -> int:
         if {k: have.get(k) for k in want} != want:
             raise SystemExit(f"{run.out} holds a speedrun with --minutes {have['minutes']:g} --seed {have['seed']} "
                              f"(size {have['size']}); continue it with those, or pick another --out")
-        if have.get("threads") and "OMP_NUM_THREADS" not in os.environ:
-            return int(have["threads"])
+        if isinstance(have.get("threads"), int) and have["threads"] > 0 and "OMP_NUM_THREADS" not in os.environ:
+            return have["threads"]  # anything else there is chosen again and rewritten
+    threads = start_threads()  # OMP_NUM_THREADS, or the idle cores now (refused before anything is written)
     run.out.mkdir(parents=True, exist_ok=True)
-    threads = start_threads()  # OMP_NUM_THREADS, or the idle cores now
     write_atomic(path, json.dumps(want | {"threads": threads}, indent=2) + "\n")
     return threads

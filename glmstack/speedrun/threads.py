@@ -55,7 +55,10 @@ def pick_threads(cores: int, busy: float | None) -> int:
 def start_threads() -> int:
     """A new run's count: OMP_NUM_THREADS when set, else the idle cores now."""
     if "OMP_NUM_THREADS" in os.environ:
-        return max(1, int(os.environ["OMP_NUM_THREADS"]))
+        value = os.environ["OMP_NUM_THREADS"]
+        if not value.strip().isdigit() or int(value) < 1:
+            raise SystemExit(f"glmstack speedrun: OMP_NUM_THREADS={value!r} is not a positive whole number")
+        return int(value)
     return pick_threads(os.cpu_count() or 2, busy_cores())
 
 

@@ -47,3 +47,35 @@ def test_a_run_keeps_the_thread_count_it_started_with(tmp_path, monkeypatch):
     assert check_same_run(run) == 1 and json.loads((run.out / "speedrun.json").read_text())["threads"] == 1
     monkeypatch.delenv("OMP_NUM_THREADS")
     assert check_same_run(run) == 1
+
+
+def test_the_speedrun_trains_on_the_recorded_count_and_refuses_a_bad_omp_value(tmp_path, monkeypatch):
+    """Through `glmstack speedrun` (stopped after its first stage): torch runs on the count speedrun.json records;
+    a malformed OMP_NUM_THREADS is one line, not a traceback."""
+    import json
+
+    import torch
+
+    from glmstack.speedrun import STOP_ENV, STOPPED_EXIT
+    from glmstack.speedrun import main as speedrun
+
+    before = torch.get_num_threads()
+    monkeypatch.setenv(STOP_ENV, "tokenizer")
+    monkeypatch.setenv("OMP_NUM_THREADS", "x2")
+    with pytest.raises(SystemExit, match="OMP_NUM_THREADS='x2' is not a positive whole number"):
+        speedrun(["--out", str(tmp_path / "bad"), "--minutes", "0"])
+    assert not (tmp_path / "bad").exists()  # nothing written
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    out = tmp_path / "run"  # a run started earlier with another count than this process has
+    out.mkdir()
+    from dataclasses import asdict
+
+    from glmstack.recipes.speedrun import size_for
+
+    want = {"minutes": 0.0, "seed": 0, "size": asdict(size_for(0)), "threads": 3 if before != 3 else 2}
+    (out / "speedrun.json").write_text(json.dumps(want))
+    try:
+        assert speedrun(["--out", str(out), "--minutes", "0"]) == STOPPED_EXIT
+        assert torch.get_num_threads() == want["threads"]
+    finally:
+        torch.set_num_threads(before)
