@@ -26,8 +26,9 @@ import json
 import random
 import re
 import sys
-import zlib
 from pathlib import Path
+
+from glmstack.splits import split_of
 
 COLOURS = {"red": (220, 30, 30), "green": (30, 170, 40), "blue": (30, 60, 220), "yellow": (235, 200, 20)}
 SHAPES = ("circle", "square", "triangle")
@@ -40,11 +41,8 @@ QUESTIONS = {
     "text": "What letter is written in the image?",
 }
 BOX_OPEN, BOX_CLOSE = "<|begin_of_box|>", "<|end_of_box|>"
-TEST_EVERY = 5  # one scene in five is held out
 
 
-def split_of(key: str) -> str:
-    return "test" if zlib.crc32(key.encode()) % TEST_EVERY == 0 else "train"
 
 
 # ---------------------------------------------------------------------------------------------------- scenes

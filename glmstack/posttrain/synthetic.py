@@ -43,17 +43,16 @@ import argparse
 import functools
 import random
 import re
-import zlib
 from pathlib import Path
 
 from glmstack.chat.modes import MODES
 from glmstack.posttrain.tools import CALCULATOR, FAULTS, PYTHON, TOOLS, calculate, run_python
+from glmstack.splits import split_of
 
 SETS = ("arithmetic", "tools", "chat", "compare")
 # generated only when named (sft-data's and the SFT recipes' defaults: not)
 OPT_IN_SETS = ("tools_recovery", "search", "search_unmanaged")
 SEARCH_SKIP_P = 0.3  # how often the search teacher skips a note it may skip (search_record)
-TEST_EVERY = 5  # one prompt in TEST_EVERY is held out
 
 NAMES = ["Ana", "Ben", "Cleo", "Dan", "Eva", "Finn", "Gus", "Hana", "Ivo", "Jade", "Kai", "Lena", "Milo", "Nora"]
 ITEMS = ["apples", "books", "coins", "pens", "shells", "stamps", "marbles", "cards", "eggs", "stones"]
@@ -71,8 +70,6 @@ WORDS = ["python", "banana", "keyboard", "sandbox", "rocket", "garden", "window"
 _PY_OUTPUTS: dict[str, str] = {}  # code -> what the sandbox printed (deterministic programs: run each once)
 
 
-def split_of(prompt: str) -> str:
-    return "test" if zlib.crc32(prompt.encode()) % TEST_EVERY == 0 else "train"
 
 
 # ---------------------------------------------------------------------------------------------- arithmetic
@@ -208,7 +205,6 @@ def search_record(rng: random.Random, thinking: bool, managed: bool = True) -> d
     import json
 
     from glmstack.posttrain.agentic.context import STUB
-    from glmstack.posttrain.agentic.env import split_of as env_split
     from glmstack.posttrain.agentic.envs.search import SearchEnv, route
 
     level = rng.choice([0, 1]) if managed else 0
@@ -227,7 +223,7 @@ def search_record(rng: random.Random, thinking: bool, managed: bool = True) -> d
         reply = {"role": "assistant", "content": f"The secret code is {spec['code']}."}
         thought = f"The note of {path[-1]} gives the code."
     messages.append(reply | ({"reasoning_content": thought} if thinking else {}))
-    meta = {"set": "search" if managed else "search_unmanaged", "split": env_split(json.dumps(spec, sort_keys=True)),
+    meta = {"set": "search" if managed else "search_unmanaged", "split": split_of(json.dumps(spec, sort_keys=True)),
             "answer": str(spec["code"]), "tool": "read_note", "prompt_turns": len(messages) - 1, "level": level}  # fmt: skip
     if turn < len(path):  # the call's result follows (context), so the call ends in <|observation|> as in an episode
         messages.append({"role": "tool", "content": spec["notes"][path[turn]]})

@@ -11,7 +11,7 @@ import pytest
 
 from glmstack.posttrain.agentic.env import FAULTS, EnvOptions, Reward
 from glmstack.posttrain.agentic.envs import make_env
-from glmstack.posttrain.agentic.envs.tools import CalculatorEnv, wide_calculator_task
+from glmstack.posttrain.agentic.envs.tools import CalculatorEnv, PythonEnv, wide_calculator_task
 from glmstack.posttrain.sft_data import encode_record, normalize
 from glmstack.posttrain.synthetic import OPT_IN_SETS, SETS, generate, verify
 from glmstack.recipes import sft_speedrun
@@ -171,3 +171,23 @@ def test_probe_groups_count_the_tasks_whose_episodes_disagree(base_dir, capsys):
     assert main([str(base_dir), "--group", "4"]) == 2 and "--temperature" in capsys.readouterr().err
     assert main([str(base_dir), "--group", "0", "--temperature", "1"]) == 2
     assert capsys.readouterr().err.strip() == "probe: --group 0: must be >= 1 (episodes per task)"
+
+
+@pytest.mark.parametrize("env", [CalculatorEnv, PythonEnv])
+def test_tool_envs_hold_out_the_tools_sets_held_out_prompts(env):
+    """Agentic RL trains on the SFT tools set's tasks; the card scores that set's held-out prompts. Each environment
+    keys its split by the question, as the set does, so no held-out prompt trains (keyed by the whole spec, a
+    quarter of the python draws were card items: the python task has only ~46 prompts)."""
+    def questions(split):
+        return {r["messages"][0]["content"] for r in generate("tools", 600, 0, split)}
+
+    held, train = questions("test"), questions("train")
+    assert len(held) > 100 and all(q.endswith((".", "?")) for q in held)  # the prompts, not the answers
+    for level in (0, 1):
+        rng = random.Random(level)
+        drawn = [env.sample(rng, "train", level)["question"] for _ in range(1500)]
+        assert not set(drawn) & held
+        tested = {env.sample(rng, "test", level)["question"] for _ in range(200)}
+        assert not tested & train
+    if env is PythonEnv:  # a finite task space: its held-out prompts are exactly the set's
+        assert {env.sample(rng, "test", 0)["question"] for _ in range(300)} == {q for q in held if "Python" in q}

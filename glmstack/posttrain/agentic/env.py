@@ -30,14 +30,12 @@ import json
 import math
 import random
 import time
-import zlib
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import ClassVar
 
 from glmstack.posttrain.tools import FAULTS, validate_call
-
-TEST_EVERY = 5  # one task in TEST_EVERY is held out (by a hash of its key)
+from glmstack.splits import split_of
 
 
 class EnvCrash(RuntimeError):
@@ -75,8 +73,6 @@ class Reward:
     parts: dict = field(default_factory=dict)  # outcome, penalty, process bonuses
 
 
-def split_of(key: str) -> str:
-    return "test" if zlib.crc32(key.encode()) % TEST_EVERY == 0 else "train"
 
 
 class Env(abc.ABC):
@@ -96,9 +92,15 @@ class Env(abc.ABC):
         """A task spec (a JSON-able dict) of `split`, drawn with `rng`: held-out specs never train."""
         for _ in range(10_000):
             spec = cls.make_spec(rng, level)
-            if split_of(json.dumps(spec, sort_keys=True)) == split:
+            if split_of(cls.split_key(spec)) == split:
                 return spec | {"env": cls.name}
         raise ValueError(f"environment {cls.name}: no {split} task found")
+
+    @classmethod
+    def split_key(cls, spec: dict) -> str:
+        """The text a spec's split is hashed from (glmstack.splits): the whole spec, unless an environment shares its
+        tasks with another set and must share that set's held-out items too."""
+        return json.dumps(spec, sort_keys=True)
 
     @classmethod
     @abc.abstractmethod

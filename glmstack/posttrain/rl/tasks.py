@@ -31,10 +31,9 @@ from __future__ import annotations
 
 import abc
 import random
-import zlib
 from dataclasses import dataclass, field
 
-TEST_EVERY = 5  # one problem in TEST_EVERY is held out (by a hash of its text)
+from glmstack.splits import split_of
 
 
 @dataclass
@@ -43,8 +42,6 @@ class Problem:
     meta: dict = field(default_factory=dict)  # the task name, the answer, the tests: what the reward reads
 
 
-def split_of(key: str) -> str:
-    return "test" if zlib.crc32(key.encode()) % TEST_EVERY == 0 else "train"
 
 
 class Task(abc.ABC):

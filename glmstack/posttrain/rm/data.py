@@ -26,17 +26,16 @@ from __future__ import annotations
 
 import json
 import random
-import zlib
 from pathlib import Path
 
 import torch
 
 from glmstack.config import ConfigError
+from glmstack.splits import split_of
 
 SYNTHETIC = "synthetic:"
 KINDS = ("sort", "arith", "json")
 CHECKABLE = ("sort", "json")  # what a small trunk can check; arith needs addition it does not have (docs/rl.md)
-TEST_EVERY = 5
 
 
 # ---------------------------------------------------------------------------------------------- records
@@ -112,8 +111,6 @@ def _plain(record: dict) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- synthetic
-def split_of(prompt: str) -> str:
-    return "test" if zlib.crc32(prompt.encode()) % TEST_EVERY == 0 else "train"
 
 
 def sort_pair(rng: random.Random) -> tuple[str, str, str]:

@@ -46,6 +46,11 @@ class _SftToolEnv(ToolEnv):
             if tool == cls.tool:
                 return {"question": question, "args": args}
 
+    @classmethod
+    def split_key(cls, spec: dict) -> str:
+        """The question, as the SFT tools set keys its records: a prompt the card holds out never trains here."""
+        return spec["question"]
+
     def call(self, name: str, args: dict) -> str:
         if name == "calculator":
             try:
