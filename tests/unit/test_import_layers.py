@@ -6,7 +6,7 @@ The graph is read from the source (ast), not by importing, so it sees every `imp
   modules that cannot be read or changed apart). Imports under `if TYPE_CHECKING:` and modules named by a string
   at run time (cli.py's command table, recipe / environment / reward registries: `importlib.import_module`) are
   not edges.
-- Layers, lowest first (ARCHITECTURE.md "Layers"): base (config, errors, atomic, tokenizer, chat, sandbox) <-
+- Layers, lowest first (ARCHITECTURE.md "Layers"): base (config, errors, atomic, splits, tokenizer, chat, sandbox) <-
   model (model, optim, data) <- engine (inference) <- trainer (train) <- stages (posttrain, multimodal, eval,
   serve) <- commands (recipes, report, speedrun, ablate, cli, stage_cli, bench_cli, and every package's
   `cli.py`). A module may import its own layer and the layers below. Every import counts here too, except those
@@ -27,7 +27,7 @@ PACKAGE = ROOT / "glmstack"
 
 LAYERS = (
     ("base", ("glmstack", "glmstack.config", "glmstack.errors", "glmstack.atomic", "glmstack.tokenizer",
-              "glmstack.chat", "glmstack.sandbox")),
+              "glmstack.chat", "glmstack.sandbox", "glmstack.splits")),
     ("model", ("glmstack.model", "glmstack.optim", "glmstack.data")),
     ("engine", ("glmstack.inference",)),
     ("trainer", ("glmstack.train",)),
