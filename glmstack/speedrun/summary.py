@@ -9,6 +9,7 @@ from dataclasses import asdict
 
 import numpy as np
 
+from glmstack.speedrun.card import FUNCTION_ITEMS
 from glmstack.speedrun.run import Run
 
 # whose DONE.json the summary reads
@@ -81,7 +82,7 @@ def build_summary(run: Run) -> dict:
     timings = {name: r["seconds"] for name, r in res.items()}
     return {
         "title": f"glmstack speedrun: {run.minutes:g}-minute budget, seed {run.seed}",
-        "intro": INTRO.format(threads=ev["threads"], **asdict(size)),
+        "intro": INTRO.format(threads=ev["threads"], function_n=FUNCTION_ITEMS * size.card_n, **asdict(size)),
         "figures": fig, "timings": timings, "samples": ev["samples"], "card": res["card"]["card"],
         "conversations": res["card"]["samples"],
         "data_steps": {k: v["steps"] for k, v in res["data"].items() if isinstance(v, dict)},
@@ -98,4 +99,7 @@ INTRO = ("The GLM-4.5 recipe at toy scale: a {num_hidden_layers}-layer MoE of wi
          "corpus ({corpus_mb} MB of Python standard library source, docs and generated math), then fine-tuned for "
          "{sft_steps} SFT steps at context {sft_seq_len} in GLM's chat format, then GLM-5's RL sequence: {rl_steps} "
          "reasoning-RL steps, {agentic_steps} agentic-RL steps (tool episodes, distilling the reasoning-RL model) and "
-         "{general_steps} general-RL steps (rules + distillation from every earlier stage), on {threads} CPU thread(s). The report card scores every stage's model on {card_n} held-out items per metric. Rerun with `glmstack speedrun`; redraw with `python -m glmstack.report <run folder>`.")
+         "{general_steps} general-RL steps (rules + distillation from every earlier stage), on {threads} CPU "
+         "thread(s). The report card scores every stage's model on {card_n} held-out items per metric ({function_n} "
+         "for tool task success and reasoning task accuracy). Rerun with `glmstack speedrun`; redraw with "
+         "`python -m glmstack.report <run folder>`.")
