@@ -2,7 +2,10 @@
 
 Tuning a post-training stage against the card's own items would fit the card; this scores tool task success (held-out
 tool prompts played to the end, the tool really runs) and reasoning task accuracy (`compare` at the row's level)
-with the card's definitions on another held-out draw (seed + 1000), greedy, and prints one JSON line.
+with the card's definitions on another held-out draw (seed + 1000), greedy, and prints one JSON line. Another draw
+is another sample of the calculator's thousands of held-out prompts, but not of the python task's: the tools set
+holds out 12 of its 46 prompts, and every draw repeats those 12 (about half of the tool prompts), so on python the
+probe and the card score the same prompts.
 
     python -m glmstack.speedrun.probe runs/speedrun runs/speedrun/rl/model [--n 64]
 """
