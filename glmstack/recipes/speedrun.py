@@ -61,8 +61,8 @@ SIZES = (
          agentic_groups=8, general_steps=40, replay_share=0.15,
          card_n=64),
 )  # sized from per-step times on one thread of a 2-core machine (session 5: the 20-minute row ran in ~16 min quiet;
-#   the 60-minute row's quiet time is estimated, ~60 min); one vocabulary from 5 minutes up so the card's
-#   perplexities compare. docs/speedrun.md has the measured runs.
+#   the 60-minute row, measured in session 19 with every post-training stage: 58 min at two threads); one
+#   vocabulary from 5 minutes up so the card's perplexities compare. docs/speedrun.md has the measured runs.
 
 
 def size_for(minutes: float) -> Size:
