@@ -73,7 +73,19 @@ def test_micro_batch_mask_is_the_model_tokens(tmp_path, base_dir):
     flat = [t for g in data.last_groups for t in g]
     mask = torch.cat([b["mask"] for b in batches])
     assert mask.sum() == sum(t.model_tokens for t in flat)
+    no_signal = [len({t.reward for t in g}) == 1 for g in data.last_groups]  # groups that teach nothing
+    assert batches[0]["stats"]["zero_var_frac"] == sum(no_signal) / len(no_signal)
     data.runner.close()
+
+
+def test_zero_var_frac_counts_the_groups_that_teach_nothing():
+    """A group whose rewards are all equal has advantages 0 (the 60-minute speedrun's agentic stage: every group, on
+    18 of 20 steps); one reward apart (a call penalty) is signal."""
+    from glmstack.posttrain.agentic.data import zero_var_frac
+
+    rewards = [1.0] * 4 + [0.0] * 4 + [1.0, 1.0, 1.0, 0.95] + [0.95] * 4
+    assert zero_var_frac(rewards, 4) == 0.75 and zero_var_frac(rewards[4:8], 4) == 1.0
+    assert zero_var_frac(rewards, 8) == 0.0  # both halves mix rewards
 
 
 def test_optimizer_reset_after_each_push(tmp_path, base_dir):

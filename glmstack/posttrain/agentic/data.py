@@ -107,10 +107,18 @@ class AgenticData:
         stats = stats | mix_stats | {
             "input_tokens": float(batch["input_ids"].numel()),
             "trained_tokens": float(batch["mask"].sum()),
+            "zero_var_frac": zero_var_frac([t.reward for t in flat], self.group_size),
         }
         per = n // self.micro_batches
         return [{k: v[i : i + per] for k, v in batch.items()} | {"temperature": self.temperature, "stats": stats}
                 for i in range(0, per * self.micro_batches, per)]  # fmt: skip
+
+
+def zero_var_frac(rewards: list[float], group_size: int) -> float:
+    """The share of groups whose rewards are all equal: their advantages are 0, so they teach nothing (a step where
+    it is 1 moves the weights only through the teachers' rows and the optimizer's momentum)."""
+    groups = [rewards[i : i + group_size] for i in range(0, len(rewards), group_size)]
+    return sum(len(set(g)) == 1 for g in groups) / max(len(groups), 1)
 
 
 def retry_stats(trajs: list) -> dict:
