@@ -165,6 +165,28 @@ def test_reasoning_rl_batch_has_the_groups_then_the_teachers_rows(tmp_path, base
     torch.testing.assert_close(batch["rollout_logp"][n:][m], own[m], atol=1e-4, rtol=0)
 
 
+def test_a_teachers_thinking_key_sets_the_mode_of_its_prompts(tmp_path, base_dir, tok):
+    """A hybrid-thinking model answers on two paths; `thinking` picks the one a teacher's prompts open (True: the
+    assistant turn left open for reasoning; unset: the stage's own mode, off here: an empty think block), and the
+    two show apart in the metrics."""
+    from glmstack.posttrain.rl.stage import build as build_rl
+    from glmstack.recipes.rl_tiny import rl as rl_tiny
+
+    _teacher(base_dir, tmp_path / "earlier" / "rl")
+    cfg = rl_tiny()
+    cfg.out_dir, cfg.init_from, cfg.rl.eval_every = str(tmp_path), str(base_dir), 0
+    cfg.rl.teachers = [{"model": "earlier/rl", "task": "tool_answer", "thinking": True},
+                       {"model": "earlier/rl", "task": "tool_answer"}]  # fmt: skip
+    cfg.rl.teacher_samples, cfg.rl.teacher_max_new_tokens = 4, 4
+    micro = build_rl(cfg, load_hf(str(base_dir)), tok).make_step()
+    rows = [(m["input_ids"][i], m["mask"][i]) for m in micro for i in range(len(m["mask"])) if m["teacher_rows"][i]]
+    prompts = [tok.decode(ids[: int(mask.nonzero()[0]) + 1].tolist()) for ids, mask in rows]  # up to the first trained target
+    assert len(prompts) == 4  # two per teacher, in the teachers' order
+    assert all(p.endswith("</tool_response><|assistant|>") for p in prompts[:2])
+    assert all(p.endswith("</tool_response><|assistant|>\n<think></think>") for p in prompts[2:])
+    assert {"teacher_reward/tool_answer:think", "teacher_reward/tool_answer"} <= set(micro[0]["stats"])
+
+
 @pytest.mark.slow
 def test_reasoning_rl_with_a_teacher_end_to_end(tmp_path, base_dir):
     _teacher(base_dir, tmp_path / "earlier" / "rl")
@@ -183,3 +205,6 @@ def test_reasoning_rl_teachers_bad_input_is_one_line(tmp_path, base_dir, capsys)
     assert "rl.teachers: teacher_samples=3 must be >= 1 and split into 2 parts" in err and len(err.splitlines()) == 1
     assert cli(_rl_args(tmp_path, base_dir, teachers, "--set", "rl.routing_replay=record")) == 2
     assert "no recorded routes" in capsys.readouterr().err
+    teachers = json.dumps([{"model": "earlier/rl", "task": "toy", "thinking": "yes"}])
+    assert cli(_rl_args(tmp_path, base_dir, teachers)) == 2
+    assert "rl.teachers[0]: wrong type for thinking" in capsys.readouterr().err

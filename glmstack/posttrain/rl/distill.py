@@ -105,7 +105,7 @@ class Distillation(Rollouts):
             task_reward, _ = reward_lib.total(samples, [(r, 1.0) for r in task.rewards])
             stats["time/rollout_s"] = stats.get("time/rollout_s", 0.0) + t1 - t0
             stats["time/reward_s"] = stats.get("time/reward_s", 0.0) + time.perf_counter() - t1
-            stats[f"reward/{teacher.task}"] = sum(task_reward) / n
+            stats[f"reward/{teacher.label}"] = sum(task_reward) / n
             flat += [(row, 0.0, s) for row, s in zip(rows, samples)]
             task_adv += [self.reward_weight * (r - sum(task_reward) / n) for r in task_reward]
             owner += [k] * n
@@ -150,10 +150,10 @@ class Distillation(Rollouts):
         """Greedy held-out score of every teacher's task: {"heldout/<task>": score}."""
         out = {}
         for (teacher, task, _), problems in zip(self.teachers, self.heldouts):
-            _, samples = self.generate(problems, 1, temperature, ("heldout", teacher.task, self.step),
+            _, samples = self.generate(problems, 1, temperature, ("heldout", teacher.label, self.step),
                                        engine=self.eval_engine)  # fmt: skip
             values, _ = reward_lib.total(samples, [(r, 1.0) for r in task.rewards])
-            out[f"heldout/{teacher.task}"] = sum(values) / max(len(values), 1)
+            out[f"heldout/{teacher.label}"] = sum(values) / max(len(values), 1)
         return out
 
     def evaluate(self, temperature: float = 0.0) -> float:
@@ -166,12 +166,11 @@ class Distillation(Rollouts):
 
 # ---------------------------------------------------------------------------------------------------- stage
 def build(cfg: DistillConfig, model, tokenizer) -> Distillation:
-    from glmstack.posttrain.rl.tasks import make_task
     from glmstack.train.loop import device_of
 
     device = device_of(cfg)
     try:
-        teachers = [(t, make_task(t.task, tokenizer, cfg.rl.chat_style, cfg.rl.thinking),
+        teachers = [(t, t.make_task(tokenizer, cfg.rl.chat_style, cfg.rl.thinking),
                      load_teacher(t, cfg.out_dir, device, tokenizer)) for t in teachers_of(cfg)]  # fmt: skip
         return Distillation(model=model, teachers=teachers, opts=cfg.rl, seed=cfg.seed, micro_batches=cfg.grad_accum,
                             tokenizer=tokenizer, style=cfg.rl.chat_style,

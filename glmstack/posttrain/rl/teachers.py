@@ -3,7 +3,7 @@ mixes teacher rows into its own batches (agentic RL's `agentic.teachers`: the sp
 reasoning-RL model's skill while it learns tools).
 
 A teacher is an earlier stage's model with the prompts of its own stage:
-  {"model": "runs/x/rl/model" or "x/rl" (run/stage), "task": "compare", "weight": 1.0, "level": 0}
+  {"model": "runs/x/rl/model" or "x/rl" (run/stage), "task": "compare", "weight": 1.0, "level": 0, "thinking": True}
   {"server": "http://127.0.0.1:8000", "model": "<served model name>", "task": "chat"}   (distill stage only)
 
 `TeacherMix` adds `n` rows per step to another stage's batch (reasoning RL's `rl.teachers`, agentic RL's
@@ -28,7 +28,7 @@ from glmstack.config import ConfigError
 from glmstack.posttrain.rl import rewards as reward_lib
 from glmstack.posttrain.rl.losses import token_logprobs
 
-TEACHER_KEYS = {"model": str, "task": str, "weight": (int, float), "level": int, "server": str}
+TEACHER_KEYS = {"model": str, "task": str, "weight": (int, float), "level": int, "server": str, "thinking": bool}
 
 
 @dataclass
@@ -38,6 +38,19 @@ class Teacher:
     weight: float = 1.0
     level: int = 0
     server: str = ""  # an OpenAI-compatible server's URL: `model` is then the served model's name
+    # enable_thinking of the task's prompts; None: the stage's own (rl.thinking; off where a stage has none). A
+    # hybrid-thinking model has two answer paths; distilling only one lets a stage break the other (docs/speedrun.md)
+    thinking: bool | None = None
+
+    @property
+    def label(self) -> str:
+        """The task's name in metrics, with the thinking mode where the entry sets one."""
+        return self.task + {None: "", True: ":think", False: ":nothink"}[self.thinking]
+
+    def make_task(self, tokenizer, style: str, default_thinking: bool = False):
+        from glmstack.posttrain.rl.tasks import make_task
+
+        return make_task(self.task, tokenizer, style, default_thinking if self.thinking is None else self.thinking)
 
 
 def parse_teachers(entries: list, where: str) -> list[Teacher]:
@@ -139,7 +152,7 @@ class TeacherMix:
                                                    seeds=[stable_seed(self.seed, step, "mix", k, i) for i in range(n)])  # fmt: skip
             scored = reward_lib.samples_of([p.meta for p in problems], res, self.max_new_tokens)
             values, _ = reward_lib.total(scored, [(r, 1.0) for r in task.rewards])  # watched, not trained on
-            stats[f"teacher_reward/{teacher.task}"] = sum(values) / n
+            stats[f"teacher_reward/{teacher.label}"] = sum(values) / n
             out += [Sample.single_turn(p, t, lp, versions=[step]) for p, t, lp in zip(prompts, res.tokens, res.logprobs)]  # fmt: skip
             owners += [k] * n
         return out, owners, stats
@@ -165,13 +178,13 @@ def build_mix(cfg, opts, where: str, tokenizer, style: str) -> TeacherMix | None
     teacher_samples, teacher_max_new_tokens and the sampling transform; in-process teachers), or None when it names
     none. Each rank samples its share of `teacher_samples` with its own seed."""
     from glmstack.posttrain.rl.rollouts import stable_seed
-    from glmstack.posttrain.rl.tasks import make_task
     from glmstack.train import dist
     from glmstack.train.loop import device_of
 
     if not opts.teachers:
         return None
-    teachers = [(t, make_task(t.task, tokenizer, style), load_teacher(t, cfg.out_dir, device_of(cfg), tokenizer, where))
+    thinking = getattr(opts, "thinking", False)  # rl's option; agentic's episodes carry theirs in opts.episode
+    teachers = [(t, t.make_task(tokenizer, style, thinking), load_teacher(t, cfg.out_dir, device_of(cfg), tokenizer, where))
                 for t in parse_teachers(opts.teachers, where)]  # fmt: skip
     return TeacherMix(teachers, tokenizer, n=opts.teacher_samples // dist.world(),
                       max_new_tokens=opts.teacher_max_new_tokens, temperature=opts.temperature,
