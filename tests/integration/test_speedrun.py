@@ -89,6 +89,11 @@ def test_report_and_figures(runs):
     assert fig["speculative output == greedy"] is True  # MTP drafting never changes greedy output
     assert fig["MTP mean accepted length"] > 1.0  # 1.0 = every draft rejected; more = drafts were accepted
     assert fig["MTP acceptance at depth 1"] > 0
+    # reasoning and general RL distil the tool skills with thinking off and on, on every step (recipes/speedrun.py)
+    for stage, prefix in (("rl", "teacher_reward/"), ("general", "reward/")):
+        rows = [json.loads(x) for x in (out / stage / "metrics.jsonl").read_text().splitlines()]
+        want = {f"{prefix}{task}:{mode}" for task in ("tools", "tool_answer") for mode in ("think", "nothink")}
+        assert len(rows) > 1 and all(want <= set(r) for r in rows), stage
     # the decoding line: batch size, k, accepted length and the bound computed from the measured phase times
     spec = json.loads((out / "summary.json").read_text())["speculative"]
     ms, tau = spec["phase_ms"], spec["mean_accepted"]
