@@ -1,7 +1,8 @@
 # Two entry points for a fresh machine (see README):  make speedrun   |   make test
-# Each creates .venv if needed and installs what it needs. torch: one already in .venv (e.g. a CUDA build you
-# installed) is kept; otherwise the CPU build comes from PyTorch's CPU wheel index (plain PyPI would pull the
-# multi-GB CUDA build on Linux). `make torch DRY=echo` prints which path it takes without installing.
+# Each creates .venv if needed and installs what it needs (the speedrun: a subset of the tests' packages). torch:
+# one already in .venv (e.g. a CUDA build you installed) is kept; otherwise the CPU build comes from PyTorch's CPU
+# wheel index (plain PyPI would pull the multi-GB CUDA build on Linux). `make torch DRY=echo` prints which path it
+# takes without installing.
 PY      ?= python3
 VENV    ?= .venv
 BIN      = $(VENV)/bin
@@ -9,17 +10,23 @@ TORCH_VERSION ?= 2.13.0
 TORCH_INDEX   ?= https://download.pytorch.org/whl/cpu
 DRY     ?=
 
-$(BIN)/.installed: pyproject.toml
+# the speedrun's packages (the `speedrun` extra, bfcl-eval, bubblewrap for the sandbox that runs the model's python)
+$(BIN)/.speedrun-installed: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(MAKE) --no-print-directory torch
-	$(BIN)/pip install -q -e ".[data,semdedup,eval,serve,dev,ray,tracking]"
+	$(BIN)/pip install -q -e ".[speedrun]"
 	$(BIN)/pip install -q --no-deps bfcl-eval  # its pins would downgrade numpy; its data files need none of them
 	-@if command -v bwrap >/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  echo "sandbox: bwrap not found; running as root, so installing Debian's bubblewrap: apt-get update && apt-get install -y bubblewrap"; \
 	  (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null 2>&1 || echo "note: installing bubblewrap failed; the sandbox runs weaker (see docs/sandbox.md)"; \
 	else echo "note: bubblewrap not installed (install it: sudo apt-get install bubblewrap); the sandbox runs weaker (see docs/sandbox.md)"; fi
+	touch $@
+
+# everything: the speedrun's packages, every extra the tests use, Debian's chromium for the web page test
+$(BIN)/.installed: $(BIN)/.speedrun-installed
+	$(BIN)/pip install -q -e ".[data,semdedup,eval,serve,dev,ray,tracking]"
 	-@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	  echo "installing Debian's chromium (apt-get install -y chromium) for the web chat page test" && \
 	  (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1 || echo "note: chromium not installed; the browser test of glmstack serve is skipped"; }
@@ -38,7 +45,7 @@ torch:
 test: $(BIN)/.installed
 	$(BIN)/python -m pytest -n 2 --dist loadfile -q
 
-speedrun: $(BIN)/.installed
+speedrun: $(BIN)/.speedrun-installed
 	$(BIN)/glmstack speedrun --out runs/speedrun
 
 .PHONY: install torch test speedrun

@@ -7,6 +7,7 @@ Metrics (n = the size row's `card_n` items each, greedy, so one seed gives the s
                          and its result in the final answer (glmstack.posttrain.evaluate's `tools` score); half of
                          them are python tasks, of which the tools set holds out only 12 distinct prompts
   reasoning task accuracy  the reasoning-RL task (compare at the size row's level), 4n held-out problems
+                         (both: n for the pre- and mid-trained models, which have no chat format yet)
   arithmetic accuracy    held-out synthetic arithmetic, final answer right (glmstack.posttrain.evaluate)
   perplexity             exp(mean next-token loss) on held-out mid-training windows (glmstack.eval)
 then form:
@@ -41,6 +42,8 @@ REASONING_TOKENS = 12  # the reasoning-RL task's answer length (recipes/rl_speed
 # prompts one prompt moves the figure by 0.03 and its sampling error (~0.08) exceeded the differences between
 # stages (session 18: a seed's 0.28 at 32 items was 0.50 at 256)
 FUNCTION_ITEMS = 4
+BASE_MODELS = ("pretrain", "midtrain")  # no chat format yet: their function figures are 0 on card_n items as on 4n,
+#   and each of their replies runs to MAX_NEW_TOKENS, so they get card_n function items (the SFT and RL models 4n)
 
 
 def stage_card(run: Run) -> dict:
@@ -84,13 +87,13 @@ def score_model(run: Run, key: str, folder: Path) -> dict:
     from glmstack.posttrain.evaluate import evaluate
 
     engine, n = _engine(run, folder), run.size.card_n
+    n_function = n if key in BASE_MODELS else FUNCTION_ITEMS * n
     chat = evaluate(engine, STYLE, sets=("arithmetic",), n=n, seed=run.seed, max_new_tokens=MAX_NEW_TOKENS)
-    chat |= evaluate(engine, STYLE, sets=("tools",), n=FUNCTION_ITEMS * n, seed=run.seed,
-                     max_new_tokens=MAX_NEW_TOKENS)
+    chat |= evaluate(engine, STYLE, sets=("tools",), n=n_function, seed=run.seed, max_new_tokens=MAX_NEW_TOKENS)
     switch = [chat[s][k] for s in chat for k in ("thinking_on", "thinking_off") if chat[s][k] is not None]
     return {
         "tool task success": chat["tools"]["score"],
-        "reasoning task accuracy": _reasoning(run, engine),
+        "reasoning task accuracy": _reasoning(run, engine, n_function),
         "perplexity": _perplexity(run, engine.model),
         "arithmetic accuracy": chat["arithmetic"]["score"],
         "thinking-switch obedience": sum(switch) / len(switch),
@@ -118,13 +121,12 @@ def _optional(module: str, score):
         return f"not installed ({PACKAGES.get(e.name.partition('.')[0], e.name)})"
 
 
-def _reasoning(run: Run, engine) -> float:
-    """The reasoning-RL task (compare at the row's level), greedy, on 4n held-out problems of the RL stage's split."""
+def _reasoning(run: Run, engine, n: int) -> float:
+    """The reasoning-RL task (compare at the row's level), greedy, on n held-out problems of the RL stage's split."""
     from glmstack.posttrain.rl.distill import heldout_score
     from glmstack.posttrain.rl.tasks import make_task
 
     task = make_task("compare", run.tokenizer(), STYLE)
-    n = FUNCTION_ITEMS * run.size.card_n
     return heldout_score(engine, task, n, run.seed, run.size.rl_level, REASONING_TOKENS, STYLE)
 
 
