@@ -25,11 +25,13 @@ STAGE_NAMES = ["tokenizer", "data", "pretrain", "midtrain", "sft", "rl", "agenti
 POSTTRAIN = ["sft", "rl", "agentic", "general"]
 
 
-def _speedrun(out: Path, stop_after: str | None = None) -> subprocess.CompletedProcess:
+def _speedrun(out: Path, stop_after: str | None = None, import_times: bool = False) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop(speedrun.STOP_ENV, None)
     if stop_after:
         env[speedrun.STOP_ENV] = stop_after
+    if import_times:  # every import on stderr ("import time: ... | module"); the sandbox's python -I ignores it
+        env["PYTHONPROFILEIMPORTTIME"] = "1"
     cmd = [sys.executable, "-m", "glmstack.cli", "speedrun", "--out", str(out), "--minutes", "1", "--seed", "0"]
     return subprocess.run(cmd, check=False, env=env, capture_output=True, text=True, timeout=300)
 
@@ -65,9 +67,10 @@ def runs(tmp_path_factory):
         assert (a / written).exists() and not (a / stage / "DONE.json").exists(), stage
     second = _speedrun(a)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-    straight = _speedrun(b)
-    assert straight.returncode == 0, straight.stdout[-3000:] + straight.stderr[-3000:]
-    return {"a": a, "b": b, "marks": marks, "second": second, "logs": logs}
+    straight = _speedrun(b, import_times=True)
+    errors = "\n".join(x for x in straight.stderr.splitlines() if not x.startswith("import time:"))
+    assert straight.returncode == 0, straight.stdout[-3000:] + errors[-3000:]
+    return {"a": a, "b": b, "marks": marks, "second": second, "logs": logs, "imports": straight.stderr}
 
 
 def _figures(run_dir: Path) -> dict:
@@ -102,6 +105,25 @@ def test_report_and_figures(runs):
     for part in (f"batch size {spec['batch']}", "(k = 3)", f"emitted {tau:.2f} tokens", "at most",
                  f"= {spec['speedup_bound']:.2f}x"):  # fmt: skip
         assert part in line, (part, line)
+
+
+@pytest.mark.slow
+def test_the_speedrun_imports_only_what_make_speedrun_installs(runs):
+    """Every third-party module that glmstack imports outside an ImportError guard and a whole run imported
+    (PYTHONPROFILEIMPORTTIME) is installed by the Makefile's speedrun target, which installs less than `make install`
+    (this venv has everything, so a package `make speedrun` lacks would pass unnoticed otherwise)."""
+    pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
+    from importlib.metadata import packages_distributions
+
+    from installs import installed_by_make, norm, unguarded_imports
+
+    lines = re.finditer(r"^import time:[^|]*\|[^|]*\| +(\w+)", runs["imports"], re.MULTILINE)
+    imported = {m.group(1) for m in lines}
+    needed = sorted(imported & set(unguarded_imports()))
+    assert {"torch", "numpy", "tokenizers", "tqdm"} <= set(needed)  # the parse found the run's imports
+    have, dists = installed_by_make("$(BIN)/.speedrun-installed"), packages_distributions()
+    missing = {m: dists.get(m) for m in needed if not {norm(d) for d in dists.get(m, [m])} & have}
+    assert not missing, f"imported by the speedrun but not installed by `make speedrun`: {missing}"
 
 
 @pytest.mark.slow
@@ -346,12 +368,24 @@ def test_report_from_metrics_files(tmp_path):
     from glmstack.report import write_report
 
     for stage, n in (("pretrain", 40), ("midtrain", 10)):
-        rows = [{"step": i, "loss": 5 / i, "lm_loss": 4 / i, "lr": 1e-3, "moe/max_over_mean/0": 1 + 1 / i,
-                 **({"val_loss": 4.5 / i} if i % 5 == 0 else {})} for i in range(1, n + 1)]
+        rows = [
+            {
+                "step": i,
+                "loss": 5 / i,
+                "lm_loss": 4 / i,
+                "lr": 1e-3,
+                "moe/max_over_mean/0": 1 + 1 / i,
+                **({"val_loss": 4.5 / i} if i % 5 == 0 else {}),
+            }
+            for i in range(1, n + 1)
+        ]
         (tmp_path / stage).mkdir()
         (tmp_path / stage / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 4')
-    summary = {"figures": {"answer": 42}, "perplexity_by_position": {"m": [3.0] * 64},
-               "speculative": {"histogram": {1: 0.5, 2: 0.5}, "mean_accepted": 1.5}}
+    summary = {
+        "figures": {"answer": 42},
+        "perplexity_by_position": {"m": [3.0] * 64},
+        "speculative": {"histogram": {1: 0.5, 2: 0.5}, "mean_accepted": 1.5},
+    }
     report = write_report(tmp_path, summary).read_text()
     assert "| answer | 42 |" in report
     for png in ("losses.png", "lr.png", "expert_load.png", "perplexity_by_position.png", "accepted_length.png"):
