@@ -101,6 +101,5 @@ INTRO = ("The GLM-4.5 recipe at toy scale: a {num_hidden_layers}-layer MoE of wi
          "reasoning-RL steps, {agentic_steps} agentic-RL steps (tool episodes, distilling the reasoning-RL model) and "
          "{general_steps} general-RL steps (rules + distillation from every earlier stage), on {threads} CPU "
          "thread(s). The report card scores every stage's model on {card_n} held-out items per metric ({function_n} "
-         "for tool task success and reasoning task accuracy, but for the pre- and mid-trained models, which have no chat "
-         "format yet). Rerun with `glmstack speedrun`; redraw with "
-         "`python -m glmstack.report <run folder>`.")
+         "for tool task success and reasoning task accuracy, but for the pre- and mid-trained models, which have no "
+         "chat format yet). Rerun with `glmstack speedrun`; redraw with `python -m glmstack.report <run folder>`.")
